@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install what a fresh Debian 12 machine needs to build UCX and run the suite (root). Package names come from
+# stack.toml ([debian] ucx_build_packages), read with the package's stdlib-only loader.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" != 0 ]; then echo "install_prereqs.sh: run as root (or install: see stack.toml [debian])" >&2; exit 1; fi
+ci/apt_sources.sh
+mapfile -t pkgs < <(PYTHONPATH=src python3 -m ucx_dask_gpu stack get debian.ucx_build_packages --json |
+                    python3 -c 'import json,sys; print("\n".join(json.load(sys.stdin)))')
+missing=()
+for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install_prereqs: apt-get install ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,31 @@
+"""One exception type for problems a user can fix, and the exit codes the CLI maps them to.
+
+Every command ends bad input with ONE line on stderr and a non-zero exit; the codes are distinct so scripts and
+operators can tell failures apart without parsing text.
+"""
+from __future__ import annotations
+
+# Exit codes (documented in README "Exit codes"). 1 is reserved for "ran, but the verdict is negative".
+VERDICT_FAILED = 1
+USAGE = 2
+BAD_STACK = 3
+SOURCE_UNREACHABLE = 4
+HASH_MISMATCH = 5
+BUILD_FAILED = 6
+NO_DOCKER = 7
+ENV_MISMATCH = 8
+NO_GPU = 10
+ONE_GPU = 11
+NO_NVLINK = 12
+PERFTEST_MISSING = 13
+PERFTEST_FAILED = 14
+NVML_UNAVAILABLE = 15
+
+
+class UserError(Exception):
+    """A failure with a one-line explanation and a specific exit code."""
+
+    def __init__(self, message: str, exit_code: int = USAGE):
+        # Keep it to one line: callers print str(err) as-is.
+        super().__init__(" ".join(str(message).split()))
+        self.exit_code = exit_code

@@ -1,0 +1,281 @@
+"""Load and validate `stack.toml`, the single place where versions, URLs and hashes are written.
+
+Every consumer (UCX build, recipes, Dockerfile inputs, environment.yml, doctor) goes through `load()`, so a typo in
+stack.toml fails once, here, with one line naming the key.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from .errors import BAD_STACK, UserError
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([-+~.][0-9A-Za-z.+~-]+)?$")
+LAYOUTS = ("release", "debian-orig")
+STACK_ENV = "UCX_DASK_GPU_STACK"
+
+
+class StackError(UserError):
+    def __init__(self, where: str, message: str):
+        super().__init__(f"{where}: {message}", BAD_STACK)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A file fetched by URL and verified by sha256 (a wheel, a .deb)."""
+
+    name: str
+    version: str
+    url: str
+    sha256: str
+
+    @property
+    def filename(self) -> str:
+        return Path(urlparse(self.url).path).name
+
+
+@dataclass(frozen=True)
+class UcxSource:
+    version: str
+    archive: str
+    sha256: str
+    layout: str
+    urls: tuple[str, ...]
+    debian_source: str | None = None
+
+
+@dataclass(frozen=True)
+class Stack:
+    path: Path
+    raw: dict[str, Any] = field(repr=False)
+    name: str
+    version: str
+    cuda_major: int
+    source_date_epoch: int
+    ucx_sources: tuple[UcxSource, ...]
+    configure_flags: tuple[str, ...]
+    required_modules: tuple[str, ...]
+    cuda_header_wheels: tuple[Artifact, ...]
+    cuda_link_debs: tuple[Artifact, ...]
+    debian_suite: str
+    debian_mirror: str
+    ucx_build_packages: tuple[str, ...]
+    python_lock: Path
+    python_version: str
+    python_platform: str
+    python_requirements: tuple[str, ...]
+    conda_channels: tuple[str, ...]
+    conda_cuda_versions: tuple[str, ...]
+    conda_dev_tools: tuple[str, ...]
+    conda_names: dict[str, str]
+    conda_cuda_managed: tuple[str, ...]
+
+    @property
+    def ucx(self) -> UcxSource:
+        """The production pin (first source)."""
+        return self.ucx_sources[0]
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    def lock_path(self) -> Path:
+        return self.root / self.python_lock
+
+    def stack_id(self) -> str:
+        """Hash of stack.toml + the Python lock: two environments with the same id were built from the same inputs."""
+        return stack_id_of([self.path, self.lock_path()])
+
+
+def stack_id_of(paths: list[Path], extra: bytes = b"") -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode() + b"\0")
+        h.update(p.read_bytes() if p.exists() else b"<missing>")
+        h.update(b"\0")
+    h.update(extra)
+    return h.hexdigest()[:16]
+
+
+# --- validation helpers ------------------------------------------------------------------------------------------
+
+def _get(table: dict, key: str, where: str, typ: type | tuple[type, ...], required: bool = True, default=None):
+    if key not in table:
+        if required:
+            raise StackError(f"{where}.{key}", "missing")
+        return default
+    value = table[key]
+    # bool is an int subclass; a version written as `true` is still wrong.
+    if isinstance(value, bool) and typ is not bool or not isinstance(value, typ):
+        tname = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise StackError(f"{where}.{key}", f"expected {tname}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _str_list(table: dict, key: str, where: str, required: bool = True) -> tuple[str, ...]:
+    value = _get(table, key, where, list, required, default=[])
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise StackError(f"{where}.{key}[{i}]", f"expected a non-empty string, got {item!r}")
+    return tuple(value)
+
+
+def _sha256(table: dict, where: str) -> str:
+    value = _get(table, "sha256", where, str)
+    if not SHA256_RE.match(value):
+        raise StackError(f"{where}.sha256", f"expected 64 lowercase hex characters, got {value!r}")
+    return value
+
+
+def _url(value: str, where: str) -> str:
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https", "file") or (parsed.scheme != "file" and not parsed.netloc) \
+            or not parsed.path or parsed.path.endswith("/") or any(c.isspace() for c in value):
+        raise StackError(where, f"not a well-formed http(s)/file URL to a file: {value!r}")
+    return value
+
+
+def _version(table: dict, where: str) -> str:
+    value = _get(table, "version", where, str)
+    if not VERSION_RE.match(value):
+        raise StackError(f"{where}.version", f"not a version string: {value!r}")
+    return value
+
+
+def _table_list(table: dict, key: str, where: str) -> list[dict]:
+    value = _get(table, key, where, list)
+    if not value:
+        raise StackError(f"{where}.{key}", "must list at least one entry")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise StackError(f"{where}.{key}[{i}]", "expected a table")
+    return value
+
+
+def _artifact(t: dict, where: str) -> Artifact:
+    return Artifact(
+        name=_get(t, "name", where, str),
+        version=_version(t, where),
+        url=_url(_get(t, "url", where, str), f"{where}.url"),
+        sha256=_sha256(t, where),
+    )
+
+
+def _ucx_source(t: dict, where: str) -> UcxSource:
+    layout = _get(t, "layout", where, str)
+    if layout not in LAYOUTS:
+        raise StackError(f"{where}.layout", f"expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+    archive = _get(t, "archive", where, str)
+    if "/" in archive or not re.search(r"\.tar\.(gz|xz|bz2)$", archive):
+        raise StackError(f"{where}.archive", f"expected a tarball file name, got {archive!r}")
+    urls = _str_list(t, "urls", where)
+    for i, u in enumerate(urls):
+        _url(u, f"{where}.urls[{i}]")
+    return UcxSource(
+        version=_version(t, where),
+        archive=archive,
+        sha256=_sha256(t, where),
+        layout=layout,
+        urls=urls,
+        debian_source=_get(t, "debian_source", where, str, required=False),
+    )
+
+
+def parse(data: dict[str, Any], path: Path) -> Stack:
+    w = path.name
+    if _get(data, "schema", w, int) != 1:
+        raise StackError(f"{w}.schema", f"unsupported schema {data['schema']!r} (this tool reads 1)")
+    st = _get(data, "stack", w, dict)
+    ucx = _get(data, "ucx", w, dict)
+    conf = _get(ucx, "configure", f"{w}.ucx", dict)
+    cuda = _get(data, "cuda", w, dict)
+    deb = _get(data, "debian", w, dict)
+    py = _get(data, "python", w, dict)
+    conda = _get(data, "conda", w, dict)
+    names = _get(conda, "names", f"{w}.conda", dict)
+    for k, v in names.items():
+        if not isinstance(v, str):
+            raise StackError(f"{w}.conda.names.{k}", f"expected a string, got {v!r}")
+    cuda_versions = _str_list(conda, "cuda_versions", f"{w}.conda")
+    for i, v in enumerate(cuda_versions):
+        if not re.match(r"^\d+\.\d+$", v):
+            raise StackError(f"{w}.conda.cuda_versions[{i}]", f"expected MAJOR.MINOR, got {v!r}")
+    py_version = _get(py, "version", f"{w}.python", str)
+    if not re.match(r"^3\.\d+$", py_version):
+        raise StackError(f"{w}.python.version", f"expected 3.N, got {py_version!r}")
+
+    cuda_major = _get(st, "cuda_major", f"{w}.stack", int)
+    if cuda_major not in (12, 13):
+        raise StackError(f"{w}.stack.cuda_major", f"expected 12 or 13, got {cuda_major}")
+    epoch = _get(st, "source_date_epoch", f"{w}.stack", int)
+    if epoch <= 0:
+        raise StackError(f"{w}.stack.source_date_epoch", f"must be a positive Unix time, got {epoch}")
+    lock = _get(py, "lock", f"{w}.python", str)
+    if os.path.isabs(lock) or ".." in Path(lock).parts:
+        raise StackError(f"{w}.python.lock", f"must be a path inside the repository, got {lock!r}")
+    mirror = _url(_get(deb, "mirror", f"{w}.debian", str) + "/x", f"{w}.debian.mirror")[:-2]
+
+    sources = tuple(_ucx_source(t, f"{w}.ucx.sources[{i}]") for i, t in enumerate(_table_list(ucx, "sources", f"{w}.ucx")))
+    flags = _str_list(conf, "flags", f"{w}.ucx.configure")
+    for i, flag in enumerate(flags):
+        if not flag.startswith("--"):
+            raise StackError(f"{w}.ucx.configure.flags[{i}]", f"expected a --option, got {flag!r}")
+    return Stack(
+        path=path,
+        raw=data,
+        name=_get(st, "name", f"{w}.stack", str),
+        version=_version(st, f"{w}.stack"),
+        cuda_major=cuda_major,
+        source_date_epoch=epoch,
+        ucx_sources=sources,
+        configure_flags=flags,
+        required_modules=_str_list(conf, "required_modules", f"{w}.ucx.configure"),
+        cuda_header_wheels=tuple(_artifact(t, f"{w}.cuda.header_wheels[{i}]")
+                                 for i, t in enumerate(_table_list(cuda, "header_wheels", f"{w}.cuda"))),
+        cuda_link_debs=tuple(_artifact(t, f"{w}.cuda.link_debs[{i}]")
+                             for i, t in enumerate(_table_list(cuda, "link_debs", f"{w}.cuda"))),
+        debian_suite=_get(deb, "suite", f"{w}.debian", str),
+        debian_mirror=mirror,
+        ucx_build_packages=_str_list(deb, "ucx_build_packages", f"{w}.debian"),
+        python_lock=Path(lock),
+        python_version=py_version,
+        python_platform=_get(py, "platform", f"{w}.python", str),
+        python_requirements=_str_list(py, "requirements", f"{w}.python"),
+        conda_channels=_str_list(conda, "channels", f"{w}.conda"),
+        conda_cuda_versions=cuda_versions,
+        conda_dev_tools=_str_list(conda, "dev_tools", f"{w}.conda"),
+        conda_names=dict(names),
+        conda_cuda_managed=_str_list(conda, "cuda_managed", f"{w}.conda"),
+    )
+
+
+def find_stack_file() -> Path:
+    """$UCX_DASK_GPU_STACK, else the repository's stack.toml (source checkout), else the copy shipped in the package."""
+    env = os.environ.get(STACK_ENV)
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent.parent / "stack.toml", here / "_data" / "stack.toml"):
+        if candidate.is_file():
+            return candidate
+    raise UserError(f"no stack.toml found (set {STACK_ENV}=/path/to/stack.toml)", BAD_STACK)
+
+
+def load(path: str | os.PathLike | None = None) -> Stack:
+    path = Path(path) if path is not None else find_stack_file()
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}", BAD_STACK) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path.name}: not valid TOML: {e}", BAD_STACK) from None
+    return parse(data, path.resolve())
