@@ -1,0 +1,106 @@
+"""GPU and NVLink discovery through NVML (nvidia-ml-py), shared by doctor, verify-nvlink and topology.
+
+Indices follow PCI bus order, like nvidia-smi; processes we start get CUDA_DEVICE_ORDER=PCI_BUS_ID so that a CUDA
+device index means the same GPU as here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import NO_GPU, NVML_UNAVAILABLE, UserError
+
+# NVML field ids (nvml.h). Throughput counters are cumulative KiB per link; scopeId selects the link.
+FI_NVLINK_THROUGHPUT_DATA_TX = 138
+FI_NVLINK_THROUGHPUT_DATA_RX = 139
+FI_NVLINK_THROUGHPUT_RAW_TX = 140
+FI_NVLINK_THROUGHPUT_RAW_RX = 141
+NVLINK_MAX_LINKS = 18
+
+
+@dataclass
+class Gpu:
+    index: int
+    uuid: str
+    pci_bus_id: str  # normalised: lowercase, 8-hex-digit domain, e.g. 00000000:18:00.0
+    name: str
+    # peer pci_bus_id -> number of active NVLinks to it
+    nvlink_peers: dict[str, int] = field(default_factory=dict)
+    # per active link: its index and the peer it reaches
+    links: dict[int, str] = field(default_factory=dict)
+    link_speed_gbps: float | None = None  # per link, per direction (GB/s, 1e9 bytes/s)
+
+
+def normalise_bus_id(bus_id: str | bytes) -> str:
+    """'0000:18:00.0' / '00000000:18:00.0' -> '00000000:18:00.0' (NVML pads the domain to 8 digits)."""
+    if isinstance(bus_id, bytes):
+        bus_id = bus_id.decode()
+    bus_id = bus_id.strip().lower()
+    dom, _, rest = bus_id.partition(":")
+    if not rest:
+        return bus_id
+    return f"{int(dom, 16):08x}:{rest}"
+
+
+def _nvml():
+    try:
+        import pynvml  # provided by nvidia-ml-py
+    except ImportError:
+        raise UserError("NVML unavailable: nvidia-ml-py is not installed", NVML_UNAVAILABLE) from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise UserError(f"NVML unavailable: {e} (no NVIDIA driver on this machine?)", NVML_UNAVAILABLE) from None
+    return pynvml
+
+
+def driver_version() -> str:
+    n = _nvml()
+    v = n.nvmlSystemGetDriverVersion()
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def discover() -> list[Gpu]:
+    """All GPUs in PCI order with their active NVLinks. Raises UserError when NVML is missing or no GPU exists."""
+    n = _nvml()
+    count = n.nvmlDeviceGetCount()
+    if count == 0:
+        raise UserError("no GPU: NVML reports 0 devices", NO_GPU)
+    gpus = []
+    for i in range(count):
+        h = n.nvmlDeviceGetHandleByIndex(i)
+        name = n.nvmlDeviceGetName(h)
+        uuid = n.nvmlDeviceGetUUID(h)
+        gpu = Gpu(
+            index=i,
+            uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,
+            pci_bus_id=normalise_bus_id(n.nvmlDeviceGetPciInfo(h).busId),
+            name=name.decode() if isinstance(name, bytes) else name,
+        )
+        for link in range(NVLINK_MAX_LINKS):
+            try:
+                if n.nvmlDeviceGetNvLinkState(h, link) != n.NVML_FEATURE_ENABLED:
+                    continue
+                peer = normalise_bus_id(n.nvmlDeviceGetNvLinkRemotePciInfo_v2(h, link).busId)
+            except n.NVMLError:
+                continue  # link index not present on this GPU / NVLink unsupported
+            gpu.links[link] = peer
+            gpu.nvlink_peers[peer] = gpu.nvlink_peers.get(peer, 0) + 1
+        gpu.link_speed_gbps = _link_speed_gbps(n, h) if gpu.links else None
+        gpus.append(gpu)
+    return sorted(gpus, key=lambda g: g.pci_bus_id)
+
+
+def _link_speed_gbps(n, handle) -> float | None:
+    """Per-link, per-direction speed from NVML (MB/s -> GB/s); None when the driver does not say."""
+    try:
+        (val,) = n.nvmlDeviceGetFieldValues(handle, [n.NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON])
+    except (n.NVMLError, AttributeError):
+        return None
+    if val.nvmlReturn != 0 or not val.value.uiVal:
+        return None
+    return val.value.uiVal * 1e6 / 1e9
+
+
+def nvlink_count(a: Gpu, b: Gpu) -> int:
+    """Active NVLinks between two GPUs as seen from `a`."""
+    return a.nvlink_peers.get(b.pci_bus_id, 0)
