@@ -14,6 +14,8 @@ FI_NVLINK_THROUGHPUT_DATA_TX = 138
 FI_NVLINK_THROUGHPUT_DATA_RX = 139
 FI_NVLINK_THROUGHPUT_RAW_TX = 140
 FI_NVLINK_THROUGHPUT_RAW_RX = 141
+FI_NVLINK_SPEED_MBPS_COMMON = 90
+FI_NVLINK_GET_SPEED = 164
 NVLINK_MAX_LINKS = 18
 
 
@@ -80,25 +82,31 @@ def discover() -> list[Gpu]:
             try:
                 if n.nvmlDeviceGetNvLinkState(h, link) != n.NVML_FEATURE_ENABLED:
                     continue
-                peer = normalise_bus_id(n.nvmlDeviceGetNvLinkRemotePciInfo_v2(h, link).busId)
+                peer = normalise_bus_id(n.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
             except n.NVMLError:
                 continue  # link index not present on this GPU / NVLink unsupported
             gpu.links[link] = peer
             gpu.nvlink_peers[peer] = gpu.nvlink_peers.get(peer, 0) + 1
-        gpu.link_speed_gbps = _link_speed_gbps(n, h) if gpu.links else None
+        gpu.link_speed_gbps = _link_speed_gbps(n, h, min(gpu.links)) if gpu.links else None
         gpus.append(gpu)
     return sorted(gpus, key=lambda g: g.pci_bus_id)
 
 
-def _link_speed_gbps(n, handle) -> float | None:
-    """Per-link, per-direction speed from NVML (MB/s -> GB/s); None when the driver does not say."""
-    try:
-        (val,) = n.nvmlDeviceGetFieldValues(handle, [n.NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON])
-    except (n.NVMLError, AttributeError):
-        return None
-    if val.nvmlReturn != 0 or not val.value.uiVal:
-        return None
-    return val.value.uiVal * 1e6 / 1e9
+def _link_speed_gbps(n, handle, link: int = 0) -> float | None:
+    """Per-link, per-direction speed from NVML (MB/s -> GB/s); None when the driver does not say.
+
+    On H200 with driver 580 the "common" speed field (90) answers NOT_SUPPORTED while the per-link
+    NVLINK_GET_SPEED field (164, scopeId = link) works, so ask for that first.
+    """
+    for field_id, scope in ((FI_NVLINK_GET_SPEED, link), (FI_NVLINK_SPEED_MBPS_COMMON, 0)):
+        try:
+            (val,) = n.nvmlDeviceGetFieldValues(handle, [(field_id, scope)])
+        except n.NVMLError:
+            continue
+        mbps = val.value.uiVal if val.nvmlReturn == 0 else 0
+        if mbps:
+            return mbps * 1e6 / 1e9
+    return None
 
 
 def nvlink_count(a: Gpu, b: Gpu) -> int:
