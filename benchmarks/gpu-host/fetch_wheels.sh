@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Download the cp312 manylinux wheels that a bare GPU host lacks (no registry reachable there), at the versions
+# of OUR lock, into .whl/ (git-ignored) so the device run uses the same stack as the image.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dest=${1:-.whl}
+# Present on the lent H200 image already (see /work/.library/device/KINDS.md): numpy, cupy, cuda-core/bindings,
+# nvidia-ml-py, pandas, pyarrow, psutil, msgpack, click, pyyaml, toolz, cloudpickle, jinja2, fsspec, packaging.
+missing="dask distributed dask-cuda rapids-dask-dependency distributed-ucxx-cu13 ucxx-cu13 libucxx-cu13 libucx-cu13
+         librmm-cu13 rmm-cu13 rapids-logger nvtx zict tblib locket partd tornado sortedcontainers lazy-importer"
+specs=$(PYTHONPATH=src python3 - $missing <<'PY'
+import sys
+from ucx_dask_gpu import stack, lockfile
+pins = lockfile.load_lock(stack.load().lock_path())
+for name in sys.argv[1:]:
+    pin = pins.get(lockfile.canonical(name))
+    if pin is None:
+        sys.exit(f"fetch_wheels: {name} is not in the lock")
+    print(f"{name}=={pin.version}")
+PY
+)
+rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$dest.tmp" $specs
+rm -rf "$dest" && mv "$dest.tmp" "$dest"
+du -sh "$dest"
