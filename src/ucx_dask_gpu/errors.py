@@ -20,6 +20,8 @@ NO_NVLINK = 12
 PERFTEST_MISSING = 13
 PERFTEST_FAILED = 14
 NVML_UNAVAILABLE = 15
+MISSING_CAPABILITY = 16   # a required UCX capability (--require ib,cuda) cannot be built here
+UCX_NOT_FOUND = 17        # no UCX prefix / ucx_info where one was named or expected
 
 
 class UserError(Exception):
