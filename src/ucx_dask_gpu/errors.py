@@ -22,6 +22,9 @@ PERFTEST_FAILED = 14
 NVML_UNAVAILABLE = 15
 MISSING_CAPABILITY = 16   # a required UCX capability (--require ib,cuda) cannot be built here
 UCX_NOT_FOUND = 17        # no UCX prefix / ucx_info where one was named or expected
+SCHEDULER_UNREACHABLE = 20  # workload: no Dask scheduler answered at --scheduler
+DATA_INVALID = 21         # workload from-map: the data directory has no usable files
+CONFIG_DEST = 22          # config install: the destination cannot be written
 
 
 class UserError(Exception):
