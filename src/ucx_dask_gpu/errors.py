@@ -33,6 +33,10 @@ SBOM_MISMATCH = 33       # the SBOM disagrees with the lock, the build info or t
 # Image + cluster (40-49)
 UNKNOWN_ROLE = 40        # the image was started with a command that is not one of its roles
 CLUSTER_FAILED = 41      # a cluster container exited or a role did not come up in time
+# Topology + topology cluster (50-59)
+BAD_TOPOLOGY = 50        # nvidia-smi topo -m text that cannot be read
+SYSFS_UNREADABLE = 51    # sysfs (PCI devices, NICs) missing or unreadable
+TOPOLOGY_CLUSTER_FAILED = 52  # the topology-aware local cluster did not start, or stopped on its own
 
 
 class UserError(Exception):
