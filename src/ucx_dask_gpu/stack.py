@@ -52,6 +52,20 @@ class UcxSource:
 
 
 @dataclass(frozen=True)
+class ImageSpec:
+    """[image]: names, the fixed user, and the paths the Dockerfile installs UCX and the venv at."""
+
+    name: str
+    base_name: str
+    builder_name: str
+    user: str
+    uid: int
+    ucx_prefix: str
+    venv: str
+    ucxx_min_system_ucx: str
+
+
+@dataclass(frozen=True)
 class Stack:
     path: Path
     raw: dict[str, Any] = field(repr=False)
@@ -67,6 +81,10 @@ class Stack:
     debian_suite: str
     debian_mirror: str
     ucx_build_packages: tuple[str, ...]
+    debian_base_packages: tuple[str, ...]
+    debian_builder_packages: tuple[str, ...]
+    debian_docker_packages: tuple[str, ...]
+    image: ImageSpec
     python_lock: Path
     python_version: str
     python_platform: str
@@ -89,9 +107,14 @@ class Stack:
     def lock_path(self) -> Path:
         return self.root / self.python_lock
 
-    def stack_id(self) -> str:
-        """Hash of stack.toml + the Python lock: two environments with the same id were built from the same inputs."""
-        return stack_id_of([self.path, self.lock_path()])
+    def stack_id(self, build_info: Path | None = None, extra_locks: tuple[Path, ...] = ()) -> str:
+        """Hash of stack.toml + the Python lock (+ any extra hashed requirements installed on top, + the UCX
+        build-info.json): two environments with the same id were built from the same inputs.
+
+        The image's id (/etc/ucx-dask-gpu/stack-id, its label) is this with the build info of the UCX inside it;
+        files are hashed with their base names, so the checkout and the image's copies give the same id.
+        """
+        return stack_id_of([self.path, self.lock_path(), *extra_locks, *([build_info] if build_info else [])])
 
 
 def stack_id_of(paths: list[Path], extra: bytes = b"") -> str:
@@ -188,6 +211,28 @@ def _ucx_source(t: dict, where: str) -> UcxSource:
     )
 
 
+def _image(t: dict, where: str) -> ImageSpec:
+    paths = {}
+    for key in ("ucx_prefix", "venv"):
+        value = _get(t, key, where, str)
+        if not value.startswith("/") or value.endswith("/") or ".." in value.split("/") or " " in value:
+            raise StackError(f"{where}.{key}", f"expected an absolute directory path, got {value!r}")
+        paths[key] = value
+    names = {}
+    for key in ("name", "base_name", "builder_name", "user"):
+        value = _get(t, key, where, str)
+        if not re.match(r"^[a-z][a-z0-9._-]*$", value):
+            raise StackError(f"{where}.{key}", f"expected a lowercase image/user name, got {value!r}")
+        names[key] = value
+    uid = _get(t, "uid", where, int)
+    if not 1000 <= uid < 65534:
+        raise StackError(f"{where}.uid", f"expected a non-system uid in 1000..65533, got {uid}")
+    min_ucx = _get(t, "ucxx_min_system_ucx", where, str)
+    if not re.match(r"^\d+\.\d+$", min_ucx):
+        raise StackError(f"{where}.ucxx_min_system_ucx", f"expected MAJOR.MINOR, got {min_ucx!r}")
+    return ImageSpec(uid=uid, ucxx_min_system_ucx=min_ucx, **names, **paths)
+
+
 def parse(data: dict[str, Any], path: Path) -> Stack:
     w = path.name
     if _get(data, "schema", w, int) != 1:
@@ -244,6 +289,10 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
         debian_suite=_get(deb, "suite", f"{w}.debian", str),
         debian_mirror=mirror,
         ucx_build_packages=_str_list(deb, "ucx_build_packages", f"{w}.debian"),
+        debian_base_packages=_str_list(deb, "base_packages", f"{w}.debian"),
+        debian_builder_packages=_str_list(deb, "builder_packages", f"{w}.debian"),
+        debian_docker_packages=_str_list(deb, "docker_packages", f"{w}.debian"),
+        image=_image(_get(data, "image", w, dict), f"{w}.image"),
         python_lock=Path(lock),
         python_version=py_version,
         python_platform=_get(py, "platform", f"{w}.python", str),

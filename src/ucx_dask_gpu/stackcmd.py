@@ -109,7 +109,10 @@ def _cmd_get(args) -> int:
 
 
 def _cmd_id(args) -> int:
-    print(stackmod.load(args.file).stack_id())
+    for p in [args.build_info, *args.extra_lock]:
+        if p is not None and not p.is_file():
+            raise UserError(f"stack id: {p} does not exist", USAGE)
+    print(stackmod.load(args.file).stack_id(build_info=args.build_info, extra_locks=tuple(args.extra_lock)))
     return 0
 
 
@@ -156,7 +159,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("key")
     g.add_argument("--json", action="store_true", help="print as JSON")
     g.set_defaults(func=_cmd_get)
-    s.add_parser("id", help="print the stack id (hash of stack.toml + lock)").set_defaults(func=_cmd_id)
+    i = s.add_parser("id", help="print the stack id (hash of stack.toml + lock [+ extra locks] [+ UCX build info])")
+    i.add_argument("--build-info", type=Path, help="the UCX prefix's share/ucx-dask-gpu/build-info.json (image id)")
+    i.add_argument("--extra-lock", type=Path, action="append", default=[],
+                   help="hashed requirements installed on top of the lock (repeatable)")
+    i.set_defaults(func=_cmd_id)
     e = s.add_parser("env-yml", help="generate environment.yml")
     e.add_argument("--check", action="store_true", help="fail if environment.yml is out of date")
     e.set_defaults(func=_cmd_env_yml)
