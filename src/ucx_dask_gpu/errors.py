@@ -37,6 +37,10 @@ CLUSTER_FAILED = 41      # a cluster container exited or a role did not come up 
 BAD_TOPOLOGY = 50        # nvidia-smi topo -m text that cannot be read
 SYSFS_UNREADABLE = 51    # sysfs (PCI devices, NICs) missing or unreadable
 TOPOLOGY_CLUSTER_FAILED = 52  # the topology-aware local cluster did not start, or stopped on its own
+# Conda recipes + channel (60-69)
+RECIPE_INVALID = 60      # a conda recipe does not render, fails lint, or disagrees with stack.toml
+PACKAGE_INVALID = 61     # a built conda package fails its checks (relocation, linkage, contents)
+INSTALL_FAILED = 62      # solving/installing from the channel, or the recipe's tests in that prefix, failed
 
 
 class UserError(Exception):
