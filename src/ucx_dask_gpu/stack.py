@@ -19,6 +19,9 @@ from .errors import BAD_STACK, UserError
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([-+~.][0-9A-Za-z.+~-]+)?$")
 LAYOUTS = ("release", "debian-orig")
+# configure options the UCX build adds from detection / its own arguments (ucxbuild/build.py configure_command).
+BUILD_DETECTED_FLAGS = frozenset({"--prefix", "--with-cuda", "--without-cuda", "--with-verbs", "--without-verbs",
+                                  "--with-rdmacm", "--without-rdmacm", "--with-gdrcopy", "--without-gdrcopy"})
 STACK_ENV = "UCX_DASK_GPU_STACK"
 
 
@@ -182,6 +185,14 @@ def _table_list(table: dict, key: str, where: str) -> list[dict]:
     return value
 
 
+def _unique(values: list[str], where: str, what: str) -> None:
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise StackError(where, f"{what} {v!r} appears twice")
+        seen.add(v)
+
+
 def _artifact(t: dict, where: str) -> Artifact:
     return Artifact(
         name=_get(t, "name", where, str),
@@ -272,6 +283,15 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
     for i, flag in enumerate(flags):
         if not flag.startswith("--"):
             raise StackError(f"{w}.ucx.configure.flags[{i}]", f"expected a --option, got {flag!r}")
+        if flag.split("=", 1)[0] in BUILD_DETECTED_FLAGS:
+            raise StackError(f"{w}.ucx.configure.flags[{i}]",
+                             f"{flag.split('=', 1)[0]} is set by the build from what it detects; remove it here")
+    _unique([s.archive for s in sources], f"{w}.ucx.sources", "archive")
+    _unique([s.version for s in sources], f"{w}.ucx.sources", "version")
+    required_modules = _str_list(conf, "required_modules", f"{w}.ucx.configure")
+    for i, m in enumerate(required_modules):
+        if "/" in m or not m.endswith(".so"):
+            raise StackError(f"{w}.ucx.configure.required_modules[{i}]", f"expected a lib/ucx/*.so name, got {m!r}")
     return Stack(
         path=path,
         raw=data,
@@ -281,7 +301,7 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
         source_date_epoch=epoch,
         ucx_sources=sources,
         configure_flags=flags,
-        required_modules=_str_list(conf, "required_modules", f"{w}.ucx.configure"),
+        required_modules=required_modules,
         cuda_header_wheels=tuple(_artifact(t, f"{w}.cuda.header_wheels[{i}]")
                                  for i, t in enumerate(_table_list(cuda, "header_wheels", f"{w}.cuda"))),
         cuda_link_debs=tuple(_artifact(t, f"{w}.cuda.link_debs[{i}]")

@@ -1,0 +1,184 @@
+"""stack.toml validation: the repository's file loads, and every kind of bad input fails with one line naming the key.
+
+Bad inputs are made by mutating the parsed repository file, so the tests follow stack.toml as it evolves.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from ucx_dask_gpu import stack
+from ucx_dask_gpu.errors import BAD_STACK, UserError
+
+REPO = Path(__file__).resolve().parents[2]
+STACK_TOML = REPO / "stack.toml"
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict:
+    return tomllib.loads(STACK_TOML.read_text())
+
+
+def parse(data: dict) -> stack.Stack:
+    return stack.parse(data, STACK_TOML)
+
+
+def bad(raw: dict, mutate) -> str:
+    """Apply `mutate` to a copy, expect a StackError; return its message."""
+    data = copy.deepcopy(raw)
+    mutate(data)
+    with pytest.raises(stack.StackError) as e:
+        parse(data)
+    assert e.value.exit_code == BAD_STACK
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+# --- the repository's file ----------------------------------------------------------------------------------------
+
+def test_repository_stack_loads_and_is_consistent():
+    st = stack.load(STACK_TOML)
+    assert st.ucx is st.ucx_sources[0], "the production pin is the first source"
+    assert st.ucx_sources, "at least one UCX source"
+    for src in st.ucx_sources:
+        assert stack.SHA256_RE.match(src.sha256)
+        assert src.urls and all(u.endswith(src.archive) for u in src.urls), "each URL names the archive file"
+        if src.layout == "debian-orig":
+            assert src.debian_source, "a Debian archive says which source package it is"
+    assert not {f.split("=")[0] for f in st.configure_flags} & stack.BUILD_DETECTED_FLAGS
+    assert st.required_modules and all(m.endswith(".so") for m in st.required_modules)
+    names = [a.filename for a in st.cuda_header_wheels + st.cuda_link_debs]
+    assert len(names) == len(set(names))
+
+
+def test_stack_get_reads_values_for_shell(raw):
+    """Shell scripts read values with `python3 -m ucx_dask_gpu stack get KEY` (stdlib only, PYTHONPATH=src)."""
+    out = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "stack", "get", "ucx.sources.0.sha256"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == raw["ucx"]["sources"][0]["sha256"]
+
+
+# --- bad inputs ------------------------------------------------------------------------------------------------
+
+def test_sources_order_is_kept(raw):
+    data = copy.deepcopy(raw)
+    data["ucx"]["sources"].reverse()
+    st = parse(data)
+    assert [s.version for s in st.ucx_sources] == [s["version"] for s in reversed(raw["ucx"]["sources"])]
+
+
+@pytest.mark.parametrize("value, why", [
+    ("abc", "64 lowercase hex"),
+    ("A" * 64, "64 lowercase hex"),
+    ("0" * 63, "64 lowercase hex"),
+    (123, "expected str"),
+])
+def test_bad_sha256(raw, value, why):
+    msg = bad(raw, lambda d: d["ucx"]["sources"][0].__setitem__("sha256", value))
+    assert "ucx.sources[0].sha256" in msg and why in msg
+
+
+@pytest.mark.parametrize("url", [
+    "github.com/openucx/ucx/ucx.tar.gz",        # no scheme
+    "ftp://example.org/ucx.tar.gz",            # unsupported scheme
+    "https://example.org/dir/",                # not a file
+    "https://exa mple.org/ucx.tar.gz",          # whitespace
+    "https:///ucx.tar.gz",                     # no host
+])
+def test_bad_source_url(raw, url):
+    msg = bad(raw, lambda d: d["ucx"]["sources"][0].__setitem__("urls", [url]))
+    assert "ucx.sources[0].urls[0]" in msg and "URL" in msg
+
+
+def test_bad_layout(raw):
+    msg = bad(raw, lambda d: d["ucx"]["sources"][0].__setitem__("layout", "git"))
+    assert "layout" in msg and "release" in msg
+
+
+@pytest.mark.parametrize("archive", ["dir/ucx.tar.gz", "ucx.zip", ""])
+def test_bad_archive_name(raw, archive):
+    assert "archive" in bad(raw, lambda d: d["ucx"]["sources"][0].__setitem__("archive", archive))
+
+
+def test_version_must_be_a_string(raw):
+    msg = bad(raw, lambda d: d["ucx"]["sources"][0].__setitem__("version", True))
+    assert "ucx.sources[0].version" in msg and "bool" in msg
+
+
+def test_empty_sources(raw):
+    assert "at least one" in bad(raw, lambda d: d["ucx"].__setitem__("sources", []))
+
+
+def test_missing_key_named(raw):
+    msg = bad(raw, lambda d: d["ucx"]["sources"][1].pop("sha256"))
+    assert "ucx.sources[1].sha256" in msg and "missing" in msg
+
+
+def test_duplicate_archive(raw):
+    def dup(d):
+        d["ucx"]["sources"][1]["archive"] = d["ucx"]["sources"][0]["archive"]
+    assert "appears twice" in bad(raw, dup)
+
+
+def test_configure_flag_must_be_an_option(raw):
+    assert "--option" in bad(raw, lambda d: d["ucx"]["configure"]["flags"].append("enable-mt"))
+
+
+@pytest.mark.parametrize("flag", ["--with-cuda=/usr/local/cuda", "--without-verbs", "--prefix=/opt/ucx"])
+def test_build_detected_flags_are_not_written_in_stack(raw, flag):
+    msg = bad(raw, lambda d: d["ucx"]["configure"]["flags"].append(flag))
+    assert "set by the build" in msg
+
+
+def test_required_module_names(raw):
+    assert "lib/ucx" in bad(raw, lambda d: d["ucx"]["configure"]["required_modules"].append("ucx/libuct_ib.so"))
+
+
+def test_bad_cuda_major_and_epoch(raw):
+    assert "12 or 13" in bad(raw, lambda d: d["stack"].__setitem__("cuda_major", 11))
+    assert "positive" in bad(raw, lambda d: d["stack"].__setitem__("source_date_epoch", -1))
+
+
+@pytest.mark.parametrize("lock", ["/etc/passwd", "../outside.txt"])
+def test_lock_path_stays_in_repo(raw, lock):
+    assert "inside the repository" in bad(raw, lambda d: d["python"].__setitem__("lock", lock))
+
+
+def test_bad_artifact(raw):
+    msg = bad(raw, lambda d: d["cuda"]["link_debs"][0].__setitem__("url", "not a url"))
+    assert "cuda.link_debs[0].url" in msg
+
+
+def test_unsupported_schema(raw):
+    assert "schema" in bad(raw, lambda d: d.__setitem__("schema", 2))
+
+
+def test_malformed_toml_file(tmp_path):
+    f = tmp_path / "stack.toml"
+    f.write_text(STACK_TOML.read_text().replace("[stack]", "[stack", 1))
+    with pytest.raises(UserError) as e:
+        stack.load(f)
+    assert e.value.exit_code == BAD_STACK and "not valid TOML" in str(e.value)
+
+
+def test_unreadable_file(tmp_path):
+    with pytest.raises(UserError) as e:
+        stack.load(tmp_path / "missing.toml")
+    assert e.value.exit_code == BAD_STACK
+
+
+def test_cli_bad_stack_is_one_line_and_exit_code(tmp_path):
+    f = tmp_path / "stack.toml"
+    f.write_text(STACK_TOML.read_text().replace('layout = "release"', 'layout = "zip"', 1))
+    out = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "stack", "--file", str(f), "validate"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert out.returncode == BAD_STACK
+    assert len(out.stderr.strip().splitlines()) == 1 and "layout" in out.stderr
