@@ -30,6 +30,10 @@ class Gpu:
     # per active link: its index and the peer it reaches
     links: dict[int, str] = field(default_factory=dict)
     link_speed_gbps: float | None = None  # per link, per direction (GB/s, 1e9 bytes/s)
+    # CPUs and NUMA nodes close to the GPU as NVML reports them; None where the driver answers Not Supported
+    # (e.g. in a Firecracker VM) -- topology.py then falls back to sysfs and says so.
+    cpu_affinity: list[int] | None = None
+    numa_nodes: list[int] | None = None
 
 
 def normalise_bus_id(bus_id: str | bytes) -> str:
@@ -88,6 +92,7 @@ def discover() -> list[Gpu]:
             gpu.links[link] = peer
             gpu.nvlink_peers[peer] = gpu.nvlink_peers.get(peer, 0) + 1
         gpu.link_speed_gbps = _link_speed_gbps(n, h, min(gpu.links)) if gpu.links else None
+        gpu.cpu_affinity, gpu.numa_nodes = _affinity(n, h)
         gpus.append(gpu)
     return sorted(gpus, key=lambda g: g.pci_bus_id)
 
@@ -107,6 +112,36 @@ def _link_speed_gbps(n, handle, link: int = 0) -> float | None:
         if mbps:
             return mbps * 1e6 / 1e9
     return None
+
+
+def unpack_mask(words) -> list[int]:
+    """NVML affinity bitmask (array of 64-bit words, word 0 = ids 0..63) -> sorted ids."""
+    out = []
+    for w, word in enumerate(words):
+        word = int(word)
+        for bit in range(64):
+            if word >> bit & 1:
+                out.append(w * 64 + bit)
+    return out
+
+
+NVML_AFFINITY_SCOPE_NODE = 0  # nvmlAffinityScope_t: NUMA node scope
+
+
+def _affinity(n, handle) -> tuple[list[int] | None, list[int] | None]:
+    """(CPU ids, NUMA node ids) close to the GPU from NVML; None for what the driver does not support."""
+    import os
+
+    words = max(1, ((os.cpu_count() or 1) + 63) // 64)
+    try:
+        cpus = unpack_mask(n.nvmlDeviceGetCpuAffinity(handle, words)) or None
+    except (n.NVMLError, AttributeError):
+        cpus = None
+    try:
+        nodes = unpack_mask(n.nvmlDeviceGetMemoryAffinity(handle, 4, NVML_AFFINITY_SCOPE_NODE)) or None
+    except (n.NVMLError, AttributeError):
+        nodes = None
+    return cpus, nodes
 
 
 def nvlink_count(a: Gpu, b: Gpu) -> int:
