@@ -15,6 +15,7 @@ from .errors import UserError
 COMMAND_MODULES = [
     "ucx_dask_gpu.stackcmd",
     "ucx_dask_gpu.topologycmd",
+    "ucx_dask_gpu.imagecmd",
 ]
 
 

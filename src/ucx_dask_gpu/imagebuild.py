@@ -1,0 +1,364 @@
+"""Build the one image (docker/Dockerfile): fetch and verify every input, stage a context, `docker build --network none`.
+
+Order (each step fails with one line and its own exit code, before anything later starts):
+1. a Docker engine answers (NO_DOCKER);
+2. UCX sources: `ucx-src-build/build.sh fetch` (archive, CUDA header wheels, link .debs, each sha256-checked);
+3. the wheelhouse of the hashed lock and our own wheel (wheelhouse.py);
+4. the Debian bases, debootstrapped and imported unless already there (baseimage.py);
+5. the context: only those verified files, with mtimes set to stack.toml's source_date_epoch;
+6. `docker build --target ucx` (classic builder, --network none), then the UCX build info is read from that stage:
+   it decides whether UCXX may use our UCX (version >= [image].ucxx_min_system_ucx) and enters the stack id;
+7. the full build, with OCI labels (versions, stack id, UCX build info); the stack id the image computed for
+   itself (/etc/ucx-dask-gpu/stack-id) must equal the label.
+
+The classic builder (DOCKER_BUILDKIT=0) is used on purpose: it is what Debian's docker.io 20.10 ships, it honours
+`--network none` for every RUN, and the reproducible-image work builds on its layer format.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import baseimage, wheelhouse
+from .dockerutil import LABEL_PREFIX, docker, docker_bin, engine_version, human_size, image_inspect
+from .errors import BUILD_FAILED, UserError
+from .fsutil import atomic_write_text, sha256_file
+from .lockfile import load_lock
+from .stack import Stack
+
+BUILD_INFO_IN_PREFIX = "share/ucx-dask-gpu/build-info.json"
+# Base names matter: the stack id hashes files with their base names, the same inside and outside the image.
+BUILD_INFO_NAME = "build-info.json"
+EXTRA_LOCK_NAME = "extra-requirements.txt"
+# Packages whose versions are worth a label of their own (all of them are in the lock and the image's SBOM).
+LABELLED_PACKAGES = ("dask", "distributed", "ucxx-cu13", "distributed-ucxx-cu13", "libucx-cu13", "dask-cuda",
+                     "numpy", "cupy-cuda13x")
+
+
+def say(msg: str) -> None:
+    print(f"image: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class BuildResult:
+    tag: str
+    image_id: str
+    size: int
+    stack_id: str
+    ucx_version: str
+    ucxx_on_our_ucx: bool
+    timings: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        return (f"{self.tag}  id {self.image_id}  size {human_size(self.size)}  stack id {self.stack_id}  "
+                f"UCX {self.ucx_version} ({'UCXX on it' if self.ucxx_on_our_ucx else 'UCXX on the libucx wheel'})")
+
+
+# --- inputs ------------------------------------------------------------------------------------------------------
+
+def ucx_build_files(root: Path) -> list[Path]:
+    """Files of this package the UCX build imports (closure over its imports), relative to `root`.
+
+    Only these go into the builder stage, so editing an unrelated module does not rebuild UCX in the image.
+    """
+    pkg_root = root / "src"
+    start = sorted((pkg_root / "ucx_dask_gpu" / "ucxbuild").glob("*.py"))
+    seen: set[Path] = set()
+    todo = list(start)
+
+    def module_file(parts: list[str]) -> Path | None:
+        base = pkg_root.joinpath(*parts)
+        for cand in (base.with_suffix(".py"), base / "__init__.py"):
+            if cand.is_file():
+                return cand
+        return None
+
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        rel_parts = list(f.relative_to(pkg_root).with_suffix("").parts)
+        package = rel_parts[:-1] if f.name != "__init__.py" else rel_parts[:-1]
+        for i in range(1, len(package) + 1):  # every enclosing package's __init__.py runs first
+            init = module_file(package[:i])
+            if init:
+                todo.append(init)
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            targets: list[list[str]] = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - (node.level - 1)]
+                else:
+                    base = []
+                mod = base + (node.module.split(".") if node.module else [])
+                if mod and mod[0] == "ucx_dask_gpu":
+                    targets.append(mod)
+                    targets += [mod + [a.name] for a in node.names]  # `from pkg import submodule`
+            elif isinstance(node, ast.Import):
+                targets += [a.name.split(".") for a in node.names if a.name.split(".")[0] == "ucx_dask_gpu"]
+            for t in targets:
+                found = module_file(t)
+                if found:
+                    todo.append(found)
+    return sorted(p.relative_to(root) for p in seen)
+
+
+def fetch_ucx_sources(st: Stack, dest: Path) -> Path:
+    """`ucx-src-build/build.sh fetch --dest DEST`: the archive, CUDA wheels and link .debs, verified."""
+    script = st.root / "ucx-src-build" / "build.sh"
+    if not script.is_file():
+        raise UserError(f"{script} is missing (the UCX build script)", BUILD_FAILED)
+    say(f"fetching UCX sources into {dest}")
+    proc = subprocess.run([str(script), "fetch", "--dest", str(dest)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHON": sys.executable})
+    sys.stderr.write(proc.stderr)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()] or ["(no output)"]
+        # The script already said it in one line; carry its reason and its exit code (hash mismatch, unreachable).
+        raise UserError(lines[-1].split("error: ", 1)[-1], proc.returncode)
+    return dest
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)
+
+
+def _set_mtimes(root: Path, epoch: int) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + dirnames:
+            os.utime(os.path.join(dirpath, name), (epoch, epoch), follow_symlinks=False)
+    os.utime(root, (epoch, epoch))
+
+
+def stage_ucx_context(st: Stack, ctx: Path, ucx_sources: Path) -> None:
+    """Dockerfile + ucx/ (what the `ucx` stage copies)."""
+    root = st.root
+    _copy(root / "docker" / "Dockerfile", ctx / "Dockerfile")
+    tree = ctx / "ucx" / "tree"
+    for path in sorted((root / "ucx-src-build").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            _copy(path, tree / path.relative_to(root))
+    for rel in ucx_build_files(root):
+        _copy(root / rel, tree / rel)
+    _copy(st.path, tree / "stack.toml")
+    for path in sorted(ucx_sources.rglob("*")):
+        if path.is_file() and not path.name.startswith("."):
+            _link_or_copy(path, ctx / "ucx" / "sources" / path.relative_to(ucx_sources))
+
+
+def stage_full_context(st: Stack, ctx: Path, ucx_sources: Path, wheels: Path, own_wheel: Path,
+                       extra_wheels: list[Path]) -> None:
+    stage_ucx_context(st, ctx, ucx_sources)
+    for path in sorted(wheels.glob("*.whl")):
+        _link_or_copy(path, ctx / "wheelhouse" / path.name)
+    _copy(wheels / wheelhouse.LOCK_NAME, ctx / "wheelhouse" / "requirements.txt")
+    (ctx / "extra").mkdir(parents=True, exist_ok=True)
+    if extra_wheels:
+        for w in extra_wheels:
+            _copy(w, ctx / "extra" / w.name)
+        text = wheelhouse.hashed_requirements(extra_wheels, "/build/extra")
+        (ctx / "extra" / "requirements.txt").write_text(text)
+        (ctx / "etc").mkdir(parents=True, exist_ok=True)
+        (ctx / "etc" / EXTRA_LOCK_NAME).write_text(text)
+    else:
+        (ctx / "extra" / "requirements.txt").write_text("")
+    _copy(own_wheel, ctx / "pkg" / own_wheel.name)
+    (ctx / "pkg" / "requirements.txt").write_text(wheelhouse.hashed_requirements([own_wheel], "/build/pkg"))
+    _copy(st.path, ctx / "etc" / "stack.toml")
+    _copy(st.lock_path(), ctx / "etc" / st.python_lock)
+
+
+# --- docker build ------------------------------------------------------------------------------------------------
+
+def build_args(st: Stack, base: str, builder: str, prefer_system: bool | None = None) -> dict[str, str]:
+    args = {
+        "BASE_IMAGE": base, "BUILDER_IMAGE": builder, "UCX_PREFIX": st.image.ucx_prefix, "VENV": st.image.venv,
+        "IMAGE_USER": st.image.user, "IMAGE_UID": str(st.image.uid),
+        "SOURCE_DATE_EPOCH": str(st.source_date_epoch),
+    }
+    if prefer_system is not None:
+        args["UCXX_PREFER_SYSTEM_UCX"] = "true" if prefer_system else "false"
+        args["UCX_LIBRARY_PATH"] = f"{st.image.ucx_prefix}/lib" if prefer_system else ""
+    return args
+
+
+def docker_build(ctx: Path, tag: str, args: dict[str, str], labels: dict[str, str], log: Path,
+                 target: str | None = None) -> None:
+    """Classic `docker build --network none`, output streamed (progress) and kept in `log`."""
+    cmd = [docker_bin(), "build", "--network", "none", "--force-rm", "-t", tag]
+    if target:
+        cmd += ["--target", target]
+    for k, v in args.items():
+        cmd += ["--build-arg", f"{k}={v}"]
+    for k, v in sorted(labels.items()):
+        cmd += ["--label", f"{k}={v}"]
+    cmd.append(str(ctx))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+    last_step, tail = "", []
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            if line.startswith("Step "):
+                last_step = line.strip()
+            if "DEPRECATED: The legacy builder" in line or "BuildKit is currently disabled" in line:
+                continue  # the classic builder is chosen on purpose (see the module docstring)
+            sys.stderr.write(f"  | {line}")
+            if line.strip():
+                tail = (tail + [line.strip()])[-5:]
+        rc = proc.wait()
+    if rc != 0:
+        if any("Cannot connect to the Docker daemon" in t for t in tail):
+            engine_version()  # raises NO_DOCKER with the usual line
+        reason = next((t for t in reversed(tail) if "returned a non-zero code" in t or "error" in t.lower()),
+                      tail[-1] if tail else "no output")
+        raise UserError(f"docker build {tag} failed at {last_step or 'start'}: {reason} (log: {log})", BUILD_FAILED)
+
+
+def read_build_info(st: Stack, stage_tag: str, dest: Path) -> dict:
+    """Copy the ucx stage's build-info.json to `dest` byte for byte (the stack id hashes those bytes)."""
+    path = f"{st.image.ucx_prefix}/{BUILD_INFO_IN_PREFIX}"
+    proc = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", stage_tag, path], code=BUILD_FAILED,
+                  what=f"reading {path} from the ucx stage")
+    try:
+        info = json.loads(proc.stdout)
+    except ValueError:
+        raise UserError(f"{path} in the ucx stage is not JSON", BUILD_FAILED) from None
+    atomic_write_text(dest, proc.stdout)
+    return info
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def ucxx_can_use(st: Stack, ucx_version: str) -> bool:
+    return _version_tuple(ucx_version) >= _version_tuple(st.image.ucxx_min_system_ucx)
+
+
+def git_revision(root: Path) -> str:
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return rev or "unknown"
+
+
+def image_labels(st: Stack, stack_id: str, info: dict, prefer_system: bool, base: str,
+                 extra_wheels: list[Path]) -> dict[str, str]:
+    pins = load_lock(st.lock_path())
+    src = info.get("source") or {}
+    created = datetime.fromtimestamp(st.source_date_epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    labels = {
+        "org.opencontainers.image.title": st.name,
+        "org.opencontainers.image.description": "One image for the Dask client, scheduler and workers over UCX",
+        "org.opencontainers.image.version": st.version,
+        "org.opencontainers.image.created": created,
+        "org.opencontainers.image.revision": git_revision(st.root),
+        "org.opencontainers.image.base.name": base,
+        LABEL_PREFIX + "stack-id": stack_id,
+        LABEL_PREFIX + "stack-toml.sha256": sha256_file(st.path),
+        LABEL_PREFIX + "python.lock.sha256": sha256_file(st.lock_path()),
+        LABEL_PREFIX + "python.version": st.python_version,
+        LABEL_PREFIX + "debian.suite": st.debian_suite,
+        LABEL_PREFIX + "cuda.major": str(st.cuda_major),
+        LABEL_PREFIX + "ucx.version": str(info.get("ucx_version", "unknown")),
+        LABEL_PREFIX + "ucx.prefix": st.image.ucx_prefix,
+        LABEL_PREFIX + "ucx.source": str(src.get("archive") or src.get("url") or "unknown"),
+        LABEL_PREFIX + "ucx.sha256": str(src.get("sha256", "unknown")),
+        LABEL_PREFIX + "ucx.fallback": str(bool(src.get("fallback", False))).lower(),
+        LABEL_PREFIX + "ucx.modules": " ".join(info.get("modules") or []),
+        LABEL_PREFIX + "ucx.build-info.sha256": str(info.get("_sha256", "")),
+        LABEL_PREFIX + "ucxx.on-our-ucx": str(prefer_system).lower(),
+    }
+    for name in LABELLED_PACKAGES:
+        if name in pins:
+            labels[LABEL_PREFIX + f"version.{name}"] = pins[name].version
+    if extra_wheels:
+        labels[LABEL_PREFIX + "extra"] = " ".join(sorted(w.name for w in extra_wheels))
+    return labels
+
+
+def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: list[Path] | None = None) -> BuildResult:
+    extra_wheels = [Path(w).resolve() for w in (extra_wheels or [])]
+    for w in extra_wheels:
+        if not w.is_file() or not w.name.endswith(".whl"):
+            raise UserError(f"--extra-wheel {w}: not a wheel file", BUILD_FAILED)
+    tag = tag or f"{st.image.name}:{st.version}"
+    cache = cache.resolve()
+    timings: dict[str, float] = {}
+
+    def step(name, fn, *a, **kw):
+        t0 = time.monotonic()
+        value = fn(*a, **kw)
+        timings[name] = round(time.monotonic() - t0, 1)
+        return value
+
+    say(f"Docker engine {step('engine', engine_version)}")
+    ucx_sources = step("ucx_sources", fetch_ucx_sources, st, cache / "ucx-sources")
+    wheels = step("wheelhouse", wheelhouse.ensure_wheelhouse, st, cache)
+    own = step("own_wheel", wheelhouse.build_own_wheel, st, cache / "pkg")
+    base = step("base_runtime", baseimage.ensure_base, st, "runtime", cache)
+    builder = step("base_builder", baseimage.ensure_base, st, "builder", cache)
+
+    work = cache / "image"
+    ucx_ctx, full_ctx = work / "context-ucx", work / "context"
+    for d in (ucx_ctx, full_ctx):
+        shutil.rmtree(d, ignore_errors=True)
+    stage_ucx_context(st, ucx_ctx, ucx_sources)
+    stage_full_context(st, full_ctx, ucx_sources, wheels, own, extra_wheels)
+    for d in (ucx_ctx, full_ctx):
+        _set_mtimes(d, st.source_date_epoch)
+
+    stage_tag = f"{st.image.name}-ucx-stage:{st.version}"
+    say(f"building the ucx stage ({stage_tag}) with --network none")
+    step("docker_build_ucx", docker_build, ucx_ctx, stage_tag, build_args(st, base, builder), {},
+         work / "logs" / "docker-build-ucx.log", target="ucx")
+    info_path = work / BUILD_INFO_NAME
+    info = read_build_info(st, stage_tag, info_path)
+    info["_sha256"] = sha256_file(info_path)
+    extra_lock = [full_ctx / "etc" / EXTRA_LOCK_NAME] if extra_wheels else []
+    stack_id = st.stack_id(build_info=info_path, extra_locks=tuple(extra_lock))
+    ucx_version = str(info.get("ucx_version", "0"))
+    prefer = ucxx_can_use(st, ucx_version)
+    say(f"UCX {ucx_version}: " + (f"UCXX will use it (>= {st.image.ucxx_min_system_ucx})" if prefer else
+                                  f"older than {st.image.ucxx_min_system_ucx}, UCXX keeps the libucx wheel's UCX"))
+    labels = image_labels(st, stack_id, info, prefer, base, extra_wheels)
+    say(f"building {tag} (stack id {stack_id}) with --network none")
+    step("docker_build", docker_build, full_ctx, tag, build_args(st, base, builder, prefer), labels,
+         work / "logs" / f"docker-build-{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}.log")
+
+    inside = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", tag, "/etc/ucx-dask-gpu/stack-id"],
+                    code=BUILD_FAILED, what="reading the image's stack id").stdout.strip()
+    if inside != stack_id:
+        raise UserError(f"{tag}: the image computed stack id {inside}, the build computed {stack_id} (the Dockerfile "
+                        "and imagebuild.py hash different files)", BUILD_FAILED)
+    meta = image_inspect(tag) or {}
+    result = BuildResult(tag=tag, image_id=meta.get("Id", "?"), size=int(meta.get("Size", 0)), stack_id=stack_id,
+                         ucx_version=ucx_version, ucxx_on_our_ucx=prefer, timings=timings, labels=labels)
+    record = {**result.__dict__, "created_by": "ucx-dask-gpu image build"}
+    atomic_write_text(work / "last-build.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return result
