@@ -16,6 +16,9 @@ COMMAND_MODULES = [
     "ucx_dask_gpu.stackcmd",
     "ucx_dask_gpu.topologycmd",
     "ucx_dask_gpu.imagecmd",
+    "ucx_dask_gpu.envgate",
+    "ucx_dask_gpu.daskconfig",
+    "ucx_dask_gpu.workloads",
 ]
 
 
