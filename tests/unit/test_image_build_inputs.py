@@ -1,0 +1,184 @@
+"""Image build inputs without Docker: build args match the Dockerfile, the UCX stage gets only what the UCX build
+imports, the staged context has the layout the Dockerfile copies, labels and the UCXX decision follow the build info,
+and base root filesystems are tarred deterministically."""
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ucx_dask_gpu import baseimage, imagebuild, stack, wheelhouse
+from ucx_dask_gpu.errors import USAGE, UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+
+
+@pytest.fixture(scope="module")
+def st():
+    return stack.load()
+
+
+def dockerfile_args() -> set[str]:
+    return set(re.findall(r"^ARG (\w+)", DOCKERFILE.read_text(), re.M))
+
+
+def test_every_dockerfile_arg_comes_from_stack_toml(st):
+    provided = set(imagebuild.build_args(st, "base:x", "builder:x", prefer_system=False))
+    assert provided == dockerfile_args()
+    # The values are stack.toml's, not literals in the Dockerfile.
+    args = imagebuild.build_args(st, "b", "bb", prefer_system=True)
+    assert args["UCX_PREFIX"] == st.image.ucx_prefix and args["VENV"] == st.image.venv
+    assert args["IMAGE_UID"] == str(st.image.uid) and args["SOURCE_DATE_EPOCH"] == str(st.source_date_epoch)
+    assert args["UCX_LIBRARY_PATH"] == f"{st.image.ucx_prefix}/lib"
+
+
+def test_dockerfile_writes_no_versions_or_paths():
+    text = "\n".join(ln for ln in DOCKERFILE.read_text().splitlines() if not ln.lstrip().startswith("#"))
+    assert not re.search(r"\b\d+\.\d+\.\d+\b", text), "a version number in the Dockerfile"
+    assert "/opt/" not in text and "bookworm" not in text and "10001" not in text
+
+
+@pytest.mark.parametrize("version, expected", [("1.13.1", False), ("1.18.9", False), ("1.19.0", True),
+                                               ("1.20.0", True), ("2.0", True)])
+def test_ucxx_uses_our_ucx_only_from_the_minimum_version(st, version, expected):
+    assert imagebuild.ucxx_can_use(st, version) is expected
+
+
+def test_ucx_stage_gets_the_import_closure_of_the_ucx_build_only():
+    files = {str(p) for p in imagebuild.ucx_build_files(ROOT)}
+    for needed in ("src/ucx_dask_gpu/__init__.py", "src/ucx_dask_gpu/stack.py", "src/ucx_dask_gpu/errors.py",
+                   "src/ucx_dask_gpu/ucxbuild/build.py", "src/ucx_dask_gpu/ucxbuild/__main__.py"):
+        assert needed in files
+    # Editing the cluster or image code must not rebuild UCX in the image.
+    for unrelated in ("src/ucx_dask_gpu/imagebuild.py", "src/ucx_dask_gpu/dockercluster.py",
+                      "src/ucx_dask_gpu/workloads.py", "src/ucx_dask_gpu/guard.py"):
+        assert unrelated not in files
+
+
+def test_ucx_build_runs_from_the_staged_tree_alone(tmp_path, st):
+    """The closure is complete: `build.sh --help` imports everything the UCX build needs, from the copy only."""
+    ctx = tmp_path / "ctx"
+    sources = tmp_path / "sources"
+    sources.mkdir()
+    imagebuild.stage_ucx_context(st, ctx, sources)
+    tree = ctx / "ucx" / "tree"
+    code = ("import importlib, pkgutil, ucx_dask_gpu.ucxbuild as u; "
+            "[importlib.import_module('ucx_dask_gpu.ucxbuild.' + m.name) for m in pkgutil.iter_modules(u.__path__) if not m.name.startswith('_')]; "
+            "from ucx_dask_gpu.ucxbuild.cli import main")
+    proc = subprocess.run(["python3", "-I", "-c", f"import sys; sys.path.insert(0, {str(tree / 'src')!r}); {code}"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (tree / "ucx-src-build" / "build.sh").is_file() and (tree / "stack.toml").is_file()
+    assert (ctx / "Dockerfile").read_text() == DOCKERFILE.read_text()
+
+
+def test_full_context_layout(tmp_path, st):
+    from test_image_wheelhouse import make_wheel
+
+    sources = tmp_path / "sources"
+    sources.mkdir()
+    (sources / "ucx.tar.xz").write_bytes(b"x")
+    wheels = tmp_path / "wh"
+    wheels.mkdir()
+    make_wheel(wheels, "alpha", "1.0")
+    (wheels / wheelhouse.LOCK_NAME).write_text("alpha==1.0\n")
+    own = make_wheel(tmp_path, "ucx-dask-gpu", "0.0")
+    extra_dir = tmp_path / "extra"
+    extra_dir.mkdir()
+    extra = make_wheel(extra_dir, "marker", "1")
+    ctx = tmp_path / "ctx"
+    imagebuild.stage_full_context(st, ctx, sources, wheels, own, [extra])
+    assert (ctx / "ucx" / "sources" / "ucx.tar.xz").is_file()
+    assert (ctx / "wheelhouse" / "requirements.txt").read_text() == "alpha==1.0\n"
+    assert (ctx / "pkg" / "requirements.txt").read_text().startswith(f"/build/pkg/{own.name} --hash=sha256:")
+    assert (ctx / "etc" / "stack.toml").read_bytes() == st.path.read_bytes()
+    assert (ctx / "etc" / st.python_lock).read_bytes() == st.lock_path().read_bytes()
+    assert (ctx / "etc" / imagebuild.EXTRA_LOCK_NAME).read_text() == (ctx / "extra" / "requirements.txt").read_text()
+    # Without extra wheels: an empty extra requirements file and no extra lock in /etc (the stack id is unchanged).
+    ctx2 = tmp_path / "ctx2"
+    imagebuild.stage_full_context(st, ctx2, sources, wheels, own, [])
+    assert (ctx2 / "extra" / "requirements.txt").read_text() == ""
+    assert not (ctx2 / "etc" / imagebuild.EXTRA_LOCK_NAME).exists()
+
+
+def test_stack_id_covers_build_info_and_extra_locks_by_content_and_name(tmp_path, st):
+    info = tmp_path / "build-info.json"
+    info.write_text('{"ucx_version": "1.13.1"}\n')
+    base = st.stack_id(build_info=info)
+    assert base != st.stack_id()
+    other = tmp_path / "o" / "build-info.json"
+    other.parent.mkdir()
+    other.write_text(info.read_text())
+    assert st.stack_id(build_info=other) == base  # same bytes, same name: same id wherever the file lives
+    other.write_text('{"ucx_version": "1.20.0"}\n')
+    assert st.stack_id(build_info=other) != base
+    extra = tmp_path / "extra-requirements.txt"
+    extra.write_text("x --hash=sha256:" + "0" * 64 + "\n")
+    assert st.stack_id(build_info=info, extra_locks=(extra,)) != base
+
+
+def test_labels_carry_stack_id_ucx_and_versions(st):
+    info = {"ucx_version": "1.13.1", "modules": ["libuct_ib.so", "libuct_cuda.so"], "_sha256": "ab" * 32,
+            "source": {"archive": "ucx_1.13.1.orig.tar.xz", "sha256": "cd" * 32, "fallback": True}}
+    labels = imagebuild.image_labels(st, "0123456789abcdef", info, False, "base:1", [])
+    assert labels["io.ucx-dask-gpu.stack-id"] == "0123456789abcdef"
+    assert labels["io.ucx-dask-gpu.ucx.version"] == "1.13.1"
+    assert labels["io.ucx-dask-gpu.ucx.fallback"] == "true"
+    assert labels["io.ucx-dask-gpu.ucxx.on-our-ucx"] == "false"
+    assert labels["org.opencontainers.image.version"] == st.version
+    assert labels["org.opencontainers.image.created"] == "2025-11-30T00:00:00Z" or labels[
+        "org.opencontainers.image.created"].endswith("Z")
+    assert labels["io.ucx-dask-gpu.version.distributed"]
+
+
+def test_base_packages(st):
+    runtime = baseimage.packages_for(st, "runtime")
+    builder = baseimage.packages_for(st, "builder")
+    assert "tini" in runtime and "python3" in runtime
+    assert set(runtime) < set(builder) and "build-essential" in builder and "build-essential" not in runtime
+    assert baseimage.base_key(st, "runtime") != baseimage.base_key(st, "builder")
+    with pytest.raises(UserError) as err:
+        baseimage.packages_for(st, "fat")
+    assert err.value.exit_code == USAGE
+
+
+def test_scrub_removes_host_and_time_dependent_files(tmp_path):
+    root = tmp_path / "root"
+    for rel in ("etc/resolv.conf", "etc/hosts", "var/lib/apt/lists/deb.debian.org_Packages", "var/log/dpkg.log",
+                "var/cache/ldconfig/aux-cache", "usr/share/locale/de/LC_MESSAGES/x.mo", "usr/share/locale/locale.alias",
+                "usr/share/doc/tini/copyright", "dev/null", "etc/passwd"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x")
+    baseimage.scrub(root)
+    left = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+    assert left == {"usr/share/locale/locale.alias", "usr/share/doc/tini/copyright", "etc/passwd"}
+    assert (root / "var/lib/apt/lists").is_dir() and (root / "tmp").stat().st_mode & 0o1777 == 0o1777
+
+
+def test_rootfs_tar_is_deterministic(tmp_path):
+    def tree(where: Path, mtime: int) -> Path:
+        root = where / "root"
+        (root / "b" / "c").mkdir(parents=True)
+        (root / "a.txt").write_text("a")
+        (root / "b" / "c" / "z").write_text("z")
+        (root / "b" / "link").symlink_to("../a.txt")
+        import os
+
+        for p in [root / "a.txt", root / "b" / "c" / "z", root / "b" / "c", root / "b", root]:
+            os.utime(p, (mtime, mtime))
+        return root
+
+    t1, t2 = tmp_path / "1.tar", tmp_path / "2.tar"
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+    baseimage.deterministic_tar(tree(tmp_path / "x", 2_000_000_000), t1, 1_764_460_800)
+    baseimage.deterministic_tar(tree(tmp_path / "y", 2_100_000_000), t2, 1_764_460_800)
+    assert t1.read_bytes() == t2.read_bytes()
+    import tarfile
+
+    with tarfile.open(t1) as tf:
+        names = tf.getnames()
+        assert names == sorted(names)
+        assert {m.mtime for m in tf.getmembers()} == {1_764_460_800}

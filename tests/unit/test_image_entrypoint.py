@@ -1,0 +1,63 @@
+"""The image's entrypoint: known roles pass through unchanged, anything else is one line + UNKNOWN_ROLE."""
+import subprocess
+import sys
+
+import pytest
+
+from ucx_dask_gpu import entrypoint
+from ucx_dask_gpu.errors import UNKNOWN_ROLE, UserError
+
+
+@pytest.mark.parametrize("argv", [
+    ["dask", "scheduler", "--protocol", "ucx"],
+    ["dask", "worker", "ucx://scheduler:8786", "--nthreads", "2"],
+    ["dask", "cuda", "worker", "ucx://scheduler:8786"],
+    ["ucx-dask-gpu", "workload", "transpose", "--scheduler", "tcp://scheduler:8786"],
+    ["python", "-c", "print(1)"],
+    ["ucx_info", "-v"],
+    ["bash"],
+])
+def test_known_roles_exec_unchanged(argv):
+    assert entrypoint.resolve(argv) == argv
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["schedular"], "'schedular'"),
+    (["dask", "schedular"], "'dask schedular'"),
+    (["dask"], "'dask'"),
+    (["dask", "cuda", "scheduler"], "'dask cuda scheduler'"),
+    (["rm", "-rf", "/"], "'rm'"),
+])
+def test_unknown_roles_are_refused_with_the_list_of_roles(argv, named):
+    with pytest.raises(UserError) as err:
+        entrypoint.resolve(argv)
+    assert err.value.exit_code == UNKNOWN_ROLE
+    assert named in str(err.value) and "dask scheduler" in str(err.value)
+
+
+def test_no_role_is_refused():
+    with pytest.raises(UserError) as err:
+        entrypoint.resolve([])
+    assert err.value.exit_code == UNKNOWN_ROLE
+
+
+def test_main_prints_one_line_and_exits_with_unknown_role():
+    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.entrypoint", "wrker"], capture_output=True, text=True)
+    assert proc.returncode == UNKNOWN_ROLE
+    assert proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "unknown role 'wrker'" in proc.stderr
+
+
+def test_main_execs_the_role():
+    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.entrypoint", "python", "-c", "print('hi')"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout == "hi\n"
+
+
+def test_gpu_transports_only_on_request_or_gpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(entrypoint, "GPU_CONFIG_DIR", str(tmp_path))
+    assert entrypoint.transports_env({"UCX_DASK_GPU_TRANSPORTS": "gpu"}) == {"DASK_CONFIG": str(tmp_path)}
+    assert entrypoint.transports_env({"UCX_DASK_GPU_TRANSPORTS": "cpu"}) == {}
+    # An explicit DASK_CONFIG is the operator's choice: never overridden.
+    assert entrypoint.transports_env({"UCX_DASK_GPU_TRANSPORTS": "gpu", "DASK_CONFIG": "/x"}) == {}
