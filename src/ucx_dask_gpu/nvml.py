@@ -147,3 +147,85 @@ def _affinity(n, handle) -> tuple[list[int] | None, list[int] | None]:
 def nvlink_count(a: Gpu, b: Gpu) -> int:
     """Active NVLinks between two GPUs as seen from `a`."""
     return a.nvlink_peers.get(b.pci_bus_id, 0)
+
+
+# --- NVLink throughput counters and GPU processes (verify-nvlink) ---------------------------------------------------
+
+# scopeId asking for the sum over all links (nvml.h: "A scopeId of UINT_MAX returns aggregate value summed up across
+# all links for the specified counter type").
+NVLINK_SCOPE_ALL_LINKS = 0xFFFFFFFF
+THROUGHPUT_FIELDS = {
+    "data_tx": FI_NVLINK_THROUGHPUT_DATA_TX,
+    "data_rx": FI_NVLINK_THROUGHPUT_DATA_RX,
+    "raw_tx": FI_NVLINK_THROUGHPUT_RAW_TX,
+    "raw_rx": FI_NVLINK_THROUGHPUT_RAW_RX,
+}
+KIB = 1024  # the throughput fields count KiB
+
+
+@dataclass
+class NvlinkThroughput:
+    """Cumulative NVLink throughput counters of one GPU, in BYTES (NVML counts KiB; converted here).
+
+    `total` is the all-links aggregate (scopeId UINT_MAX), `links` the per-link values; a counter the driver does
+    not answer is None.
+    """
+
+    uuid: str
+    total: dict[str, int | None]
+    links: dict[int, dict[str, int | None]] = field(default_factory=dict)
+
+
+def field_value_int(value_type: int, value) -> int | float:
+    """The number inside an nvmlValue_t union, by nvmlValueType_t (0 double, 1 uint, 2 ulong, 3 ullong, 4 sllong,
+    5 sint, 6 ushort)."""
+    attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(value_type, "ullVal")
+    return getattr(value, attr)
+
+
+def throughput_from_field_values(uuid: str, answers) -> NvlinkThroughput:
+    """Build a snapshot from (field_id, scope_id, nvml_return, value_kib) tuples: pure, so it is tested on values
+    recorded from a driver. nvml_return != 0 (e.g. 3 NOT_SUPPORTED) leaves that counter None."""
+    names = {fid: name for name, fid in THROUGHPUT_FIELDS.items()}
+    out = NvlinkThroughput(uuid=uuid, total={k: None for k in THROUGHPUT_FIELDS})
+    for fid, scope, ret, value in answers:
+        name = names.get(fid)
+        if name is None:
+            continue
+        v = int(value) * KIB if ret == 0 else None
+        if scope == NVLINK_SCOPE_ALL_LINKS:
+            out.total[name] = v
+        else:
+            out.links.setdefault(int(scope), {k: None for k in THROUGHPUT_FIELDS})[name] = v
+    return out
+
+
+def nvlink_throughput(gpus: list[Gpu]) -> dict[str, NvlinkThroughput]:
+    """One snapshot of fields 138-141 (aggregate + each active link) for each GPU, keyed by UUID."""
+    n = _nvml()
+    snap = {}
+    for g in gpus:
+        h = n.nvmlDeviceGetHandleByUUID(g.uuid)
+        scopes = [NVLINK_SCOPE_ALL_LINKS, *sorted(g.links)]
+        ids = [(fid, s) for s in scopes for fid in THROUGHPUT_FIELDS.values()]
+        try:
+            vals = n.nvmlDeviceGetFieldValues(h, ids)
+            answers = [(v.fieldId, v.scopeId, v.nvmlReturn, field_value_int(v.valueType, v.value)) for v in vals]
+        except n.NVMLError:
+            answers = []  # the whole call refused: every counter stays None
+        snap[g.uuid] = throughput_from_field_values(g.uuid, answers)
+    return snap
+
+
+def compute_pids(gpus: list[Gpu]) -> dict[str, set[int]]:
+    """PIDs with a compute context on each GPU (keyed by UUID), as the driver reports them. In a container without
+    the host PID namespace these are host PIDs, so a caller must treat "not seen" as "unknown", never as "absent"."""
+    n = _nvml()
+    out: dict[str, set[int]] = {}
+    for g in gpus:
+        h = n.nvmlDeviceGetHandleByUUID(g.uuid)
+        try:
+            out[g.uuid] = {int(p.pid) for p in n.nvmlDeviceGetComputeRunningProcesses(h)}
+        except n.NVMLError:
+            out[g.uuid] = set()
+    return out
