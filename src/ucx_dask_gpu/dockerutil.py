@@ -58,12 +58,16 @@ def ensure_engine(allow_start: bool = True, timeout: float = 90) -> str:
 
     Build machines are fresh Debian 12 hosts run as root without systemd; dockerd with overlay2 works there.
     Starting is refused (NO_DOCKER, one line) when not root, when DOCKER_HOST names another engine, or when
-    `allow_start` is False.
+    `allow_start` is False. As root, the image's host packages (stack.toml [debian].image_host_packages) that are
+    missing are installed first.
     """
+    root = os.geteuid() == 0
+    if allow_start and root and not os.environ.get("DOCKER_HOST"):
+        install_host_packages()
     try:
         if shutil.which("docker") or os.environ.get(DOCKER_ENV):
             return engine_version()
-        reason = "no docker client"
+        reason = "missing Docker engine: no docker client"
     except UserError as e:
         reason = str(e)
     if not allow_start:
@@ -71,17 +75,19 @@ def ensure_engine(allow_start: bool = True, timeout: float = 90) -> str:
     if os.environ.get("DOCKER_HOST"):
         raise UserError(f"missing Docker engine at DOCKER_HOST={os.environ['DOCKER_HOST']} and not allowed to start "
                         "one there (unset DOCKER_HOST to use a local dockerd)", NO_DOCKER)
-    if os.geteuid() != 0:
+    if not root:
         raise UserError("missing Docker engine and not allowed to start one (dockerd needs root: run "
                         "ci/start_dockerd.sh as root, or ask for access to a running engine)", NO_DOCKER)
-    if not (shutil.which("dockerd") and shutil.which("docker")):
-        _install_engine_packages()
+    dockerd = shutil.which("dockerd")
+    if not dockerd:
+        raise UserError("missing Docker engine and not able to start one: no dockerd after installing "
+                        "stack.toml's image_host_packages", NO_DOCKER)
     log = Path(ENGINE_LOG)
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"starting dockerd in the background (log: {log})", flush=True)
     with open(log, "ab") as out:
-        subprocess.Popen([shutil.which("dockerd") or "dockerd"], stdin=subprocess.DEVNULL, stdout=out,
-                         stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        subprocess.Popen([dockerd], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                         start_new_session=True, close_fds=True)
 
     def answers():
         try:
@@ -100,18 +106,25 @@ def ensure_engine(allow_start: bool = True, timeout: float = 90) -> str:
 ENGINE_LOG = "/var/log/ucx-dask-gpu-dockerd.log"
 
 
-def _install_engine_packages() -> None:
+def _installed(pkg: str) -> bool:
+    proc = subprocess.run(["dpkg-query", "-W", "-f=${Status}", pkg], capture_output=True, text=True)
+    return proc.returncode == 0 and "ok installed" in proc.stdout
+
+
+def install_host_packages() -> None:
+    """apt-get install the image host packages that are missing (root, Debian); a no-op when all are there."""
     from .stack import load
 
-    pkgs = list(load().debian_docker_packages)
-    print(f"installing {' '.join(pkgs)} (apt-get)", flush=True)
+    if not shutil.which("dpkg-query"):
+        return
+    missing = [p for p in load().debian_image_host_packages if not _installed(p)]
+    if not missing:
+        return
+    print(f"installing {' '.join(missing)} (apt-get)", flush=True)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *pkgs]):
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        except FileNotFoundError:
-            raise UserError("missing Docker engine and not able to start one: no apt-get to install "
-                            f"{' '.join(pkgs)}", NO_DOCKER) from None
+    for cmd in (["apt-get", "update", "-qq"],
+                ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise UserError(f"missing Docker engine and not able to install one: {' '.join(cmd[:2])}: "
                             f"{_last_line(proc.stderr or proc.stdout)}", NO_DOCKER)

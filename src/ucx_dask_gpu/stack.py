@@ -86,7 +86,7 @@ class Stack:
     ucx_build_packages: tuple[str, ...]
     debian_base_packages: tuple[str, ...]
     debian_builder_packages: tuple[str, ...]
-    debian_docker_packages: tuple[str, ...]
+    debian_image_host_packages: tuple[str, ...]
     image: ImageSpec
     python_lock: Path
     python_version: str
@@ -311,7 +311,7 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
         ucx_build_packages=_str_list(deb, "ucx_build_packages", f"{w}.debian"),
         debian_base_packages=_str_list(deb, "base_packages", f"{w}.debian"),
         debian_builder_packages=_str_list(deb, "builder_packages", f"{w}.debian"),
-        debian_docker_packages=_str_list(deb, "docker_packages", f"{w}.debian"),
+        debian_image_host_packages=_str_list(deb, "image_host_packages", f"{w}.debian"),
         image=_image(_get(data, "image", w, dict), f"{w}.image"),
         python_lock=Path(lock),
         python_version=py_version,

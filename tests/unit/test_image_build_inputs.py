@@ -4,6 +4,7 @@ and base root filesystems are tarred deterministically."""
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,8 @@ def test_ucx_build_runs_from_the_staged_tree_alone(tmp_path, st):
 
 
 def test_full_context_layout(tmp_path, st):
-    from test_image_wheelhouse import make_wheel
+    sys.path.insert(0, str(ROOT / "tests"))
+    from image_helpers import make_wheel
 
     sources = tmp_path / "sources"
     sources.mkdir()

@@ -2,11 +2,8 @@
 
 pip runs for real against a local --find-links directory (no index, no network).
 """
-import hashlib
-import io
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -15,27 +12,8 @@ from ucx_dask_gpu import stack, wheelhouse
 from ucx_dask_gpu.errors import HASH_MISMATCH, SOURCE_UNREACHABLE, UserError
 from ucx_dask_gpu.lockfile import parse_lock_text
 
-
-def make_wheel(directory: Path, name: str, version: str, payload: str = "") -> Path:
-    """A minimal valid pure-Python wheel."""
-    dist = f"{name.replace('-', '_')}-{version}"
-    path = directory / f"{dist}-py3-none-any.whl"
-    files = {
-        f"{name.replace('-', '_')}/__init__.py": f"VALUE = {payload!r}\n",
-        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = "".join(f"{n},,\n" for n in files) + f"{dist}.dist-info/RECORD,,\n"
-    files[f"{dist}.dist-info/RECORD"] = record
-    with zipfile.ZipFile(path, "w") as z:
-        for n, text in files.items():
-            info = zipfile.ZipInfo(n, date_time=(2020, 1, 1, 0, 0, 0))
-            z.writestr(info, text)
-    return path
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from image_helpers import make_wheel, sha  # noqa: E402
 
 
 def test_platform_tags_cover_older_manylinux_and_legacy_aliases():

@@ -1,0 +1,40 @@
+"""No Docker engine: every image/cluster entry point says so in one line and exits NO_DOCKER (7), building nothing."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ucx_dask_gpu.errors import NO_DOCKER
+
+ROOT = Path(__file__).resolve().parents[2]
+NOWHERE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+
+
+@pytest.mark.parametrize("cmd", [
+    ["scripts/build_image.sh"],
+    ["ci/start_dockerd.sh"],            # DOCKER_HOST names another engine: not ours to start
+    ["ci/start_dockerd.sh", "--no-start"],
+    [".venv/bin/ucx-dask-gpu", "image", "demo"],
+    [".venv/bin/ucx-dask-gpu", "image", "base"],
+])
+def test_missing_engine_is_one_line_exit_7(cmd, tmp_path):
+    env = {**os.environ, **NOWHERE, "UCX_DASK_GPU_BUILD_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == NO_DOCKER, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "missing Docker engine" in lines[0], proc.stderr
+    assert not (tmp_path / "cache").exists()  # the engine is checked before anything is fetched or built
+
+
+def test_not_root_may_not_start_an_engine(monkeypatch):
+    from ucx_dask_gpu import dockerutil
+    from ucx_dask_gpu.errors import UserError
+
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.setattr(dockerutil, "engine_version", lambda timeout=20: (_ for _ in ()).throw(
+        UserError("missing Docker engine at unix:///var/run/docker.sock (x)", NO_DOCKER)))
+    monkeypatch.setattr(dockerutil.os, "geteuid", lambda: 1000)
+    with pytest.raises(UserError) as err:
+        dockerutil.ensure_engine()
+    assert err.value.exit_code == NO_DOCKER and "not allowed to start one" in str(err.value)
