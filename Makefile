@@ -7,9 +7,9 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 CLI := $(VENV)/bin/ucx-dask-gpu
 
-.PHONY: all test prereqs venv regen check-generated unit
+.PHONY: all test prereqs venv regen check-generated unit ucx
 
-all: prereqs venv
+all: prereqs venv ucx
 	$(CLI) stack validate
 
 prereqs:
@@ -22,11 +22,19 @@ $(VENV)/.installed: pyproject.toml stack.toml locks/image-py311-linux-64.txt
 	$(VPY) -m pip install -q -e '.[test]'
 	touch $@
 
+# UCX from verified source (ucx-src-build/README.md): rebuilt when its inputs change; downloads cached in .cache/sources.
+# The integration tests use this prefix (UCX_PREFIX).
+export UCX_PREFIX ?= build/ucx-prefix
+UCX_BUILD_INFO := $(UCX_PREFIX)/share/ucx-dask-gpu/build-info.json
+ucx: $(UCX_BUILD_INFO)
+$(UCX_BUILD_INFO): stack.toml $(wildcard ucx-src-build/patches/*/*.patch) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py) | prereqs
+	ucx-src-build/build.sh build --prefix $(UCX_PREFIX) --work-dir build/ucx-work --require ib,cuda
+
 regen: venv
 	$(CLI) stack env-yml
 
 unit: venv
 	$(VPY) -m pytest -q tests/unit
 
-test: prereqs venv
+test: prereqs venv ucx
 	$(VPY) -m pytest tests

@@ -1,0 +1,443 @@
+"""Build UCX from the first verified source into a relocatable prefix with share/ucx-dask-gpu/build-info.json.
+
+Steps: fetch + verify -> unpack -> patches/<version>/ -> (Debian archive) restore debian/, autogen.sh -> CUDA headers
+and link libraries -> detect verbs/rdmacm -> contrib/configure-release with stack.toml's flags + detected ones ->
+make + install of the shipped components only -> strip, RUNPATH/pkg-config/CMake made relative -> build-info.json ->
+into --prefix (renamed in when the prefix is new or one of our earlier builds, otherwise merged, e.g. a conda $PREFIX).
+
+Only the shipped components are built (SUBDIRS below): UCX's test/apps do not build with CUDA 13 headers against the
+535 link libraries, and nothing we ship needs them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import BUILD_FAILED, MISSING_CAPABILITY, USAGE, UserError
+from ..fsutil import atomic_path, atomic_write_text, sha256_file
+from ..stack import Stack
+from . import cuda as cudamod
+from . import relocate
+from .fetch import FetchedSource, default_cache_dir, fetch_ucx_source, say, warn
+
+# Components that make up an installed UCX (libraries, modules, ucx_info/ucx_perftest/ucx_read_profile, CMake
+# config), in dependency order; `install-data-am` at the top level adds ucx.pc and share/ucx/perftest.
+SUBDIRS = ("src/ucm", "src/ucs", "src/uct", "src/ucp", "src/tools/vfs", "src/tools/info", "src/tools/perf",
+           "src/tools/profile", "cmake")
+BUILD_INFO = Path("share/ucx-dask-gpu/build-info.json")
+CAPABILITIES = ("ib", "cuda", "gdrcopy")
+# Which lib/ucx modules prove a capability was built.
+CAPABILITY_MODULES = {"ib": ("libuct_ib.so", "libuct_rdmacm.so"), "cuda": ("libuct_cuda.so", "libucm_cuda.so"),
+                      "gdrcopy": ("libuct_cuda_gdrcopy.so",)}
+HEADER_PROBES = {"verbs": "infiniband/verbs.h", "rdmacm": "rdma/rdma_cma.h", "numa": "numa.h"}
+CONFIG_LOG_TAIL = 40
+HEARTBEAT_S = 15.0
+_COMPILE_LINE = re.compile(r"^\s+(CC|CXX|CCLD|CXXLD)\s+(\S+)")
+_SUMMARY_LINE = re.compile(r"^(?:configure:)?\s*(UCT modules|UCM modules|UCS modules|Perf modules|IB modules|CUDA modules|"
+                           r"ROCM modules|Transport modules)\s*:\s*(.*)$")
+
+
+@dataclass
+class BuildOptions:
+    prefix: Path
+    work_dir: Path | None = None
+    cache: Path | None = None
+    sources: list[Path] = field(default_factory=list)
+    offline: bool = False
+    cuda: str = "auto"
+    cuda_link_dir: Path | None = None
+    gdrcopy: Path | None = None
+    jobs: int = 0
+    require: frozenset[str] = frozenset()
+    patches_root: Path | None = None
+    keep_debug: bool = False
+
+
+def parse_require(text: str | None) -> frozenset[str]:
+    items = frozenset(x.strip() for x in (text or "").split(",") if x.strip())
+    bad = sorted(items - set(CAPABILITIES))
+    if bad:
+        raise UserError(f"--require: unknown capability {', '.join(bad)} (choose from {', '.join(CAPABILITIES)})",
+                        USAGE)
+    return items
+
+
+# --- small helpers -------------------------------------------------------------------------------------------------
+
+def _fmt_s(s: float) -> str:
+    return f"{int(s // 60)}m{s % 60:04.1f}s" if s >= 60 else f"{s:.1f}s"
+
+
+def build_env(stack: Stack) -> dict[str, str]:
+    env = dict(os.environ)
+    # Same bytes from the same inputs: fixed timestamp for anything that embeds one, C locale, UTC.
+    env.update(SOURCE_DATE_EPOCH=str(stack.source_date_epoch), LC_ALL="C", TZ="UTC")
+    env.pop("MAKEFLAGS", None)  # an outer `make -jN` must not multiply our -j
+    return env
+
+
+def run_logged(cmd: list[str], cwd: Path, log: Path, env: dict, label: str) -> tuple[int, list[str]]:
+    """Run cmd with output to `log`; print a heartbeat with the number of compiled files every HEARTBEAT_S."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = last = time.monotonic()
+    compiled = 0
+    tail: list[str] = []
+    with open(log, "a") as lf:
+        lf.write(f"$ (cd {cwd} && {shlex.join(cmd)})\n")
+        lf.flush()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace")
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lf.write(line)
+            tail = (tail + [line.rstrip("\n")])[-CONFIG_LOG_TAIL:]
+            if _COMPILE_LINE.match(line):
+                compiled += 1
+            now = time.monotonic()
+            if now - last >= HEARTBEAT_S:
+                done = f"{compiled} files compiled, " if compiled else ""
+                say(f"  {label}: running, {done}{_fmt_s(now - t0)}")
+                last = now
+        rc = proc.wait()
+    return rc, tail
+
+
+def _tail(path: Path, n: int = CONFIG_LOG_TAIL) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-n:]
+    except OSError:
+        return []
+
+
+def _print_tail(title: str, lines: list[str]) -> None:
+    say(title)
+    for line in lines:
+        print(f"    | {line}", flush=True)
+
+
+def compiler() -> list[str]:
+    return shlex.split(os.environ.get("CC") or "cc")
+
+
+def header_available(header: str, cppflags: list[str]) -> bool:
+    """Does the C preprocessor find <header> with these flags? (Respects $CC/$CPPFLAGS, e.g. a conda sysroot.)"""
+    cmd = compiler() + ["-E", "-x", "c", "-", "-o", os.devnull] + shlex.split(os.environ.get("CPPFLAGS", "")) + cppflags
+    try:
+        proc = subprocess.run(cmd, input=f"#include <{header}>\n", capture_output=True, text=True)
+    except OSError:
+        raise UserError(f"C compiler {cmd[0]!r} not found (Debian: apt-get install build-essential)",
+                        MISSING_CAPABILITY) from None
+    return proc.returncode == 0
+
+
+def compiler_version() -> str:
+    try:
+        out = subprocess.run(compiler() + ["--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return "unknown"
+    return (out.splitlines() or ["unknown"])[0]
+
+
+def check_tools(layout: str, need_patch: bool) -> None:
+    tools = ["make", "patchelf", compiler()[0]]
+    tools += ["autoreconf", "libtoolize", "automake"] if layout == "debian-orig" else []
+    tools += ["patch"] if need_patch else []
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        raise UserError(f"missing build tools: {', '.join(missing)} (Debian: see stack.toml [debian] "
+                        f"ucx_build_packages)", MISSING_CAPABILITY)
+
+
+# --- steps ---------------------------------------------------------------------------------------------------------
+
+def unpack(archive: Path, dest: Path) -> Path:
+    """Extract into dest (emptied first); return the single top-level source directory."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    with tarfile.open(archive) as tar:
+        cudamod._safe_extract(tar, dest)
+    tops = [p for p in dest.iterdir() if p.is_dir()]
+    if len(tops) != 1 or not (tops[0] / "configure.ac").is_file():
+        raise UserError(f"{archive.name}: expected one top-level UCX source directory with configure.ac", BUILD_FAILED)
+    return tops[0]
+
+
+def patches_for(version: str, root: Path) -> list[Path]:
+    d = root / version
+    return sorted(d.glob("*.patch")) if d.is_dir() else []
+
+
+def apply_patches(src: Path, patches: list[Path], log: Path) -> list[dict]:
+    applied = []
+    for p in patches:
+        with open(log, "a") as lf:
+            lf.write(f"$ patch -p1 --forward --batch -i {p}\n")
+            proc = subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(p)], cwd=src, stdout=lf,
+                                  stderr=subprocess.STDOUT)
+        if proc.returncode != 0:
+            raise UserError(f"patch {p.parent.name}/{p.name} does not apply to this source (see {log})", BUILD_FAILED)
+        say(f"  applied {p.parent.name}/{p.name}")
+        applied.append({"name": f"{p.parent.name}/{p.name}", "sha256": sha256_file(p)})
+    return applied
+
+
+def prepare_debian_orig(src: Path, env: dict, log: Path) -> None:
+    """Debian's orig tarball is a git archive: no ./configure, and upstream's debian/ is renamed debian.upstream.
+    configure.ac lists debian/ files as outputs, so restore it before autogen.sh."""
+    upstream = src / "debian.upstream"
+    if upstream.is_dir() and not (src / "debian").exists():
+        shutil.copytree(upstream, src / "debian", symlinks=True)
+    t0 = time.monotonic()
+    say("autogen.sh (Debian archive has no ./configure)")
+    rc, tail = run_logged(["./autogen.sh"], src, log, env, "autogen")
+    if rc != 0:
+        _print_tail(f"autogen.sh failed; last lines of {log}:", tail)
+        raise UserError(f"autogen.sh failed (exit {rc}); log: {log}", BUILD_FAILED)
+    say(f"  autogen.sh done in {_fmt_s(time.monotonic() - t0)}")
+
+
+def detect_capabilities(cuda: cudamod.CudaSetup, opts: BuildOptions) -> dict:
+    found = {k: header_available(h, cuda.cppflags()) for k, h in HEADER_PROBES.items()}
+    caps = {"verbs": found["verbs"], "rdmacm": found["rdmacm"], "numa": found["numa"],
+            "cuda": cuda.kind != "none", "gdrcopy": None}
+    if opts.gdrcopy is not None:
+        if not (opts.gdrcopy / "include" / "gdrapi.h").is_file():
+            raise UserError(f"--gdrcopy {opts.gdrcopy}: no include/gdrapi.h there", MISSING_CAPABILITY)
+        caps["gdrcopy"] = str(opts.gdrcopy)
+    missing = []
+    if "ib" in opts.require:
+        missing += [f"{k} ({HEADER_PROBES[k]})" for k in ("verbs", "rdmacm") if not found[k]]
+    if "cuda" in opts.require and not caps["cuda"]:
+        missing.append("cuda (--cuda none)")
+    if "gdrcopy" in opts.require and caps["gdrcopy"] is None:
+        missing.append("gdrcopy (no --gdrcopy DIR)")
+    if missing:
+        raise UserError(f"required capability missing: {'; '.join(missing)} (Debian: libibverbs-dev librdmacm-dev; "
+                        f"or drop it from --require)", MISSING_CAPABILITY)
+    for k in ("verbs", "rdmacm"):
+        if not found[k]:
+            warn(f"{HEADER_PROBES[k]} not found: building UCX --without-{k} (InfiniBand unavailable)")
+    return caps
+
+
+def configure_command(stack: Stack, src: Path, prefix: Path, cuda: cudamod.CudaSetup, caps: dict) -> list[str]:
+    """contrib/configure-release + stack.toml [ucx.configure].flags + detected flags. The only place they meet."""
+    cmd = ["contrib/configure-release", f"--prefix={prefix}", *stack.configure_flags]
+    cmd.append(f"--with-cuda={cuda.home}" if cuda.kind != "none" else "--without-cuda")
+    cmd += ["--with-verbs" if caps["verbs"] else "--without-verbs",
+            "--with-rdmacm" if caps["rdmacm"] else "--without-rdmacm"]
+    cmd.append(f"--with-gdrcopy={caps['gdrcopy']}" if caps["gdrcopy"] else "--without-gdrcopy")
+    # Variables on the configure line replace the environment's, so keep what the caller set (conda's CFLAGS and
+    # LDFLAGS carry its sysroot and rpath) and add ours. UCX's own -O3 -g -Wall -Werror come from BASE_CFLAGS.
+    # -ffile-prefix-map keeps the build directory out of debug info and __FILE__ (ucx_info -v still prints this line).
+    prefix_map = f"-ffile-prefix-map={src}=ucx-src"
+    extra = {"CPPFLAGS": cuda.cppflags(), "CFLAGS": [prefix_map], "CXXFLAGS": [prefix_map], "LDFLAGS": cuda.ldflags()}
+    for var, ours in extra.items():
+        value = " ".join(filter(None, [os.environ.get(var, "").strip(), *ours]))
+        if value:
+            cmd.append(f"{var}={value}")
+    return cmd
+
+
+def parse_configure_summary(lines: list[str]) -> dict[str, list[str] | str]:
+    """`UCT modules:   < cuda ib rdmacm cma >` -> {"UCT modules": ["cma", "cuda", "ib", "rdmacm"]}."""
+    out: dict[str, list[str] | str] = {}
+    for line in lines:
+        m = _SUMMARY_LINE.match(line)
+        if not m:
+            continue
+        key, value = m.group(1), m.group(2).strip()
+        if value.startswith("<") and value.endswith(">"):
+            out[key] = sorted(value.strip("<> ").split())
+        elif key.endswith("modules"):
+            out[key] = sorted(value.split())
+    return out
+
+
+def configure(stack: Stack, src: Path, cmd: list[str], env: dict, log: Path) -> dict:
+    t0 = time.monotonic()
+    say("configure: " + shlex.join(cmd))
+    rc, _ = run_logged(cmd, src, log, env, "configure")
+    output = log.read_text(errors="replace").splitlines()
+    if rc != 0:
+        _print_tail(f"configure failed; last {CONFIG_LOG_TAIL} lines of {src / 'config.log'}:", _tail(src / "config.log"))
+        errors = [ln for ln in output if "error:" in ln]
+        why = errors[-1].split("error:", 1)[1].strip() if errors else f"exit {rc}"
+        raise UserError(f"configure failed: {why} (config.log: {src / 'config.log'})", BUILD_FAILED)
+    summary = parse_configure_summary(output)
+    for k in ("UCT modules", "UCM modules", "Perf modules"):
+        if k in summary:
+            say(f"  {k}: < {' '.join(summary[k])} >")
+    say(f"  configure done in {_fmt_s(time.monotonic() - t0)}")
+    return summary
+
+
+def make_and_install(src: Path, stage: Path, jobs: int, env: dict, logs: Path) -> None:
+    missing = [d for d in SUBDIRS if not (src / d / "Makefile").is_file()]
+    if missing:
+        raise UserError(f"configured source lacks {', '.join(missing)}/Makefile (unexpected UCX layout)", BUILD_FAILED)
+    steps = [(d, ["make", "-C", d, f"-j{jobs}", "V=0"], ["make", "-C", d, "install", f"DESTDIR={stage}"])
+             for d in SUBDIRS]
+    steps.append((".", None, ["make", "install-data-am", f"DESTDIR={stage}"]))
+    t_all = time.monotonic()
+    for i, (d, build_cmd, install_cmd) in enumerate(steps, 1):
+        t0 = time.monotonic()
+        log = logs / f"make-{d.replace('/', '_').strip('.') or 'top'}.log"
+        for cmd in filter(None, (build_cmd, install_cmd)):
+            rc, tail = run_logged(cmd, src, log, env, d)
+            if rc != 0:
+                _print_tail(f"`{shlex.join(cmd)}` failed; last lines of {log}:", tail)
+                errs = [ln for ln in tail if "error" in ln.lower()]
+                raise UserError(f"make failed in {d}: {(errs or [f'exit {rc}'])[0].strip()} (log: {log})",
+                                BUILD_FAILED)
+        say(f"[{i}/{len(steps)}] {d}: built and installed in {_fmt_s(time.monotonic() - t0)}")
+    say(f"  make + install done in {_fmt_s(time.monotonic() - t_all)}")
+
+
+def file_manifest(root: Path) -> dict[str, str]:
+    """relative path -> sha256 (files) or '-> target' (symlinks): compares two builds byte for byte."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if rel == str(BUILD_INFO):
+            continue
+        if p.is_symlink():
+            out[rel] = "-> " + os.readlink(p)
+        elif p.is_file():
+            out[rel] = sha256_file(p)
+    return out
+
+
+def modules_in(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "lib" / "ucx").glob("*.so")) if (root / "lib" / "ucx").is_dir() else []
+
+
+def check_required_modules(modules: list[str], require: frozenset[str], stack: Stack) -> list[str]:
+    """Missing modules: fatal for required capabilities; for the rest of stack.toml's list, a warning."""
+    fatal = sorted({m for cap in require for m in CAPABILITY_MODULES[cap] if m not in modules})
+    if fatal:
+        raise UserError(f"build finished without required modules {', '.join(fatal)} (see configure summary)",
+                        MISSING_CAPABILITY)
+    return [m for m in stack.required_modules if m not in modules]
+
+
+def install_into_prefix(staged: Path, prefix: Path) -> str:
+    """New prefix or one of our earlier builds: atomic replace. Anything else (a conda $PREFIX): merge files in."""
+    ours = (prefix / BUILD_INFO).is_file()
+    if not prefix.exists() or ours or (prefix.is_dir() and not any(prefix.iterdir())):
+        with atomic_path(prefix) as tmp:
+            shutil.copytree(staged, tmp, symlinks=True)
+        return "replaced" if ours else "created"
+    shutil.copytree(staged, prefix, symlinks=True, dirs_exist_ok=True)
+    return "merged"
+
+
+# --- the whole build -----------------------------------------------------------------------------------------------
+
+def build(stack: Stack, opts: BuildOptions) -> dict:
+    """Run every step; --prefix is touched only at the very end. A temporary work dir is removed unless a build
+    step failed (then its logs are what the user needs, and the error names them)."""
+    own_work = opts.work_dir is None
+    work = Path(tempfile.mkdtemp(prefix="ucx-build-")) if own_work else opts.work_dir.resolve()  # type: ignore
+    try:
+        info = _build(stack, opts, work)
+    except UserError as e:
+        if own_work and e.exit_code != BUILD_FAILED:
+            shutil.rmtree(work, ignore_errors=True)
+        elif own_work:
+            warn(f"work directory kept for inspection: {work}")
+        raise
+    if own_work:
+        shutil.rmtree(work, ignore_errors=True)
+    return info
+
+
+def _build(stack: Stack, opts: BuildOptions, work: Path) -> dict:
+    t_start = time.monotonic()
+    prefix = opts.prefix.resolve()
+    jobs = opts.jobs or (os.cpu_count() or 1) + 1
+    cache = (opts.cache or default_cache_dir(stack)).resolve()
+    patches_root = opts.patches_root or stack.root / "ucx-src-build" / "patches"
+    work.mkdir(parents=True, exist_ok=True)
+    logs = work / "logs"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    env = build_env(stack)
+    fetch_kw = {"cache": cache, "dirs": [p.resolve() for p in opts.sources], "offline": opts.offline}
+    say(f"build: prefix {prefix}, work dir {work}, -j{jobs}")
+
+    fetched: FetchedSource = fetch_ucx_source(stack, **fetch_kw)
+    version = fetched.source.version
+    patches = patches_for(version, patches_root)
+    check_tools(fetched.source.layout, bool(patches))
+
+    say(f"unpack {fetched.path.name}")
+    src = unpack(fetched.path, work / "src")
+    applied = apply_patches(src, patches, logs / "patch.log") if patches else []
+    if not patches:
+        say(f"  no patches for {version} in {patches_root}")
+    if fetched.source.layout == "debian-orig":
+        prepare_debian_orig(src, env, logs / "autogen.log")
+
+    cuda = cudamod.resolve(opts.cuda, stack, work, link_dir=opts.cuda_link_dir, fetch_kw=fetch_kw)
+    if cuda.kind != "none":
+        say(f"CUDA {cuda.version}: headers {cuda.include_dir}; link libraries from {cuda.link_source}")
+    caps = detect_capabilities(cuda, opts)
+    say("capabilities: " + ", ".join(f"{k}={'yes' if v else 'no'}" if not isinstance(v, str) else f"{k}={v}"
+                                     for k, v in caps.items()))
+
+    cmd = configure_command(stack, src, prefix, cuda, caps)
+    summary = configure(stack, src, cmd, env, logs / "configure.log")
+    if "ib" in opts.require and not {"ib", "rdmacm"} <= set(summary.get("UCT modules", [])):
+        raise UserError(f"configure did not enable ib+rdmacm (UCT modules: {summary.get('UCT modules')}); "
+                        f"see {src / 'config.log'}", MISSING_CAPABILITY)
+
+    stage = work / "stage"
+    shutil.rmtree(stage, ignore_errors=True)
+    make_and_install(src, stage, jobs, env, logs)
+    root = stage / str(prefix).lstrip("/")
+
+    stripped = 0 if opts.keep_debug else relocate.strip_debug(root)
+    reloc = relocate.make_relocatable(root, str(prefix))
+    modules = modules_in(root)
+    not_built = check_required_modules(modules, opts.require, stack)
+    for m in not_built:
+        warn(f"{m} was not built (capability not available here and not --require'd)")
+
+    info = {
+        "schema": 1,
+        "ucx_version": version,
+        "source": fetched.record(),
+        "patches": applied,
+        "configure": {"command": shlex.join(cmd), "stack_flags": list(stack.configure_flags), "summary": summary},
+        "capabilities": {**caps, "cuda": cuda.record() if cuda.kind != "none" else None,
+                         "required": sorted(opts.require)},
+        "modules": modules,
+        "modules_missing": not_built,
+        "relocatable": reloc,
+        "stripped": not opts.keep_debug,
+        "source_date_epoch": stack.source_date_epoch,
+        "compiler": compiler_version(),
+        "stack": {"name": stack.name, "version": stack.version, "stack_toml_sha256": sha256_file(stack.path)},
+        "build_prefix": str(prefix),
+    }
+    info["files"] = file_manifest(root)
+    atomic_write_text(root / BUILD_INFO, json.dumps(info, indent=2, sort_keys=True) + "\n")
+    relocate.clamp_mtimes(root, stack.source_date_epoch)
+    how = install_into_prefix(root, prefix)
+    say(f"installed into {prefix} ({how}); {len(modules)} modules: {' '.join(modules)}")
+    if stripped:
+        say(f"  stripped debug info from {stripped} ELF files")
+    if fetched.fallback:
+        warn(f"FALLBACK build: UCX {version} instead of the pinned {stack.ucx.version} (recorded in {BUILD_INFO})")
+    say(f"done in {_fmt_s(time.monotonic() - t_start)}")
+    return info

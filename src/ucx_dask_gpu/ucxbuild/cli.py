@@ -1,0 +1,137 @@
+"""`ucx-dask-gpu ucx fetch|build|verify` (also `python3 -m ucx_dask_gpu.ucxbuild ...`, which ucx-src-build/build.sh
+uses: it needs nothing outside the standard library). Stable interface: recipes, the Dockerfile and hosts call it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import VERDICT_FAILED
+
+
+def _stack(args):
+    from ..stack import load
+
+    return load(args.stack_file)
+
+
+def _cmd_fetch(args) -> int:
+    from .fetch import fetch_all, local_dirs, say
+
+    st = _stack(args)
+    dest = Path(args.dest).resolve()
+    m = fetch_all(st, dest, dirs=local_dirs([Path(p) for p in args.sources]), offline=args.offline,
+                  cuda=not args.no_cuda)
+    say(f"{dest}: {len(m.get('files', {}))} verified files, manifest {dest / 'manifest.json'}")
+    print(dest / m["ucx"]["archive"])
+    return 0
+
+
+def _cmd_build(args) -> int:
+    from .build import BuildOptions, build, parse_require
+    from .fetch import local_dirs
+
+    st = _stack(args)
+    opts = BuildOptions(
+        prefix=Path(args.prefix),
+        work_dir=Path(args.work_dir) if args.work_dir else None,
+        cache=Path(args.cache) if args.cache else None,
+        sources=local_dirs([Path(p) for p in args.sources]),
+        offline=args.offline,
+        cuda=args.cuda,
+        cuda_link_dir=Path(args.cuda_link_dir).resolve() if args.cuda_link_dir else None,
+        gdrcopy=Path(args.gdrcopy).resolve() if args.gdrcopy else None,
+        jobs=args.jobs,
+        require=parse_require(args.require),
+        keep_debug=args.keep_debug,
+    )
+    build(st, opts)
+    return 0
+
+
+def _cmd_verify(args) -> int:
+    from .verify import verify_prefix
+
+    st = _stack(args)
+    modules = tuple(m for m in args.modules.split(",") if m) if args.modules is not None else None
+    checks = verify_prefix(Path(args.prefix), st, modules=modules, perftest=not args.no_perftest)
+    if args.json:
+        print(json.dumps({"prefix": str(Path(args.prefix).resolve()), "ok": all(c.ok for c in checks),
+                          "checks": [c.__dict__ for c in checks]}, indent=2))
+    else:
+        width = max(len(c.name) for c in checks)
+        for c in checks:
+            print(f"{'PASS' if c.ok else 'FAIL'}  {c.name.ljust(width)}  {c.detail}")
+    failed = [c.name for c in checks if not c.ok]
+    if failed:
+        print(f"ucx verify: {len(failed)} check(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return VERDICT_FAILED
+    return 0
+
+
+def _jobs(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return n
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    add_actions(sub.add_parser("ucx", help="fetch, build and verify UCX from pinned, verified source"))
+
+
+def add_actions(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stack-file", help="stack.toml to read (default: the repository's)")
+    s = p.add_subparsers(dest="ucx_command", metavar="ACTION", parser_class=type(p))
+    s.required = True
+    src_help = "also look for inputs in DIR (after the URLs; repeatable; $UCX_SOURCE_DIR is searched last)"
+
+    f = s.add_parser("fetch", help="download + verify the UCX archive, CUDA header wheels and link .debs into DIR")
+    f.add_argument("--dest", required=True, help="directory to fill (also reused as a cache)")
+    f.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
+    f.add_argument("--offline", action="store_true", help="no network: only --sources/$UCX_SOURCE_DIR/DIR itself")
+    f.add_argument("--no-cuda", action="store_true", help="skip the CUDA wheels/.debs (builder has a toolkit)")
+    f.set_defaults(func=_cmd_fetch)
+
+    b = s.add_parser("build", help="build UCX into a relocatable prefix")
+    b.add_argument("--prefix", required=True, help="install prefix (new, an earlier build of ours, or a conda $PREFIX)")
+    b.add_argument("--work-dir", help="build directory, kept for inspection (default: a temp dir, removed on success)")
+    b.add_argument("--cache", help="verified download cache (default: $UCX_DASK_GPU_CACHE or <repo>/.cache/sources)")
+    b.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
+    b.add_argument("--offline", action="store_true", help="no network: cache, --sources and $UCX_SOURCE_DIR only")
+    b.add_argument("--cuda", default="auto", metavar="auto|none|DIR",
+                   help="CUDA toolkit / conda prefix; auto: $CUDA_HOME or /usr/local/cuda if complete, else the "
+                        "pinned wheels + .debs")
+    b.add_argument("--cuda-link-dir", metavar="DIR", help="directory with libcuda.so and libnvidia-ml.so to link with")
+    b.add_argument("--gdrcopy", metavar="DIR", help="gdrcopy install prefix (adds --with-gdrcopy=DIR)")
+    b.add_argument("--jobs", "-j", type=_jobs, default=0, help="parallel make jobs (default: CPUs + 1)")
+    b.add_argument("--require", metavar="CAPS", help="comma list of ib,cuda,gdrcopy that must be built, else fail")
+    b.add_argument("--keep-debug", action="store_true", help="do not strip debug info")
+    b.set_defaults(func=_cmd_build)
+
+    v = s.add_parser("verify", help="check a prefix: modules, ucx_info, host-memory ucx_perftest loopback")
+    v.add_argument("--prefix", required=True)
+    v.add_argument("--modules", help="comma list of lib/ucx modules that must exist (default: stack.toml's list)")
+    v.add_argument("--no-perftest", action="store_true", help="skip the ucx_perftest loopback")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=_cmd_verify)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point that needs only this subpackage (no other command modules are imported)."""
+    from ..cli import _Parser
+    from ..errors import UserError
+
+    parser = _Parser(prog="ucx-src-build", description="Fetch, build and verify UCX from pinned, verified source.")
+    add_actions(parser)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        print(f"ucx-src-build {args.ucx_command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"ucx-src-build {args.ucx_command}: interrupted", file=sys.stderr)
+        return 130
