@@ -1,0 +1,353 @@
+"""`ucx-dask-gpu doctor`: what this environment really uses.
+
+- UCX: the libucp.so actually loaded (by path, from --ucx-prefix / $UCX_DASK_GPU_UCX_PREFIX / /opt/ucx / the loader's
+  search path) and its version from ucp_get_version_string(); transports from `ucx_info -d`; lib/ucx modules; whether
+  it is OUR build (share/ucx-dask-gpu/build-info.json next to it).
+- UCXX: which UCX the `libucx` wheel's loader picks (it honours RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY), said plainly.
+- CUDA driver/runtime versions, GPUs and NVLink link counts (NVML) when present; "no GPU" otherwise (exit 0).
+- The stack id: baked into an image ($UCX_DASK_GPU_STACK_ID, /etc/ucx-dask-gpu/stack-id), else computed.
+
+Library probes run in child processes: loading two UCX builds into one process would let the first libucs.so.0
+satisfy the second's dependency and report a mix.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import UCX_NOT_FOUND, UserError
+
+PREFIX_ENV = "UCX_DASK_GPU_UCX_PREFIX"
+DEFAULT_PREFIX = Path("/opt/ucx")
+STACK_ID_ENV = "UCX_DASK_GPU_STACK_ID"
+STACK_ID_FILE = Path("/etc/ucx-dask-gpu/stack-id")
+PREFER_SYSTEM_ENV = "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"
+UCXX_MIN_UCX = (1, 19, 0)
+BUILD_INFO = Path("share/ucx-dask-gpu/build-info.json")
+
+# Runs in a child: load UCX (a path/soname, or the way UCXX does it through the libucx wheel), then report which
+# files the loader mapped and the version libucp itself reports.
+_PROBE = r"""
+import ctypes, json, os, sys
+mode, target = sys.argv[1], sys.argv[2]
+out = {}
+try:
+    if mode == "ucxx":
+        import libucx
+        out["libucx_wheel_version"] = getattr(libucx, "__version__", None)
+        libucx.load_library()
+    else:
+        ctypes.CDLL(target, ctypes.RTLD_LOCAL)
+except ModuleNotFoundError as e:
+    out["missing"] = str(e.name)
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {e}"
+libs = {}
+with open("/proc/self/maps") as maps:
+    for line in maps:
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            path = parts[5].strip()
+            for name in ("libucp.so", "libucs.so", "libuct.so", "libucm.so"):
+                if os.path.basename(path).startswith(name):
+                    libs.setdefault(name, path)
+out["libraries"] = libs
+if "libucp.so" in libs:
+    fn = ctypes.CDLL(libs["libucp.so"], ctypes.RTLD_LOCAL).ucp_get_version_string
+    fn.restype = ctypes.c_char_p
+    out["version"] = fn().decode()
+print(json.dumps(out))
+"""
+
+
+def _probe(mode: str, target: str, env: dict | None = None) -> dict:
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE, mode, target], capture_output=True, text=True,
+                              timeout=120, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": "probe timed out"}
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return {"error": f"probe failed: {last}"}
+
+
+def _version_tuple(v: str | None) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in (v or "").split(".")[:3])
+    except ValueError:
+        return ()
+
+
+def prefix_of_library(path: str | None) -> Path | None:
+    """<prefix>/lib/libucp.so.0 -> <prefix> (None when not in a lib/ directory)."""
+    if not path:
+        return None
+    lib = Path(path).parent
+    return lib.parent if lib.name in ("lib", "lib64") else None
+
+
+def read_build_info(prefix: Path | None) -> dict | None:
+    if prefix is None:
+        return None
+    try:
+        return json.loads((prefix / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# --- sections --------------------------------------------------------------------------------------------------
+
+def stack_id() -> dict:
+    env = os.environ.get(STACK_ID_ENV, "").strip()
+    if env:
+        return {"id": env, "source": f"${STACK_ID_ENV}"}
+    try:
+        baked = STACK_ID_FILE.read_text().strip()
+        if baked:
+            return {"id": baked, "source": str(STACK_ID_FILE)}
+    except OSError:
+        pass
+    try:
+        from .stack import load
+
+        st = load()
+        return {"id": st.stack_id(), "source": f"computed from {st.path.name} + {st.python_lock}"}
+    except UserError as e:
+        return {"id": None, "source": f"unavailable: {e}"}
+
+
+def choose_prefix(arg: str | None) -> tuple[Path | None, str]:
+    if arg:
+        p = Path(arg)
+        if not (p / "lib").is_dir():
+            raise UserError(f"--ucx-prefix {arg}: no lib/ directory there", UCX_NOT_FOUND)
+        return p.resolve(), "--ucx-prefix"
+    env = os.environ.get(PREFIX_ENV)
+    if env:
+        return Path(env).resolve(), f"${PREFIX_ENV}"
+    if (DEFAULT_PREFIX / "lib").is_dir():
+        return DEFAULT_PREFIX.resolve(), f"default {DEFAULT_PREFIX}"
+    return None, "loader search path (no --ucx-prefix, no $UCX_DASK_GPU_UCX_PREFIX, no /opt/ucx)"
+
+
+def ucx_section(prefix_arg: str | None) -> dict:
+    from . import ucxinfo
+
+    prefix, how = choose_prefix(prefix_arg)
+    target = str(prefix / "lib" / "libucp.so.0") if prefix else "libucp.so.0"
+    probe = _probe("load", target)
+    libs = probe.get("libraries", {})
+    loaded_prefix = prefix_of_library(libs.get("libucp.so"))
+    out: dict = {"prefix": str(prefix) if prefix else None, "found_via": how, "requested": target,
+                 "version": probe.get("version"), "libraries": libs, "error": probe.get("error")}
+    dirs = {str(Path(p).parent) for p in libs.values()}
+    out["mixed_builds"] = len(dirs) > 1  # e.g. LD_LIBRARY_PATH pulling another libucs.so.0 under our libucp
+    info = read_build_info(loaded_prefix)
+    out["ours"] = info is not None
+    out["build_info"] = None if info is None else {
+        "ucx_version": info.get("ucx_version"),
+        "source": info.get("source", {}).get("url") or info.get("source", {}).get("location"),
+        "fallback": info.get("source", {}).get("fallback"), "capabilities_required": info.get("capabilities", {})
+        .get("required")}
+    base = loaded_prefix or prefix
+    # UCX looks for modules in <directory of libucs.so>/ucx (dladdr), wherever that is.
+    moddir = Path(libs["libucs.so"]).parent / "ucx" if "libucs.so" in libs else base / "lib" / "ucx" if base else None
+    out["module_dir"] = str(moddir) if moddir else None
+    out["modules"] = sorted(p.name for p in moddir.glob("*.so")) if moddir else []
+    try:
+        exe = ucxinfo.find_ucx_info(base) if base and (base / "bin" / "ucx_info").is_file() \
+            else ucxinfo.find_ucx_info()
+        d = ucxinfo.devices(exe)
+        out["ucx_info"] = str(exe)
+        out["transports"] = d.transports
+        out["devices"] = {t: d.devices(t) for t in d.transports}
+    except UserError as e:
+        out["ucx_info"], out["transports"], out["devices"] = None, [], {}
+        out["ucx_info_error"] = str(e)
+    return out
+
+
+def ucxx_section(ours: dict) -> dict:
+    from importlib import metadata
+
+    def dist_version(*names):
+        for n in names:
+            try:
+                return metadata.version(n)
+            except metadata.PackageNotFoundError:
+                continue
+        return None
+
+    prefer = os.environ.get(PREFER_SYSTEM_ENV)
+    prefer_on = (prefer or "false").lower() != "false"
+    out = {"ucxx_version": dist_version("ucxx-cu13", "ucxx-cu12", "ucxx"),
+           "distributed_ucxx_version": dist_version("distributed-ucxx-cu13", "distributed-ucxx-cu12", "distributed-ucxx"),
+           PREFER_SYSTEM_ENV: prefer}
+    probe = _probe("ucxx", "-")
+    if probe.get("missing"):
+        out.update(loaded=None, runs_on="none", statement=f"UCXX: not installed (no module {probe['missing']!r})")
+        return out
+    libs = probe.get("libraries", {})
+    ucp = libs.get("libucp.so")
+    out.update(libucx_wheel_version=probe.get("libucx_wheel_version"), loaded=ucp, version=probe.get("version"),
+               error=probe.get("error"))
+    ucp_prefix = prefix_of_library(ucp)
+    wheel = ucp is not None and f"{os.sep}libucx{os.sep}lib{os.sep}" in ucp
+    ours_prefix = Path(ours["libraries"]["libucp.so"]).parent.parent if ours.get("libraries", {}).get("libucp.so") \
+        else None
+    is_ours = ucp is not None and (read_build_info(ucp_prefix) is not None or
+                                   (ours_prefix is not None and ucp_prefix == ours_prefix and ours.get("ours")))
+    v = probe.get("version")
+    if ucp is None:
+        out["runs_on"] = "none"
+        statement = f"UCXX: could not load any UCX ({probe.get('error') or 'no libucp mapped'})"
+    elif is_ours:
+        out["runs_on"] = "ours"
+        statement = f"UCXX runs on OUR UCX {v} ({ucp})"
+    elif wheel:
+        out["runs_on"] = "wheel"
+        why = (f"{PREFER_SYSTEM_ENV} is not set" if prefer is None else f"{PREFER_SYSTEM_ENV}={prefer}") \
+            if not prefer_on else (f"{PREFER_SYSTEM_ENV}={prefer}, but no libucs.so/libucp.so on the loader's search "
+                                   f"path (add our <prefix>/lib to LD_LIBRARY_PATH)")
+        statement = f"UCXX runs on the libucx WHEEL's UCX {v} ({ucp}), NOT ours: {why}"
+    else:
+        out["runs_on"] = "other"
+        statement = f"UCXX runs on a UCX that is neither ours nor the wheel's: {v} ({ucp})"
+    if v and _version_tuple(v) < UCXX_MIN_UCX:
+        statement += f"; UCXX refuses UCX < {'.'.join(map(str, UCXX_MIN_UCX))} at import, so `import ucxx` fails"
+    out["statement"] = statement
+    return out
+
+
+def cuda_section() -> dict:
+    out: dict = {}
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int()
+        rc = lib.cuDriverGetVersion(ctypes.byref(v))
+        out["driver_api"] = f"{v.value // 1000}.{v.value % 1000 // 10}" if rc == 0 else f"error {rc}"
+    except OSError:
+        out["driver_api"] = None
+        out["driver_note"] = "no CUDA driver (libcuda.so.1 not loadable)"
+    rt = _find_cudart()
+    if rt:
+        try:
+            lib = ctypes.CDLL(rt)
+            v = ctypes.c_int()
+            rc = lib.cudaRuntimeGetVersion(ctypes.byref(v))
+            out["runtime"] = f"{v.value // 1000}.{v.value % 1000 // 10}" if rc == 0 else f"error {rc}"
+            out["runtime_library"] = rt
+        except OSError as e:
+            out["runtime"], out["runtime_note"] = None, f"{rt}: {e}"
+    else:
+        out["runtime"], out["runtime_note"] = None, "no libcudart found (loader path or nvidia-cuda-runtime wheel)"
+    return out
+
+
+def _find_cudart() -> str | None:
+    for soname in ("libcudart.so.13", "libcudart.so.12"):
+        try:
+            ctypes.CDLL(soname)
+            return soname
+        except OSError:
+            continue
+    try:
+        import nvidia  # namespace package of the nvidia-* wheels
+
+        for base in getattr(nvidia, "__path__", []):
+            for p in sorted(Path(base).glob("cu*/lib/libcudart.so.*")) + sorted(Path(base).glob("cuda_runtime/lib/libcudart.so.*")):
+                return str(p)
+    except ImportError:
+        pass
+    return None
+
+
+def gpu_section() -> dict:
+    from . import nvml
+
+    try:
+        gpus = nvml.discover()
+        driver = nvml.driver_version()
+    except UserError as e:
+        return {"status": f"no GPU ({e})", "driver": None, "gpus": []}
+    by_bus = {g.pci_bus_id: g.index for g in gpus}
+    return {
+        "status": f"{len(gpus)} GPU(s)",
+        "driver": driver,
+        "gpus": [{"index": g.index, "name": g.name, "pci_bus_id": g.pci_bus_id, "uuid": g.uuid,
+                  "nvlink_links": len(g.links),
+                  "nvlink_peers": {str(by_bus.get(bus, bus)): n for bus, n in sorted(g.nvlink_peers.items())},
+                  "link_speed_gbps": g.link_speed_gbps} for g in gpus],
+    }
+
+
+def collect(prefix_arg: str | None) -> dict:
+    ucx = ucx_section(prefix_arg)
+    return {"host": socket.gethostname(), "stack": stack_id(), "ucx": ucx, "ucxx": ucxx_section(ucx),
+            "cuda": cuda_section(), "gpu": gpu_section()}
+
+
+# --- output --------------------------------------------------------------------------------------------------------
+
+def render(r: dict) -> str:
+    from .report import format_table
+
+    u, x, c, g = r["ucx"], r["ucxx"], r["cuda"], r["gpu"]
+    if u.get("version"):
+        ucx_line = f"{u['version']} — {u['libraries'].get('libucp.so')}"
+    else:
+        ucx_line = f"not loadable ({u.get('error') or 'no libucp'}; looked for {u['requested']})"
+    built = "-"
+    if u.get("build_info"):
+        b = u["build_info"]
+        built = f"ours: UCX {b['ucx_version']} from {b['source']}" + (" (FALLBACK source)" if b["fallback"] else "")
+    elif u.get("version"):
+        built = "not ours (no share/ucx-dask-gpu/build-info.json next to it)"
+    rows = [
+        ("stack id", f"{r['stack']['id']}  ({r['stack']['source']})"),
+        ("UCX loaded", ucx_line),
+        ("UCX found via", u["found_via"]),
+        ("UCX build", built),
+    ]
+    if u.get("mixed_builds"):
+        rows.append(("UCX WARNING", "libraries come from different directories: "
+                     + ", ".join(f"{k}={v}" for k, v in sorted(u["libraries"].items()))))
+    rows += [
+        ("UCX transports", " ".join(u["transports"]) or f"- ({u.get('ucx_info_error', 'ucx_info not run')})"),
+        ("UCX modules", " ".join(u["modules"]) or "-"),
+        ("UCXX", x["statement"]),
+        ("CUDA driver", c.get("driver_api") or c.get("driver_note", "-")),
+        ("CUDA runtime", f"{c['runtime']} ({c.get('runtime_library')})" if c.get("runtime")
+         else c.get("runtime_note", "-")),
+        ("GPUs", g["status"] + (f", driver {g['driver']}" if g.get("driver") else "")),
+    ]
+    for gpu in g["gpus"]:
+        peers = ", ".join(f"GPU{p}×{n}" for p, n in gpu["nvlink_peers"].items()) or "no NVLink"
+        rows.append((f"  GPU{gpu['index']}", f"{gpu['name']} {gpu['pci_bus_id']}: {gpu['nvlink_links']} NVLinks "
+                                             f"({peers})"))
+    return format_table(["item", "value"], rows)
+
+
+def _cmd_doctor(args) -> int:
+    report = collect(args.ucx_prefix)
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(render(report))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="what this environment really uses: UCX, UCXX, CUDA, GPUs, NVLink, stack id")
+    p.add_argument("--ucx-prefix", help=f"UCX prefix to load (default: ${PREFIX_ENV}, {DEFAULT_PREFIX}, "
+                                        f"else the loader's search path)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_doctor)

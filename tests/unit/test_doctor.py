@@ -1,0 +1,91 @@
+"""`ucx-dask-gpu doctor` on the machine the tests run on (CI: a CPU box). Real probes, no GPU needed."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ucx_dask_gpu import doctor, stack
+from ucx_dask_gpu.errors import UCX_NOT_FOUND
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k not in (doctor.STACK_ID_ENV, doctor.PREFIX_ENV)}
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "doctor", *args], capture_output=True, text=True,
+                          env=e, timeout=300)
+
+
+def has_gpu() -> bool:
+    try:
+        from ucx_dask_gpu import nvml
+
+        return bool(nvml.discover())
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    r = run("--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_sections_present(report):
+    assert set(report) >= {"host", "stack", "ucx", "ucxx", "cuda", "gpu"}
+
+
+def test_no_gpu_is_said_plainly_and_exits_0(report):
+    if has_gpu():
+        pytest.skip("this machine has a GPU; the GPU path is tests/gpu/")
+    assert report["gpu"]["status"].startswith("no GPU") and report["gpu"]["gpus"] == []
+    table = run()
+    assert table.returncode == 0 and "no GPU" in table.stdout
+
+
+def test_stack_id_computed_from_the_repository(report):
+    assert report["stack"]["id"] == stack.load(REPO / "stack.toml").stack_id()
+    assert "computed" in report["stack"]["source"]
+
+
+def test_baked_stack_id_wins():
+    r = run("--json", env={doctor.STACK_ID_ENV: "0123456789abcdef"})
+    got = json.loads(r.stdout)["stack"]
+    assert got == {"id": "0123456789abcdef", "source": f"${doctor.STACK_ID_ENV}"}
+
+
+def test_ucxx_statement_matches_what_was_loaded(report):
+    x = report["ucxx"]
+    assert x["statement"]
+    if x["runs_on"] == "wheel":  # the venv's libucx wheel, RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY unset
+        assert "NOT ours" in x["statement"] and "/libucx/lib/" in x["loaded"]
+        assert x["version"] and x["version"] in x["statement"]
+    elif x["runs_on"] == "none":
+        assert x["loaded"] is None
+
+
+def test_ucx_loaded_version_matches_ucx_info_when_found(report):
+    u = report["ucx"]
+    if u["version"] is None:
+        assert u["error"], "when no UCX loads, doctor says why"
+        return
+    assert Path(u["libraries"]["libucp.so"]).is_file()
+
+
+def test_bad_prefix_is_one_line_and_exit_code(tmp_path):
+    r = run("--ucx-prefix", str(tmp_path / "nope"))
+    assert r.returncode == UCX_NOT_FOUND
+    assert len(r.stderr.strip().splitlines()) == 1 and "nope" in r.stderr
+
+
+def test_prefix_of_library():
+    assert doctor.prefix_of_library("/opt/ucx/lib/libucp.so.0.0.0") == Path("/opt/ucx")
+    assert doctor.prefix_of_library("/usr/lib/x86_64-linux-gnu/libucp.so.0") is None
+    assert doctor.prefix_of_library(None) is None
