@@ -24,11 +24,12 @@ $(VENV)/.installed: pyproject.toml stack.toml locks/image-py311-linux-64.txt
 
 # UCX from verified source (ucx-src-build/README.md): rebuilt when its inputs change; downloads cached in .cache/sources.
 # The integration tests use this prefix (UCX_PREFIX).
+# A separate stamp: the prefix's own files carry source_date_epoch mtimes (reproducible), too old for make.
 export UCX_PREFIX ?= build/ucx-prefix
-UCX_BUILD_INFO := $(UCX_PREFIX)/share/ucx-dask-gpu/build-info.json
-ucx: $(UCX_BUILD_INFO)
-$(UCX_BUILD_INFO): stack.toml $(wildcard ucx-src-build/patches/*/*.patch) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py) | prereqs
+ucx: $(UCX_PREFIX).stamp
+$(UCX_PREFIX).stamp: stack.toml $(wildcard ucx-src-build/patches/*/*.patch) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py) | prereqs
 	ucx-src-build/build.sh build --prefix $(UCX_PREFIX) --work-dir build/ucx-work --require ib,cuda
+	touch $@
 
 regen: venv
 	$(CLI) stack env-yml

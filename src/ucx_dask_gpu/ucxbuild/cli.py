@@ -56,7 +56,8 @@ def _cmd_verify(args) -> int:
 
     st = _stack(args)
     modules = tuple(m for m in args.modules.split(",") if m) if args.modules is not None else None
-    checks = verify_prefix(Path(args.prefix), st, modules=modules, perftest=not args.no_perftest)
+    checks = verify_prefix(Path(args.prefix), st, modules=modules, perftest=not args.no_perftest,
+                           keep_ld_library_path=args.keep_ld_library_path)
     if args.json:
         print(json.dumps({"prefix": str(Path(args.prefix).resolve()), "ok": all(c.ok for c in checks),
                           "checks": [c.__dict__ for c in checks]}, indent=2))
@@ -115,6 +116,8 @@ def add_actions(p: argparse.ArgumentParser) -> None:
     v.add_argument("--prefix", required=True)
     v.add_argument("--modules", help="comma list of lib/ucx modules that must exist (default: stack.toml's list)")
     v.add_argument("--no-perftest", action="store_true", help="skip the ucx_perftest loopback")
+    v.add_argument("--keep-ld-library-path", action="store_true",
+                   help="keep LD_LIBRARY_PATH (default: removed, to prove the prefix finds its own libraries)")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=_cmd_verify)
 

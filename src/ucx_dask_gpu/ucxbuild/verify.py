@@ -29,24 +29,27 @@ class Check:
     detail: str
 
 
-def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The caller's environment without loader overrides and UCX_* settings (they would decide the outcome)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")
-           and not k.startswith("UCX_")}
+def clean_env(extra: dict[str, str] | None = None, keep_ld_library_path: bool = False) -> dict[str, str]:
+    """The caller's environment without loader overrides and UCX_* settings (they would decide the outcome).
+    keep_ld_library_path: for hosts that provide system libraries (libnuma, libibverbs) from a private directory."""
+    drop = ("LD_PRELOAD",) if keep_ld_library_path else ("LD_LIBRARY_PATH", "LD_PRELOAD")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("UCX_")}
     env.update(extra or {})
     return env
 
 
 def perftest_loopback(prefix: Path, *, size: int = LOOPBACK_SIZE, iterations: int = LOOPBACK_ITERATIONS,
-                      timeout: float = 120, env: dict[str, str] | None = None,
-                      test: str = "tag_bw") -> tuple[perftest.PerftestResult, str]:
-    """Server + client ucx_perftest on 127.0.0.1, host memory. Returns the client's result and output."""
+                      timeout: float = 120, env: dict[str, str] | None = None, test: str = "tag_bw",
+                      memory: str = "host") -> tuple[perftest.PerftestResult, str]:
+    """Server + client ucx_perftest on 127.0.0.1 (`memory`: host, or cuda on a GPU host). Returns the client's
+    result and output."""
     exe = prefix / "bin" / "ucx_perftest"
     if not exe.is_file():
         raise UserError(f"no ucx_perftest in {prefix / 'bin'}", PERFTEST_MISSING)
     env = env if env is not None else clean_env()
     with tempfile.TemporaryDirectory(prefix="ucx-verify-") as tmp:
-        out = perftest.run_pair(exe, ["-t", test, "-s", str(size), "-n", str(iterations)], env, env, Path(tmp),
+        args = ["-t", test, "-s", str(size), "-n", str(iterations)] + (["-m", memory] if memory != "host" else [])
+        out = perftest.run_pair(exe, args, env, env, Path(tmp),
                                 timeout=timeout)
     if not out.ok:
         why = "timed out" if out.timed_out else f"server exit {out.server_rc}, client exit {out.client_rc}"
@@ -66,12 +69,12 @@ def read_build_info(prefix: Path) -> dict | None:
 
 
 def verify_prefix(prefix: Path, stack: Stack, *, modules: tuple[str, ...] | None = None,
-                  perftest: bool = True) -> list[Check]:
+                  perftest: bool = True, keep_ld_library_path: bool = False) -> list[Check]:
     """All checks; never raises for a failed check (each is reported), only for unusable input."""
     if not prefix.is_dir():
         raise UserError(f"--prefix {prefix}: no such directory", UCX_NOT_FOUND)
     prefix = prefix.resolve()
-    env = clean_env()
+    env = clean_env(keep_ld_library_path=keep_ld_library_path)
     checks: list[Check] = []
     info = read_build_info(prefix)
     checks.append(Check("build-info", info is not None,
