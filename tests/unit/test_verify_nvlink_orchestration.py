@@ -1,0 +1,116 @@
+"""verify-nvlink's orchestration end to end on a CPU machine: the real argument parser, the real pip ucx_perftest
+(host memory instead of CUDA), real pair/ablation/variant sequencing, records and report files.
+
+The GPU side (NVML counters, process lists, the CuPy probes) is replaced by a recorded-values stand-in: NVML and
+CUDA do not exist here, and they are not what this test is about -- tests/gpu/test_verify_nvlink_gpu.py runs them."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from _verify_nvlink_helpers import h200_gpus, snapshot
+from ucx_dask_gpu import verify_nvlink as vn
+from ucx_dask_gpu.cli import build_parser
+from ucx_dask_gpu.report import write_report
+
+PIP = vn._pip_libucx_dir()
+pytestmark = pytest.mark.skipif(PIP is None or not (PIP / "bin" / "ucx_perftest").is_file(),
+                                reason="the libucx wheel (libucx-cu13) is not installed in this Python")
+
+
+class RecordedGpuSide:
+    """Stands in for GpuSide where there is no GPU: idle counters, the configured visibility, a fixed baseline."""
+
+    origin = "recorded"
+
+    def __init__(self, gpus):
+        self.gpus = gpus
+        self.snapshots = 0
+
+    def snapshot(self):
+        self.snapshots += 1
+        return {g.uuid: snapshot(g, 0, 0) for g in self.gpus}
+
+    def stable_snapshot(self):
+        return self.snapshot()
+
+    def pids_sampler(self):
+        calls = []
+
+        def poll(server_pid, client_pid):
+            calls.append((server_pid, client_pid))
+        return {}, poll
+
+    def probe_visible(self, cuda_visible):
+        return [u for u in cuda_visible.split(",")], None
+
+    def memcpy_peer(self, src, dst, sizes, samples, timeout):
+        return {"peer_access": True, "results": [{"msg_bytes": s, "gbps": 1.0, "bytes_moved": s * 10, "reps": 1}
+                                                 for s in sizes]}, None
+
+
+def test_run_and_variant_one_pair_on_host_memory(tmp_path):
+    gpus = h200_gpus()
+    args = build_parser().parse_args(["verify-nvlink", "--ucx-prefix", "pip", "--sizes", "64KiB,1MiB", "--iters", "100",
+                                      "--variant", "UCX_PROTO_ENABLE=n", "--variant", "UCX_RNDV_SCHEME=bogus",
+                                      "--variant-sizes", "1MiB", "--raw-dir", str(tmp_path / "raw"), "-q"])
+    inst = vn.resolve_install("pip")
+    inst.version, inst.proto_v2_default, inst.proto_used = "1.21.0", True, True    # what preflight reads (GPU only)
+    # the variant turns protocol v2 off: no tables any more, so it is judged by lanes + the ablation run
+    # and a study whose value this UCX rejects: recorded as that run's error, the others go on
+    runs = [vn.RunSpec(inst, None, "pip"), vn.RunSpec(inst, vn.parse_variant(args.variant[0]), "pip + v1"),
+            vn.RunSpec(inst, vn.parse_variant(args.variant[1]), "pip + bogus")]
+    side = RecordedGpuSide(gpus)
+    ver = vn.Verifier(args, gpus, [(gpus[0], gpus[1])], runs, vn.parse_sizes(args.sizes), side, [], {},
+                      vn.Thresholds())
+    ver.mem = "host"
+    results = ver.run()
+
+    assert [r["evidence_method"] for r in results] == ["proto-used", "lanes", "proto-used"]
+    assert [r["counts_for_exit"] for r in results] == [True, False, False]
+    assert results[0]["error"] is None and results[1]["error"] is None
+    assert "ucx_perftest failed" in results[2]["error"] and "bogus" in results[2]["error"]
+    assert results[2]["pairs"] == []
+    for r, sizes in zip(results[:2], ([64 << 10, 1 << 20], [1 << 20])):
+        (p,) = r["pairs"]
+        assert [s["msg_bytes"] for s in p["sizes"]] == sizes
+        for s in p["sizes"]:
+            assert s["iterations"] == 100 and s["warmup"] == 10 and s["ucx_gbps"] > 0
+            assert s["memcpy_peer_gbps"] == 1.0
+        # idle counters: nothing crossed NVLink, so nothing may pass
+        assert p["verdict"] == "fail" and any("NVLink counters saw" in x for x in p["reasons"])
+        vis = p["evidence"]["visibility"]
+        assert vis["server_declared"] == [gpus[1].uuid] and vis["client_declared"] == [gpus[0].uuid]
+    # the proto-used runs found the host-memory tables of the real perftest
+    used = results[0]["pairs"][0]["sizes"][-1]
+    assert used["transport_method"] == "proto-used" and used["transport"] != "unknown"
+    # the lanes run did its ablation (UCX_TLS without cuda_ipc) at the largest size
+    abl = results[1]["pairs"][0]["evidence"]["ablation"]
+    assert abl["UCX_TLS"] == "^cuda_ipc" and abl["msg_bytes"] == 1 << 20 and abl["error"] is None
+    v1 = results[1]["pairs"][0]["sizes"][-1]
+    assert v1["transport_method"] in ("lanes+ablation", "ablation") and len(v1["transport_detail"]) >= 2
+    # raw outputs kept per run
+    kept = sorted(p.parent.name for p in (tmp_path / "raw").rglob("client.txt"))
+    assert len(kept) == 2 + 1 + 1 + 1
+    assert side.snapshots >= 2 * 5
+
+    payload = vn.build_payload("cpu", None, gpus, results, ver.baseline, ver.sizes, ver.th,
+                               vn.parse_goals(vn.DEFAULT_GOALS), "ucx-dask-gpu verify-nvlink ...", False)
+    assert payload["verdict"] == "fail" and payload["exit_code"] == 1  # the failed study does not make it 14
+    write_report(tmp_path / "out", vn.STEM, payload, vn.render_markdown(payload, {}), vn.render_png(payload),
+                 payload["command"])
+    assert json.loads((tmp_path / "out" / "verify-nvlink.json").read_text())["runs"][1]["variant"] == {
+        "UCX_PROTO_ENABLE": "n"}
+
+
+def test_unsafe_visible_devices_declares_every_gpu():
+    gpus = h200_gpus()
+    args = build_parser().parse_args(["verify-nvlink", "--unsafe-visible-devices", "-q"])
+    ver = vn.Verifier(args, gpus, [(gpus[0], gpus[1])], [], [1 << 20], RecordedGpuSide(gpus), [], {},
+                      vn.Thresholds())
+    assert ver.visible_for(gpus[0]) == ver.visible_for(gpus[1]) == "0,1"
+    assert ver.declared("0,1") == [g.uuid for g in gpus]
+    safe = vn.Verifier(build_parser().parse_args(["verify-nvlink", "-q"]), gpus, [], [], [1], RecordedGpuSide(gpus),
+                       [], {}, vn.Thresholds())
+    assert safe.visible_for(gpus[1]) == gpus[1].uuid and safe.declared(gpus[1].uuid) == [gpus[1].uuid]

@@ -1,0 +1,211 @@
+"""verify-nvlink's readers of tool output, on output RECORDED from real ucx_perftest / ucx_info / nvidia-smi runs
+(tests/fixtures/verify_nvlink/cpu-*, tests/fixtures/h200x2/) and the argument helpers."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ucx_dask_gpu import perftest as pt
+from ucx_dask_gpu import verify_nvlink as vn
+from ucx_dask_gpu.errors import USAGE, UserError
+from ucx_dask_gpu.nvlink_verdict import transport_from_tables
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures"
+VN = FIX / "verify_nvlink"
+W121 = VN / "cpu-ucx-1.21.0-wheel"
+S113 = VN / "cpu-ucx-1.13.1-source"
+RECORDED_OK = [W121 / "perftest-host-1m-proto-used", S113 / "perftest-host-64m-log-info",
+               S113 / "perftest-host-64m-proto-v2-info"]
+RECORDED_FAILED = [W121 / "perftest-cuda-no-gpu", S113 / "perftest-host-1m-proto-info-used-rejected"]
+
+
+def _pair(stem: Path) -> tuple[str, str]:
+    return (Path(f"{stem}.server.txt").read_text(), Path(f"{stem}.client.txt").read_text())
+
+
+def _msg_size(server_out: str) -> int:
+    return int(re.search(r"Message size:\s+(\d+)", server_out).group(1))
+
+
+# --- results ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stem", RECORDED_OK, ids=lambda p: p.name)
+def test_final_row_bandwidth_is_mib_per_second(stem):
+    """perftest's "MB/s" must be MiB/s: size / overall latency, read from the same output, agrees only that way."""
+    server, client = _pair(stem)
+    res = pt.parse_result(client)
+    assert res is not None
+    size = _msg_size(server)
+    from_latency = size / (res.lat_overall_us * 1e-6)          # bytes/s
+    assert res.gbps * 1e9 == pytest.approx(from_latency, rel=0.01)
+    assert res.bw_overall_mbs * 1e6 != pytest.approx(from_latency, rel=0.01)  # decimal MB would be 4.9% off
+
+
+@pytest.mark.parametrize("stem", RECORDED_OK, ids=lambda p: p.name)
+def test_iterations_are_what_was_asked(stem):
+    server, client = _pair(stem)
+    n = pt.parse_result(client).iterations
+    assert n in (20, 200)  # the recordings used -n 20 / -n 200 (README)
+    assert pt.parse_result(server) is None  # only the client prints results
+
+
+def test_csv_and_bare_final_formats():
+    csv = "iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr\n" \
+          "  50,0.349,55258.818,55258.818,1158.19,1158.19,18,18\n"
+    bare = "                          50      0.296 248577.785 73099.937      257.46     875.51           4          14\n"
+    r1, r2 = pt.parse_result(csv), pt.parse_result(bare)
+    assert (r1.iterations, r1.bw_overall_mbs) == (50, 1158.19)
+    assert (r2.iterations, r2.bw_overall_mbs, r2.bw_average_mbs) == (50, 875.51, 257.46)
+
+
+@pytest.mark.parametrize("stem", RECORDED_FAILED, ids=lambda p: p.name)
+def test_failed_runs_have_no_result_and_name_the_cause(stem):
+    server, client = _pair(stem)
+    assert pt.parse_result(client) is None
+    line = pt.error_line(client)
+    # the first ERROR line is the cause; the "Failed to run test" that follows is its consequence
+    first_error = next(ln for ln in client.splitlines() if " ERROR " in ln)
+    assert line and line in first_error and "Failed to run test" not in line
+    assert not line.startswith("[")  # log prefix stripped
+
+
+def test_error_line_on_loader_failure():
+    text = (VN / "constructed-h200x2" / "ucx-1.13.1-symbol-lookup-error.client.txt").read_text()
+    assert "symbol lookup error" in pt.error_line(text)
+    assert pt.error_line("") is None
+    assert pt.error_line("a\nlast words\n") == "last words"
+
+
+# --- protocol tables -------------------------------------------------------------------------------------------------
+
+def test_used_tables_1_21_host():
+    server, client = _pair(W121 / "perftest-host-1m-proto-used")
+    size = _msg_size(server)
+    st, ct = pt.parse_proto_tables(server), pt.parse_proto_tables(client)
+    assert len(st) == 1 and len(ct) == 1 and st[0].used and ct[0].used
+    assert ct[0].is_send and ct[0].mem_is("host") and not ct[0].mem_is("cuda")
+    assert st[0].is_rndv_fetch and st[0].mem_is("host")
+    # exactly one row was used on each side, and it is the one covering the message size
+    for t in (st[0], ct[0]):
+        used = [r for r in t.rows if r.count]
+        assert len(used) == 1 and used[0].covers(size)
+        assert all(not r.covers(size) for r in t.rows if not r.count)
+    assert st[0].rows[-1].count == ct[0].rows[-1].count  # both sides count the same messages
+    ev = transport_from_tables(st, ct, size, mem="host")
+    assert ev.method == "proto-used"
+    assert ev.transports == tuple(dict.fromkeys(ct[0].rows[-1].transports + st[0].rows[-1].transports))
+    assert transport_from_tables(st, ct, size, mem="cuda").transports == ()  # host-memory run: no cuda table
+
+
+def test_selection_tables_1_13_v2_prefer_multi():
+    server, client = _pair(S113 / "perftest-host-64m-proto-v2-info")
+    size = _msg_size(server)
+    ct = pt.parse_proto_tables(client)
+    assert ct and not any(t.used for t in ct)
+    assert any("(multi)" in t.operation for t in ct) and any("()" in t.operation for t in ct)
+    ev = transport_from_tables(pt.parse_proto_tables(server), ct, size, mem="host")
+    assert ev.method == "proto-selected"
+    assert ev.transports and all("multi" in d or d.startswith("server") for d in ev.detail)
+    # ranges are contiguous from 0 to inf in every table
+    for t in ct:
+        assert t.rows[0].lo == 0 and t.rows[-1].hi is None
+        assert all(a.hi + 1 == b.lo for a, b in zip(t.rows, t.rows[1:]))
+
+
+def test_lanes_line_1_13():
+    server, client = _pair(S113 / "perftest-host-64m-log-info")
+    for text in (server, client):
+        lanes = pt.parse_lanes(text)
+        raw = re.search(r"ep_cfg\[\d+\]: tag\(([^)]*)\)", text).group(1).split()
+        assert lanes and lanes[0]["tag"] == raw
+    assert pt.parse_proto_tables(client) == []  # protocol v1 prints no tables
+
+
+def test_transports_and_memunits():
+    assert pt.transports_in("cuda_ipc/cuda 50% on rc_mlx5/mlx5_0:1 and 50% on path1") == ("cuda_ipc", "rc_mlx5")
+    assert pt.transports_in("") == ()
+    assert [pt.parse_memunits(x) for x in ("0", "6031", "8K", "1M", "inf")] == [0, 6031, 8192, 1 << 20, None]
+    with pytest.raises(ValueError):
+        pt.parse_memunits("lots")
+
+
+# --- ucx_info -c capability probes ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("d", [W121, S113], ids=lambda p: p.name)
+def test_proto_info_used_capability(d):
+    plain = (d / "ucx_info-c.txt").read_text()
+    probed = (d / "ucx_info-c-proto-info-used.txt").read_text()
+    rejected = "Invalid value for PROTO_INFO" in probed
+    assert pt.accepts_proto_info_used(probed) is (not rejected)
+    assert pt.accepts_proto_info_used(plain) is False  # the default is never 'used'
+    v2 = pt.config_value(plain, "PROTO_ENABLE")
+    assert v2 in ("y", "n")
+    assert pt.config_value(plain, "PROTO_INFO_DIR") in (None, "")
+    assert pt.config_value(plain, "NO_SUCH_THING") is None
+
+
+def test_versions_differ_as_documented():
+    """1.21 (wheel) runs protocol v2 and takes `used`; 1.13.1 runs v1 and rejects it -- the reason for lanes+ablation."""
+    assert pt.truthy(pt.config_value((W121 / "ucx_info-c.txt").read_text(), "PROTO_ENABLE"))
+    assert not pt.truthy(pt.config_value((S113 / "ucx_info-c.txt").read_text(), "PROTO_ENABLE"))
+    assert pt.accepts_proto_info_used((W121 / "ucx_info-c-proto-info-used.txt").read_text())
+    assert not pt.accepts_proto_info_used((S113 / "ucx_info-c-proto-info-used.txt").read_text())
+
+
+# --- nvidia-smi nvlink -gt d --------------------------------------------------------------------------------------
+
+def test_nvidia_smi_gt_parse_matches_query_gpu():
+    text = (FIX / "h200x2" / "nvidia-smi-nvlink-gt-d-idle.txt").read_text()
+    per = vn.parse_nvidia_smi_gt(text)
+    csv = (FIX / "h200x2" / "nvidia-smi-query-gpu.csv").read_text().splitlines()[1:]
+    uuids = [line.split(",")[1].strip() for line in csv]
+    assert list(per) == uuids
+    n_link_lines = len(re.findall(r"Link \d+: Data Tx", text))
+    assert sum(len(v) for v in per.values()) == n_link_lines
+    assert all(set(v) == {"data_tx", "data_rx"} for links in per.values() for v in links.values())
+    busy = text.replace("Data Tx: 0 KiB", "Data Tx: 3 KiB", 1)
+    assert vn.parse_nvidia_smi_gt(busy)[uuids[0]][0]["data_tx"] == 3 * 1024
+
+
+# --- argument helpers ----------------------------------------------------------------------------------------------
+
+def test_sizes():
+    assert vn.parse_sizes(vn.DEFAULT_SIZES) == [1 << 20, 64 << 20, 256 << 20]
+    assert vn.parse_sizes("268435456, 1m,4k,1MiB") == [4096, 1 << 20, 1 << 28]
+    for bad in ("1Q", "", "0", "-4k", "1.5M"):
+        with pytest.raises(UserError) as e:
+            vn.parse_sizes(bad)
+        assert e.value.exit_code == USAGE
+
+
+def test_env_assignments_and_variants():
+    assert vn.parse_variant("UCX_RNDV_FRAG_SIZE=host:1m,cuda:4m  UCX_MAX_RNDV_RAILS=1") == {
+        "UCX_RNDV_FRAG_SIZE": "host:1m,cuda:4m", "UCX_MAX_RNDV_RAILS": "1"}
+    for bad in ("CUDA_VISIBLE_DEVICES=0,1", "LD_LIBRARY_PATH=/x", "NOEQUALS", "1BAD=x"):
+        with pytest.raises(UserError) as e:
+            vn.parse_assignment(bad, "--ucx-env")
+        assert e.value.exit_code == USAGE
+    assert vn.parse_goals("256MiB=0.97,1MiB=0.5") == {1 << 28: 0.97, 1 << 20: 0.5}
+    with pytest.raises(UserError):
+        vn.parse_goals("256MiB")
+
+
+def test_tls_without_cuda_ipc():
+    assert vn.tls_without_cuda_ipc(None) == "^cuda_ipc"
+    assert vn.tls_without_cuda_ipc("all") == "^cuda_ipc"
+    assert vn.tls_without_cuda_ipc("^tcp") == "^tcp,cuda_ipc"
+    assert vn.tls_without_cuda_ipc("^cuda_ipc") == "^cuda_ipc"
+    assert vn.tls_without_cuda_ipc("sm,cuda_copy,cuda_ipc") == "sm,cuda_copy"
+
+
+@pytest.mark.parametrize("size", [1 << 20, 64 << 20, 256 << 20, 3 << 30])
+def test_iterations_make_warmup_exact_in_every_ucx(size):
+    target = 128 << 30
+    n, w = vn.iterations_for(size, target)
+    assert n % 10 == 0 and w == n // 10
+    # perftest's own rule: min(-w, max_iter/10) (1.13: floor; newer: round up) -- both give w for these n
+    assert min(w, n // 10) == w == min(w, -(-n // 10))
+    assert n >= 20 and (n * size >= target * 0.9 or n == 20 or n == 200_000)
+    assert vn.iterations_for(size, target, fixed=33) == (40, 4)

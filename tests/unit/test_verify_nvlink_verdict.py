@@ -1,0 +1,254 @@
+"""verify-nvlink's decisions (pass / fail / invalid) from parsed measurements: perftest output fixtures (see
+tests/fixtures/verify_nvlink/README.md: GPU runs are CONSTRUCTED until the lead records real ones), the 2xH200
+topology recorded from nvidia-smi, and NVLink counter snapshots."""
+from __future__ import annotations
+
+import pytest
+
+from _verify_nvlink_helpers import (deltas, h200_gpus, isolated_visibility, measured, output, snapshot,
+                                    trap_visibility)
+from ucx_dask_gpu import nvml
+from ucx_dask_gpu import perftest as pt
+from ucx_dask_gpu.nvlink_verdict import (FAIL, INVALID, NO_NVLINK, PASS, PairInput, SizeMeasurement, Thresholds,
+                                         TransportEvidence, Visibility, counter_deltas, evaluate_pair,
+                                         transport_from_lanes, visibility_problems)
+from ucx_dask_gpu.verify_nvlink import pair_record
+
+GPUS = h200_gpus()
+G0, G1 = GPUS
+TH = Thresholds()
+MIB = 1 << 20
+
+
+def memcpy_for(*stems_and_ratio):
+    """cudaMemcpyPeer GB/s that puts ucx/memcpy at `ratio` for each fixture's size."""
+    out = {}
+    for stem, ratio in stems_and_ratio:
+        size, n, w, raw = measured(stem, G0, G1)
+        out[size] = raw["result"].gbps / ratio
+    return out
+
+
+HONEST = ["ucx-1.21.0-proto-used-1m", "ucx-1.21.0-proto-used-256m"]
+
+
+def honest_record(sent=1.02, ratio_big=0.95, vis=None, server_nvml=None, client_nvml=None, src=G0, dst=G1):
+    ms = [measured(s, src, dst, sent, server_nvml=server_nvml, client_nvml=client_nvml) for s in HONEST]
+    memcpy = memcpy_for((HONEST[0], 0.6), (HONEST[1], ratio_big))
+    return pair_record(src, dst, "proto-used", ms, None, {}, vis or isolated_visibility(src, dst), memcpy, TH)
+
+
+# --- topology from the recorded fixtures ---------------------------------------------------------------------------
+
+def test_h200_topology_from_fixtures():
+    assert [len(g.links) for g in GPUS] == [18, 18]
+    assert nvml.nvlink_count(G0, G1) == 18
+    assert 470 < 18 * G0.link_speed_gbps < 480  # DESIGN.md: 478 GB/s per direction
+
+
+# --- pass ------------------------------------------------------------------------------------------------------------
+
+def test_honest_run_passes():
+    rec = honest_record()
+    assert rec["verdict"] == PASS, rec["reasons"]
+    assert rec["measurement_verdict"] == PASS
+    assert rec["transport"] == "cuda_ipc" and rec["transport_method"] == "proto-used"
+    assert rec["msg_bytes"] == 256 * MIB and [s["msg_bytes"] for s in rec["sizes"]] == [MIB, 256 * MIB]
+    for s in rec["sizes"]:
+        assert s["nvlink_tx_fraction"] >= TH.counter_fraction and s["nvlink_rx_fraction"] >= TH.counter_fraction
+        assert s["ucx_gbps"] < rec["link_capacity_gbps"]
+        assert any("cuda_ipc" in d for d in s["transport_detail"])
+    assert rec["ratio"] == pytest.approx(0.95, abs=1e-3)
+
+
+def test_both_directions_pass():
+    rec = honest_record(src=G1, dst=G0)
+    assert (rec["src"], rec["dst"], rec["verdict"]) == (1, 0, PASS)
+
+
+# --- fail ------------------------------------------------------------------------------------------------------------
+
+def test_counters_short_of_the_bytes_fail():
+    rec = honest_record(sent=0.5)
+    assert rec["verdict"] == FAIL
+    assert all("NVLink counters saw" in r for r in rec["reasons"])
+    assert len(rec["reasons"]) == len(HONEST)  # each size says so
+
+
+def test_fraction_threshold_is_the_boundary():
+    exact = honest_record(sent=TH.counter_fraction + 0.002)
+    below = honest_record(sent=TH.counter_fraction - 0.002)
+    assert exact["verdict"] == PASS and below["verdict"] == FAIL
+
+
+def test_ratio_below_threshold_fails_only_at_largest_size():
+    rec = honest_record(ratio_big=TH.min_ratio - 0.05)
+    assert rec["verdict"] == FAIL
+    assert len(rec["reasons"]) == 1 and "cudaMemcpyPeer" in rec["reasons"][0] and "256 MiB" in rec["reasons"][0]
+    # the 1 MiB ratio is 0.6 in every record above: a benchmark goal, never a verdict
+    assert honest_record()["sizes"][0]["ratio"] < TH.min_ratio
+
+
+def test_no_baseline_fails():
+    ms = [measured(s, G0, G1) for s in HONEST]
+    rec = pair_record(G0, G1, "proto-used", ms, None, {}, isolated_visibility(G0, G1), {}, TH)
+    assert rec["verdict"] == FAIL and any("no cudaMemcpyPeer baseline" in r for r in rec["reasons"])
+
+
+def test_bytes_in_the_wrong_direction_get_a_hint():
+    size, n, w, raw = measured(HONEST[1], G0, G1)
+    moved = (n + w) * size
+    raw["counters_src"], raw["counters_dst"] = deltas(G0, G1, sent=0, received=0, back=moved)
+    rec = pair_record(G0, G1, "proto-used", [(size, n, w, raw)], None, {}, isolated_visibility(G0, G1),
+                      memcpy_for((HONEST[1], 0.95)), TH)
+    assert rec["verdict"] == FAIL and "other way" in rec["reasons"][0]
+
+
+def test_counters_unavailable_fail_not_pass():
+    size, n, w, raw = measured(HONEST[1], G0, G1)
+    none = nvml.throughput_from_field_values(G0.uuid, [])
+    raw["counters_src"] = counter_deltas(none, none, [0])
+    rec = pair_record(G0, G1, "proto-used", [(size, n, w, raw)], None, {"counter_fraction": 0.0},
+                      isolated_visibility(G0, G1), memcpy_for((HONEST[1], 0.95)), TH)
+    assert rec["verdict"] == FAIL and "unavailable" in rec["reasons"][0]
+    assert raw["counters_src"]["source"] == "unavailable"
+    assert any("cudaMemcpyPeer's traffic" in n for n in rec["notes"])
+
+
+# --- transport evidence without protocol tables (UCX 1.13: v1 by default) -----------------------------------------
+
+def _lanes_record(ablation_gbps: float | None, error: str | None = None):
+    m = measured("ucx-1.13.1-log-info-256m", G0, G1)
+    abl_out = output("ucx-1.13.1-log-info-256m-without-cuda_ipc")
+    ablation = {"UCX_TLS": "^cuda_ipc", "msg_bytes": m[0],
+                "ucx_gbps": ablation_gbps if ablation_gbps is not None or error else None, "error": error,
+                "lanes": pt.parse_lanes(abl_out.client_out)}
+    memcpy = {m[0]: m[3]["result"].gbps / 0.96}
+    return pair_record(G0, G1, "lanes", [m], ablation, {}, isolated_visibility(G0, G1), memcpy, TH)
+
+
+def test_lanes_plus_ablation_names_cuda_ipc():
+    abl = pt.parse_result(output("ucx-1.13.1-log-info-256m-without-cuda_ipc").client_out).gbps
+    rec = _lanes_record(abl)
+    assert rec["verdict"] == PASS, rec["reasons"]
+    assert rec["transport"] == "cuda_ipc" and rec["transport_method"] == "lanes+ablation"
+    lanes_line, ablation_line = rec["sizes"][0]["transport_detail"][:2]
+    assert "tag lanes" in lanes_line and "cuda_ipc" in lanes_line
+    assert f"{abl:.1f} GB/s" in ablation_line and "UCX_TLS=^cuda_ipc" in ablation_line
+
+
+def test_lanes_without_the_ablation_cannot_name_it():
+    rec = _lanes_record(None, error="ucx_perftest failed (...): boom")
+    assert rec["verdict"] == FAIL and rec["transport"] == "unknown"
+    assert any("ablation run failed" in d for d in rec["sizes"][0]["transport_detail"])
+
+
+def test_ablation_that_does_not_slow_down_disproves_cuda_ipc():
+    default = pt.parse_result(output("ucx-1.13.1-log-info-256m").client_out).gbps
+    rec = _lanes_record(default * 0.98)
+    assert rec["verdict"] == FAIL and any("transport unknown" in r for r in rec["reasons"])
+
+
+def test_no_lanes_printed_falls_back_to_the_ablation_alone():
+    ev = transport_from_lanes([], 377.0, 11.0, "without cuda_ipc", 0.5)
+    assert ev.transports == ("cuda_ipc",) and ev.method == "ablation" and "no ep_cfg line" in ev.detail[0]
+    assert transport_from_lanes([], 377.0, 370.0, "without cuda_ipc", 0.5).transports == ()
+
+
+def test_lanes_missing_cuda_ipc():
+    lanes = pt.parse_lanes(output("ucx-1.13.1-log-info-256m-without-cuda_ipc").client_out)
+    ev = transport_from_lanes(lanes, 377.0, 11.0, "without cuda_ipc", 0.5)
+    assert ev.transports == ("cuda_copy",) and "not among the lanes" in ev.detail[-1]
+
+
+# --- invalid: the trap and its relatives ----------------------------------------------------------------------------
+
+def test_trap_is_invalid_for_every_reason():
+    """Both processes saw both GPUs (CUDA_VISIBLE_DEVICES=0,1): a same-GPU copy at ~1.9 TB/s, no NVLink bytes."""
+    m = measured("trap-ucx-1.21.0-proto-used-256m", G0, G1, sent_fraction=0.0)
+    rec = pair_record(G0, G1, "proto-used", [m], None, {}, trap_visibility(GPUS),
+                      {m[0]: 395.0}, TH)
+    assert rec["verdict"] == INVALID
+    assert rec["measurement_verdict"] == INVALID  # the numbers alone catch it too
+    text = " ".join(rec["reasons"])
+    assert "could see 2 GPUs" in text and "could both use" in text and "above the NVLink capacity" in text
+    assert rec["transport"] == "cuda_ipc"  # UCX itself names cuda_ipc: the proto table alone would be fooled
+    assert any(n.startswith("also:") and "NVLink counters saw" in n for n in rec["notes"])
+
+
+def test_trap_without_known_link_speed_still_never_passes():
+    g0, g1 = h200_gpus()
+    g0.link_speed_gbps = None
+    m = measured("trap-ucx-1.21.0-proto-used-256m", g0, g1, sent_fraction=0.0)
+    rec = pair_record(g0, g1, "proto-used", [m], None, {}, trap_visibility([g0, g1]), {m[0]: 395.0}, TH)
+    assert rec["verdict"] == INVALID and rec["measurement_verdict"] == FAIL  # counters: no NVLink bytes
+    assert rec["link_capacity_gbps"] is None and any("link speed unknown" in n for n in rec["notes"])
+
+
+def test_nvml_process_list_catches_a_process_on_two_gpus():
+    rec = honest_record(server_nvml=[G0.uuid, G1.uuid], client_nvml=[G0.uuid])
+    assert rec["verdict"] == INVALID and rec["measurement_verdict"] == PASS
+    assert any("per NVML" in r for r in rec["reasons"])
+
+
+def test_probe_disagreeing_with_configuration_is_invalid():
+    vis = isolated_visibility(G0, G1)
+    vis["server_probed"] = [G0.uuid]  # CUDA showed the receiver the SENDER's GPU
+    rec = honest_record(vis=vis)
+    assert rec["verdict"] == INVALID
+    assert any("server process was on" in r for r in rec["reasons"])
+
+
+def test_visibility_problems_empty_for_isolated_runs():
+    p = PairInput(G0.uuid, G1.uuid, 18, 26.562, Visibility([G1.uuid], [G0.uuid], [G1.uuid], [G0.uuid],
+                                                          [G1.uuid], [G0.uuid]), [])
+    assert visibility_problems(p) == []
+    p.visibility.client_probed = []
+    assert "could see 0 GPUs" in visibility_problems(p)[0]
+
+
+def test_same_gpu_pair_is_invalid():
+    s = SizeMeasurement(MIB, 100, 10, 100.0, 200.0, {"data_tx": 0}, {"data_rx": 0},
+                        TransportEvidence("proto-used", ("cuda_ipc",)))
+    v = evaluate_pair(PairInput(G0.uuid, G0.uuid, 18, 26.562, Visibility([G0.uuid], [G0.uuid]), [s]))
+    assert v.verdict == INVALID
+
+
+def test_pair_without_nvlink_is_informational():
+    s = SizeMeasurement(MIB, 100, 10, 20.0, 25.0, {"data_tx": 0}, {"data_rx": 0},
+                        TransportEvidence("proto-used", ("cuda_ipc",)))
+    v = evaluate_pair(PairInput(G0.uuid, G1.uuid, 0, None, Visibility([G1.uuid], [G0.uuid]), [s]))
+    assert v.verdict == NO_NVLINK and "no NVLink" in v.reasons[0]
+
+
+# --- counters --------------------------------------------------------------------------------------------------------
+
+def test_counter_deltas_prefer_links_to_the_peer():
+    before, after = snapshot(G0, 0, 0), snapshot(G0, 18 << 30, 1 << 30)
+    d = counter_deltas(before, after, list(range(18)))
+    assert d["data_tx"] == pytest.approx(18 << 30, rel=1e-4) and d["data_rx"] == pytest.approx(1 << 30, rel=1e-4)
+    assert "per-link" in d["source"] and "0-17" in d["source"]
+    only_half = counter_deltas(before, after, list(range(9)))
+    assert only_half["data_tx"] == pytest.approx(9 << 30, rel=1e-4)  # traffic to other peers is not credited
+    assert d["raw_tx"] is None  # NOT_SUPPORTED stays None, never 0
+
+
+def test_counter_deltas_fall_back_when_links_repeat_the_total():
+    """Some drivers answer each link with the GPU-wide total: summing links would multiply the bytes by 18."""
+    def dup(total_kib: int) -> nvml.NvlinkThroughput:
+        ans = [(nvml.FI_NVLINK_THROUGHPUT_DATA_TX, ln, 0, total_kib) for ln in range(18)]
+        ans += [(nvml.FI_NVLINK_THROUGHPUT_DATA_RX, ln, 0, total_kib) for ln in range(18)]
+        ans += [(nvml.FI_NVLINK_THROUGHPUT_DATA_TX, nvml.NVLINK_SCOPE_ALL_LINKS, 0, total_kib),
+                (nvml.FI_NVLINK_THROUGHPUT_DATA_RX, nvml.NVLINK_SCOPE_ALL_LINKS, 0, total_kib)]
+        return nvml.throughput_from_field_values("GPU-x", ans)
+
+    d = counter_deltas(dup(1000), dup(1000 + (4 << 20)), list(range(18)))
+    assert d["data_tx"] == (4 << 20) * 1024 and "aggregate" in d["source"] and "note" in d
+
+
+def test_field_values_convert_kib_and_keep_unsupported_as_none():
+    t = nvml.throughput_from_field_values("GPU-x", [(138, nvml.NVLINK_SCOPE_ALL_LINKS, 0, 5),
+                                                    (139, nvml.NVLINK_SCOPE_ALL_LINKS, 3, 99),
+                                                    (140, 4, 0, 7), (90, 0, 0, 1)])
+    assert t.total["data_tx"] == 5 * 1024 and t.total["data_rx"] is None
+    assert t.links[4]["raw_tx"] == 7 * 1024 and t.links[4]["data_tx"] is None
