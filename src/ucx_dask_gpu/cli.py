@@ -14,6 +14,7 @@ from .errors import UserError
 # module name -> registers one or more subcommands
 COMMAND_MODULES = [
     "ucx_dask_gpu.stackcmd",
+    "ucx_dask_gpu.conda.cmd",
     "ucx_dask_gpu.ucxbuild.cli",
     "ucx_dask_gpu.doctor",
     "ucx_dask_gpu.topologycmd",

@@ -360,6 +360,7 @@ def render(recipe_dir: str | os.PathLike, variant: dict[str, str] | None = None,
     meta1 = yaml_load(text1, str(meta_path)) or {}
     pkg = meta1.get("package") if isinstance(meta1, dict) else None
     if not isinstance(pkg, dict) or not pkg.get("name") or not pkg.get("version"):
+        _render_pass(recipe_dir, variant, environ, {}, True, "h0000000", prefix)  # names an undefined variable
         raise RecipeError(str(meta_path), "package: name and version are required")
     outputs = {str(pkg["name"]): str(pkg["version"])}
     scripts = [p.read_text(errors="replace") for p in sorted(recipe_dir.glob("*.sh"))]
