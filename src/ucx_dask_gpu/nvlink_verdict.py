@@ -36,31 +36,37 @@ def counter_deltas(before, after, peer_links: list[int] | None = None, tolerance
                    origin: str = "NVML") -> dict:
     """Bytes counted between two nvml.NvlinkThroughput snapshots of one GPU.
 
-    Prefers the per-link counters of the links to the peer (so traffic to other GPUs is not credited); falls back to
-    the all-links aggregate when per-link values are missing or look like copies of the aggregate (some drivers answer
-    every link with the GPU-wide total). Returns {counter: bytes | None, 'source': str, 'aggregate': {...}}.
+    Prefers the per-link counters of the links to the peer (so traffic to other GPUs is not credited). Falls back to
+    the all-links aggregate when per-link values are missing, or when every link repeats the GPU-wide total (some
+    drivers answer each link with the aggregate; summing them would multiply the bytes by the link count).
+    Returns {counter: bytes | None, 'source': str, 'aggregate': {...}} (+ 'note' when the two disagree).
     """
     agg = {k: _sub(after.total.get(k), before.total.get(k)) for k in COUNTERS}
     links = sorted(set(before.links) & set(after.links))
     per_link = {ln: {k: _sub(after.links[ln].get(k), before.links[ln].get(k)) for k in COUNTERS} for ln in links}
     out: dict = {"aggregate": agg}
-    chosen, source = None, None
-    if per_link and all(v["data_tx"] is not None and v["data_rx"] is not None for v in per_link.values()):
-        sums_all = {k: sum(v[k] or 0 for v in per_link.values()) for k in COUNTERS}
-        consistent = all(agg[k] is None or abs(sums_all[k] - agg[k]) <= tolerance * max(agg[k], 1) + (1 << 20)
-                         for k in ("data_tx", "data_rx"))
-        if consistent:
-            want = [ln for ln in links if peer_links is None or ln in peer_links] or links
-            chosen = {k: (sum(per_link[ln][k] for ln in want) if all(per_link[ln][k] is not None for ln in want)
-                          else None) for k in COUNTERS}
-            source = f"{origin} per-link counters, links {_ranges(want)}"
-        else:
-            out["note"] = "per-link values do not add up to the aggregate (driver repeats the total per link?)"
-    if chosen is None and agg["data_tx"] is not None and agg["data_rx"] is not None:
-        chosen, source = agg, f"{origin} all-links aggregate (fields 138-141, scopeId UINT_MAX)"
-    if chosen is None:
-        return {**out, **{k: None for k in COUNTERS}, "source": "unavailable"}
-    return {**out, **chosen, "source": source}
+
+    def close(a, b):
+        return abs(a - b) <= tolerance * max(abs(b), 1) + (1 << 20)
+
+    usable = bool(per_link) and all(v["data_tx"] is not None and v["data_rx"] is not None for v in per_link.values())
+    if usable and len(per_link) > 1 and agg["data_tx"] is not None and agg["data_rx"] is not None \
+            and (agg["data_tx"] or agg["data_rx"]) \
+            and all(close(v[k], agg[k]) for v in per_link.values() for k in ("data_tx", "data_rx")):
+        usable = False
+        out["note"] = "every link reports the GPU-wide total: using the aggregate"
+    if usable:
+        want = [ln for ln in links if peer_links is None or ln in peer_links] or links
+        chosen = {k: (sum(per_link[ln][k] for ln in want) if all(per_link[ln][k] is not None for ln in want)
+                      else None) for k in COUNTERS}
+        sums_all = {k: sum(v[k] or 0 for v in per_link.values()) for k in ("data_tx", "data_rx")}
+        if any(agg[k] is not None and not close(sums_all[k], agg[k]) for k in sums_all):
+            out["note"] = (f"per-link sum (tx {sums_all['data_tx']}, rx {sums_all['data_rx']}) differs from the "
+                           f"aggregate (tx {agg['data_tx']}, rx {agg['data_rx']})")
+        return {**out, **chosen, "source": f"{origin} per-link counters, links {_ranges(want)}"}
+    if agg["data_tx"] is not None and agg["data_rx"] is not None:
+        return {**out, **agg, "source": f"{origin} all-links aggregate (fields 138-141, scopeId UINT_MAX)"}
+    return {**out, **{k: None for k in COUNTERS}, "source": "unavailable"}
 
 
 def _sub(a, b):
@@ -101,6 +107,12 @@ def transport_from_tables(server_tables: list[ProtoTable], client_tables: list[P
     that were used (count > 0) count."""
     cands = [("client", t) for t in client_tables if t.is_send and t.mem_is(mem)]
     cands += [("server", t) for t in server_tables if t.is_rndv_fetch and t.mem_is(mem)]
+    note = None
+    if not cands:  # a header format we do not know: take every send/fetch table (a host table never names cuda_ipc)
+        cands = [("client", t) for t in client_tables if t.is_send]
+        cands += [("server", t) for t in server_tables if t.is_rndv_fetch]
+        if cands:
+            note = f"no table header names {mem} memory; used every send/fetch table"
     used = any(t.used for _, t in cands)
     if not used:  # selection tables: bandwidth tests send with the "multi" flag; prefer those where printed
         multi = [(w, t) for w, t in cands if "(multi" in t.operation]
@@ -119,6 +131,8 @@ def transport_from_tables(server_tables: list[ProtoTable], client_tables: list[P
             names += [tl for tl in r.transports if tl not in names]
     if not cands:
         detail.append(f"no protocol table for {mem} memory in the output")
+    if note:
+        detail.append(note)
     return TransportEvidence(method, tuple(names), detail)
 
 
@@ -232,12 +246,16 @@ def size_label(n: int) -> str:
     return f"{n} B"
 
 
-def visibility_problems(p: PairInput) -> list[str]:
+def visibility_problems(p: PairInput, notes: list[str] | None = None) -> list[str]:
+    """Why the processes' GPU visibility makes the run invalid ([] when it is clean).
+
+    Configured and probed visibility must be exactly the process's own GPU. NVML's process lists are judged more
+    carefully: a process that holds an IPC mapping of the peer's memory may be listed on the peer GPU too, so being
+    seen on an extra GPU is only a note -- being seen, but NOT on its own GPU, is invalid."""
     v = p.visibility
     out = []
     for source, server, client in (("as configured", v.server_declared, v.client_declared),
-                                   ("as CUDA showed it to a probe", v.server_probed, v.client_probed),
-                                   ("per NVML's process list", v.server_nvml, v.client_nvml)):
+                                   ("as CUDA showed it to a probe", v.server_probed, v.client_probed)):
         for role, seen, want in (("server", server, p.dst_uuid), ("client", client, p.src_uuid)):
             if seen is None:
                 continue
@@ -249,6 +267,14 @@ def visibility_problems(p: PairInput) -> list[str]:
         if server is not None and client is not None and set(server) & set(client):
             out.append(f"server and client could both use {', '.join(sorted(set(server) & set(client)))} {source}: "
                        f"a same-GPU copy, not an NVLink transfer")
+    for role, seen, want in (("server", v.server_nvml, p.dst_uuid), ("client", v.client_nvml, p.src_uuid)):
+        if not seen:
+            continue  # not listed (e.g. another PID namespace): no evidence either way
+        if want not in seen:
+            out.append(f"{role} process ran on {', '.join(seen)} per NVML's process list, not on {want}")
+        elif len(seen) > 1 and notes is not None:
+            notes.append(f"{role} process was also listed on {', '.join(x for x in seen if x != want)} by NVML "
+                         f"(an IPC mapping of the peer's memory?)")
     return out
 
 
@@ -259,15 +285,19 @@ def evaluate_pair(p: PairInput, th: Thresholds = Thresholds()) -> PairVerdict:
     if p.src_uuid == p.dst_uuid:
         invalid_meas.append("source and destination are the same GPU")
     cap = p.capacity_gbps
+    best_copy = max((s.memcpy_peer_gbps for s in p.sizes if s.memcpy_peer_gbps), default=None)
+    if cap is not None and best_copy is not None and best_copy > 1.02 * cap:
+        # the baseline is a real GPU-to-GPU copy: if it beats the "capacity", the link speed NVML gave is wrong
+        notes.append(f"cudaMemcpyPeer reached {best_copy:.1f} GB/s, above the capacity {cap:.1f} GB/s computed from "
+                     f"NVML's link speed ({p.link_speed_gbps} GB/s x {p.nvlinks}): capacity check skipped")
+        cap = None
+    elif cap is None and p.nvlinks:
+        notes.append("link speed unknown: capacity check skipped")
     for s in p.sizes:
         lbl = size_label(s.msg_bytes)
         if cap is not None and s.ucx_gbps > cap:
             invalid_meas.append(f"{lbl}: {s.ucx_gbps:.1f} GB/s is above the NVLink capacity {cap:.1f} GB/s "
                                 f"({p.nvlinks} links x {p.link_speed_gbps:.3f} GB/s): not a transfer between GPUs")
-        if cap is not None and s.memcpy_peer_gbps is not None and s.memcpy_peer_gbps > cap:
-            notes.append(f"{lbl}: cudaMemcpyPeer {s.memcpy_peer_gbps:.1f} GB/s is above the link capacity")
-    if cap is None and p.nvlinks:
-        notes.append("link speed unknown: capacity check skipped")
 
     if not p.nvlinks:
         fails.append("no NVLink between these GPUs")
@@ -303,7 +333,7 @@ def evaluate_pair(p: PairInput, th: Thresholds = Thresholds()) -> PairVerdict:
         notes.append(f"the counters also missed cudaMemcpyPeer's traffic ({p.memcpy_counter_fraction:.0%} counted): "
                      f"they cannot prove anything on this host")
 
-    vis = visibility_problems(p)
+    vis = visibility_problems(p, notes)
     meas_verdict = _decide(invalid_meas, fails, p.nvlinks)
     verdict = _decide(vis + invalid_meas, fails, p.nvlinks)
     reasons = vis + invalid_meas if verdict == INVALID else fails if verdict in (FAIL, NO_NVLINK) else []

@@ -359,13 +359,17 @@ class GpuSide:
                                                  "raw_tx": None, "raw_rx": None} for ln, v in links.items()}
         return snap
 
-    def stable_snapshot(self, tries: int = 10, wait: float = 0.1) -> dict:
-        """Counters may land a little after the traffic: read until two reads agree (at most ~1 s)."""
+    def stable_snapshot(self, quiet_s: float = 0.5, max_s: float = 3.0, step: float = 0.1) -> dict:
+        """Counters may land after the traffic (the driver samples them): read until the data counters have not moved
+        for `quiet_s` (at most `max_s`)."""
         prev = self.snapshot()
-        for _ in range(tries):
-            time.sleep(wait)
+        t_end, t_same = time.monotonic() + max_s, time.monotonic()
+        while time.monotonic() < t_end:
+            time.sleep(step)
             cur = self.snapshot()
-            if _data_key(cur) == _data_key(prev):
+            if _data_key(cur) != _data_key(prev):
+                t_same = time.monotonic()
+            elif time.monotonic() - t_same >= quiet_s:
                 return cur
             prev = cur
         return prev
@@ -456,7 +460,8 @@ class Verifier:
     def __init__(self, args, gpus: list, pairs: list[tuple], runs: list[RunSpec], sizes: list[int],
                  side: GpuSide, cuda_dirs: list[Path], base_env: dict[str, str], th: Thresholds):
         self.a, self.gpus, self.pairs, self.runs, self.sizes = args, gpus, pairs, runs, sizes
-        self.mem = "cuda"  # what perftest moves; tests of the orchestration on a CPU machine set "host"
+        # what perftest moves: always cuda, except when the orchestration itself is tested on a machine without GPUs
+        self.mem = getattr(args, "memory_type", "cuda")
         self.side, self.cuda_dirs, self.base_env, self.th = side, cuda_dirs, base_env, th
         self.work = Path(tempfile.mkdtemp(prefix="verify-nvlink-"))
         self.raw = Path(args.raw_dir) if args.raw_dir else None
@@ -909,6 +914,7 @@ def register(subparsers) -> None:
     p.add_argument("--raw-dir", help="keep every perftest server/client output here (for fixtures / debugging)")
     p.add_argument("--out", help="write verify-nvlink.{json,md,png} + command.txt here (all or nothing)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--memory-type", default="cuda", choices=("cuda", "host"), help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -946,7 +952,7 @@ def run(args) -> int:
     runs = []
     for k, inst in enumerate(installs):
         for var in [None, *(variants if k == 0 or args.variants_on == "all" else [])]:
-            lbl = inst.label + ("" if var is None else " + " + " ".join(f"{k}={v}" for k, v in var.items()))
+            lbl = inst.label + ("" if var is None else " + " + " ".join(f"{key}={val}" for key, val in var.items()))
             seen[lbl] = seen.get(lbl, 0) + 1
             runs.append(RunSpec(inst, var, lbl if seen[lbl] == 1 else f"{lbl} #{seen[lbl]}"))
     th = Thresholds(args.min_ratio, args.counter_fraction, args.ablation_factor)

@@ -62,9 +62,9 @@ def test_run_and_variant_one_pair_on_host_memory(tmp_path):
     runs = [vn.RunSpec(inst, None, "pip"), vn.RunSpec(inst, vn.parse_variant(args.variant[0]), "pip + v1"),
             vn.RunSpec(inst, vn.parse_variant(args.variant[1]), "pip + bogus")]
     side = RecordedGpuSide(gpus)
+    args.memory_type = "host"
     ver = vn.Verifier(args, gpus, [(gpus[0], gpus[1])], runs, vn.parse_sizes(args.sizes), side, [], {},
                       vn.Thresholds())
-    ver.mem = "host"
     results = ver.run()
 
     assert [r["evidence_method"] for r in results] == ["proto-used", "lanes", "proto-used"]
@@ -114,3 +114,34 @@ def test_unsafe_visible_devices_declares_every_gpu():
     safe = vn.Verifier(build_parser().parse_args(["verify-nvlink", "-q"]), gpus, [], [], [1], RecordedGpuSide(gpus),
                        [], {}, vn.Thresholds())
     assert safe.visible_for(gpus[1]) == gpus[1].uuid and safe.declared(gpus[1].uuid) == [gpus[1].uuid]
+
+
+def test_command_end_to_end_with_recorded_gpu_side(tmp_path, monkeypatch, capsys):
+    """`verify-nvlink` as typed, down to the report files; only discovery, the ucx_info preflight (which refuses a UCX
+    without CUDA transports, as here) and the GPU side are the recorded stand-ins."""
+    from ucx_dask_gpu import nvml
+    from ucx_dask_gpu.cli import main
+
+    gpus = h200_gpus()
+
+    def preflight(inst, env):
+        inst.version, inst.proto_v2_default, inst.proto_used = "1.21.0", True, True
+
+    monkeypatch.setattr(nvml, "discover", lambda: gpus)
+    monkeypatch.setattr(nvml, "driver_version", lambda: "580.159.04")
+    monkeypatch.setattr(vn, "preflight", preflight)
+    monkeypatch.setattr(vn, "GpuSide", RecordedGpuSide)
+    out = tmp_path / "report"
+    argv = ["verify-nvlink", "--ucx-prefix", "pip", "--sizes", "1MiB", "--iters", "50", "--memory-type", "host",
+            "--out", str(out)]
+    monkeypatch.setattr("sys.argv", ["/usr/local/bin/ucx-dask-gpu", *argv])  # what command.txt records
+    rc = main(argv)
+    cap = capsys.readouterr()
+    assert rc == 1 and cap.err == ""  # idle counters: no pass, and nothing on stderr
+    assert "verdict: fail" in cap.out and "GPU1->GPU0" in cap.out and "[4/4" in cap.out  # 2 baselines + 2 runs
+    rep = json.loads((out / "verify-nvlink.json").read_text())
+    assert [(p["src"], p["dst"]) for p in rep["pairs"]] == [(0, 1), (1, 0)]
+    assert rep["ucx"]["version"] == "1.21.0" and rep["driver"] == "580.159.04" and rep["exit_code"] == 1
+    assert (out / "command.txt").read_text().startswith("ucx-dask-gpu verify-nvlink --ucx-prefix pip")
+    assert sorted(p.name for p in out.iterdir()) == ["command.txt", "verify-nvlink.json", "verify-nvlink.md",
+                                                     "verify-nvlink.png"]

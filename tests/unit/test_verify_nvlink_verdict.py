@@ -185,10 +185,32 @@ def test_trap_without_known_link_speed_still_never_passes():
     assert rec["link_capacity_gbps"] is None and any("link speed unknown" in n for n in rec["notes"])
 
 
-def test_nvml_process_list_catches_a_process_on_two_gpus():
-    rec = honest_record(server_nvml=[G0.uuid, G1.uuid], client_nvml=[G0.uuid])
+def test_a_wrong_link_speed_cannot_make_an_honest_run_invalid():
+    g0, g1 = h200_gpus()
+    g0.link_speed_gbps = g0.link_speed_gbps / 8  # e.g. a driver answering in a different unit
+    ms = [measured(s, g0, g1) for s in HONEST]
+    rec = pair_record(g0, g1, "proto-used", ms, None, {}, isolated_visibility(g0, g1),
+                      memcpy_for((HONEST[0], 0.6), (HONEST[1], 0.95)), TH)
+    assert rec["verdict"] == PASS and any("capacity check skipped" in n for n in rec["notes"])
+    # ...and the trap stays invalid without the capacity check
+    m = measured("trap-ucx-1.21.0-proto-used-256m", g0, g1, sent_fraction=0.0)
+    trap = pair_record(g0, g1, "proto-used", [m], None, {}, trap_visibility([g0, g1]), {m[0]: 395.0}, TH)
+    assert trap["verdict"] == INVALID and trap["measurement_verdict"] == FAIL
+
+
+def test_nvml_process_list_catches_a_process_off_its_gpu():
+    """The trap seen by NVML: both perftest processes on GPU0 -- the receiver is not on its own GPU."""
+    rec = honest_record(server_nvml=[G0.uuid], client_nvml=[G0.uuid])
     assert rec["verdict"] == INVALID and rec["measurement_verdict"] == PASS
-    assert any("per NVML" in r for r in rec["reasons"])
+    assert any("per NVML" in r and r.startswith("server") for r in rec["reasons"])
+
+
+def test_nvml_listing_a_process_on_the_peer_too_is_only_a_note():
+    """A receiver holding an IPC mapping of the sender's memory may be listed on both GPUs: not a reason."""
+    rec = honest_record(server_nvml=[G0.uuid, G1.uuid], client_nvml=[G0.uuid])
+    assert rec["verdict"] == PASS
+    assert any("also listed" in n for n in rec["notes"])
+    assert honest_record(server_nvml=None, client_nvml=[])["verdict"] == PASS  # not listed: no evidence
 
 
 def test_probe_disagreeing_with_configuration_is_invalid():
@@ -244,6 +266,19 @@ def test_counter_deltas_fall_back_when_links_repeat_the_total():
 
     d = counter_deltas(dup(1000), dup(1000 + (4 << 20)), list(range(18)))
     assert d["data_tx"] == (4 << 20) * 1024 and "aggregate" in d["source"] and "note" in d
+
+
+def test_counter_deltas_keep_genuine_links_when_the_aggregate_disagrees():
+    before, after = snapshot(G0, 0, 0), snapshot(G0, 18 << 30, 18 << 30)
+    after.total["data_tx"] = before.total["data_tx"] + (1 << 30)  # a lagging / odd aggregate
+    d = counter_deltas(before, after, list(range(18)))
+    assert d["data_tx"] == pytest.approx(18 << 30, rel=1e-4) and "per-link" in d["source"] and "differs" in d["note"]
+
+
+def test_counter_deltas_idle_links_are_not_mistaken_for_repeats():
+    before, after = snapshot(G0, 0, 0), snapshot(G0, 0, 0)
+    d = counter_deltas(before, after, list(range(18)))
+    assert d["data_tx"] == 0 and "per-link" in d["source"] and "note" not in d
 
 
 def test_field_values_convert_kib_and_keep_unsupported_as_none():
