@@ -158,6 +158,7 @@ class UcxInstall:
     proto_v2_default: bool = False  # UCX_PROTO_ENABLE default
     transports: list[str] = field(default_factory=list)
     configure_line: str | None = None
+    preflight_error: str | None = None  # --keep-going: this UCX could not start; its runs are reported as errors
 
     @property
     def label(self) -> str:
@@ -468,8 +469,9 @@ class Verifier:
         self.baseline: dict[tuple[str, str], dict] = {}
         self.errors: list[str] = []
         self.variant_sizes = parse_sizes(args.variant_sizes) if getattr(args, "variant_sizes", None) else sizes
-        n_meas = sum(len(pairs) * len(self.sizes_for(r)) for r in runs)
-        n_abl = sum(len(pairs) for r in runs if evidence_mode(r.inst, self._env(r), args.transport_evidence) == "lanes")
+        live = [r for r in runs if not r.inst.preflight_error]
+        n_meas = sum(len(pairs) * len(self.sizes_for(r)) for r in live)
+        n_abl = sum(len(pairs) for r in live if evidence_mode(r.inst, self._env(r), args.transport_evidence) == "lanes")
         self.progress = Progress(len(pairs) + n_meas + n_abl, args.quiet)
 
     def _env(self, run: RunSpec) -> dict[str, str]:
@@ -607,6 +609,8 @@ class Verifier:
                      "env": {**self.base_env, **(run.variant or {})}, "evidence_method": mode,
                      "counts_for_exit": run.counts_for_exit, "error": None, "pairs": []}
             try:
+                if run.inst.preflight_error:
+                    raise UserError(run.inst.preflight_error, PERFTEST_FAILED)
                 for src, dst in self.pairs:
                     m = self.measure_pair(run, src, dst)
                     entry["pairs"].append(self.pair_record(run, src, dst, m))
@@ -947,7 +951,13 @@ def run(args) -> int:
     pairs = select_pairs(gpus, args.all_pairs, only)                            # ONE_GPU, NO_NVLINK
     cuda_dirs = cuda_runtime_dirs(args.cuda_lib)
     for inst in installs:                                                       # PERFTEST_FAILED
-        preflight(inst, child_env(inst, cuda_dirs, base_env))
+        try:
+            preflight(inst, child_env(inst, cuda_dirs, base_env))
+        except UserError as e:
+            if e.exit_code != PERFTEST_FAILED or not args.keep_going or len(installs) == 1:
+                raise
+            inst.preflight_error = str(e)
+            print(f"verify-nvlink: {e} (--keep-going: its runs are reported as errors)", flush=True)
     seen: dict[str, int] = {}
     runs = []
     for k, inst in enumerate(installs):

@@ -145,3 +145,38 @@ def test_command_end_to_end_with_recorded_gpu_side(tmp_path, monkeypatch, capsys
     assert (out / "command.txt").read_text().startswith("ucx-dask-gpu verify-nvlink --ucx-prefix pip")
     assert sorted(p.name for p in out.iterdir()) == ["command.txt", "verify-nvlink.json", "verify-nvlink.md",
                                                      "verify-nvlink.png"]
+
+
+def test_keep_going_reports_a_ucx_that_cannot_start(tmp_path, monkeypatch, capsys):
+    """Two UCX under test, the second one broken (as a from-source prefix without libcudart would be): with
+    --keep-going the first is still measured and the report says why the second has no numbers (exit 14)."""
+    from ucx_dask_gpu import nvml
+    from ucx_dask_gpu.cli import main
+    from ucx_dask_gpu.errors import PERFTEST_FAILED, UserError
+
+    gpus = h200_gpus()
+    real_pip = vn.resolve_install("pip").prefix
+
+    def preflight(inst, env):
+        if inst.spec != "pip":
+            raise UserError(f"UCX at {inst.prefix} does not start (ucx_info -v exit 127): symbol lookup error",
+                            PERFTEST_FAILED)
+        inst.version, inst.proto_v2_default, inst.proto_used = "1.21.0", True, True
+
+    monkeypatch.setattr(nvml, "discover", lambda: gpus)
+    monkeypatch.setattr(nvml, "driver_version", lambda: "580.159.04")
+    monkeypatch.setattr(vn, "preflight", preflight)
+    monkeypatch.setattr(vn, "GpuSide", RecordedGpuSide)
+    out = tmp_path / "report"
+    rc = main(["verify-nvlink", "--ucx-prefix", "pip", "--ucx-prefix", str(real_pip), "--gpus", "0,1",
+               "--sizes", "64KiB", "--iters", "20", "--memory-type", "host", "--keep-going", "--out", str(out), "-q"])
+    cap = capsys.readouterr()
+    assert rc == PERFTEST_FAILED and cap.err == ""
+    rep = json.loads((out / "verify-nvlink.json").read_text())
+    assert [bool(r["error"]) for r in rep["runs"]] == [False, True]
+    assert "symbol lookup error" in rep["runs"][1]["error"] and len(rep["runs"][0]["pairs"]) == 2
+    # without --keep-going the same machine stops at once, one line, no report
+    rc = main(["verify-nvlink", "--ucx-prefix", "pip", "--ucx-prefix", str(real_pip), "--memory-type", "host",
+               "--out", str(tmp_path / "none"), "-q"])
+    cap = capsys.readouterr()
+    assert rc == PERFTEST_FAILED and len(cap.err.strip().splitlines()) == 1 and not (tmp_path / "none").exists()
