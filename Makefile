@@ -31,6 +31,17 @@ $(UCX_PREFIX).stamp: stack.toml $(wildcard ucx-src-build/patches/*/*.patch) $(wi
 	ucx-src-build/build.sh build --prefix $(UCX_PREFIX) --work-dir build/ucx-work --require ib,cuda
 	touch $@
 
+# The one image for client, scheduler and workers (docker/Dockerfile), and its cluster demo. `image` starts a Docker
+# engine when none runs (root), fetches + verifies every input, then builds with --network none (a warm rebuild is
+# a cache hit); `cluster-demo` runs scheduler + 2 workers + client over ucx and tcp, reports and stops cleanly.
+.PHONY: docker-engine image cluster-demo
+docker-engine:
+	ci/start_dockerd.sh
+image: venv docker-engine
+	scripts/build_image.sh
+cluster-demo: image
+	$(CLI) image demo
+
 regen: venv
 	$(CLI) stack env-yml
 

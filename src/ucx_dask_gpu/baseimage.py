@@ -170,3 +170,22 @@ def ensure_base(st: Stack, kind: str, cache: Path, force: bool = False) -> str:
     tar.unlink()
     say(f"{tag}: imported (key {key})")
     return tag
+
+
+def base_from_image(st: Stack, kind: str, debian_image: str) -> str:
+    """The base for `kind` built from a registry's Debian image (docker/base-from-registry.Dockerfile, with apt).
+
+    Tagged apart from the debootstrapped bases (`…-from-registry`), so neither replaces the other.
+    """
+    tag = image_tag(st, kind) + "-from-registry"
+    dockerfile = st.root / "docker" / "base-from-registry.Dockerfile"
+    with tempfile.TemporaryDirectory(prefix="base-ctx.") as ctx:
+        shutil.copyfile(dockerfile, Path(ctx) / "Dockerfile")
+        say(f"{tag}: from {debian_image} + {len(packages_for(st, kind))} packages (apt, with network)")
+        docker(["build", "-t", tag, "--build-arg", f"DEBIAN_IMAGE={debian_image}",
+                "--build-arg", f"PACKAGES={' '.join(packages_for(st, kind))}",
+                "--label", f"{LABEL_PREFIX}base.kind={kind}", "--label", f"{LABEL_PREFIX}base.from={debian_image}",
+                ctx], code=BUILD_FAILED, what=f"building {tag} from {debian_image}", timeout=1800,
+               env={"DOCKER_BUILDKIT": "0"})
+    return tag
+

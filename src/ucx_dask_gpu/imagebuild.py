@@ -302,7 +302,9 @@ def image_labels(st: Stack, stack_id: str, info: dict, prefer_system: bool, base
     return labels
 
 
-def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: list[Path] | None = None) -> BuildResult:
+def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: list[Path] | None = None,
+                base_from: str | None = None) -> BuildResult:
+    """Build `tag`; `base_from`: derive the bases from this registry image instead of debootstrapping them."""
     extra_wheels = [Path(w).resolve() for w in (extra_wheels or [])]
     for w in extra_wheels:
         if not w.is_file() or not w.name.endswith(".whl"):
@@ -321,8 +323,12 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
     ucx_sources = step("ucx_sources", fetch_ucx_sources, st, cache / "ucx-sources")
     wheels = step("wheelhouse", wheelhouse.ensure_wheelhouse, st, cache)
     own = step("own_wheel", wheelhouse.build_own_wheel, st, cache / "pkg")
-    base = step("base_runtime", baseimage.ensure_base, st, "runtime", cache)
-    builder = step("base_builder", baseimage.ensure_base, st, "builder", cache)
+    if base_from:
+        base = step("base_runtime", baseimage.base_from_image, st, "runtime", base_from)
+        builder = step("base_builder", baseimage.base_from_image, st, "builder", base_from)
+    else:
+        base = step("base_runtime", baseimage.ensure_base, st, "runtime", cache)
+        builder = step("base_builder", baseimage.ensure_base, st, "builder", cache)
 
     work = cache / "image"
     ucx_ctx, full_ctx = work / "context-ucx", work / "context"

@@ -49,13 +49,16 @@ def _cmd_wheelhouse(args) -> int:
 
 
 def _cmd_base(args) -> int:
-    from .baseimage import KINDS, ensure_base
+    from .baseimage import KINDS, base_from_image, ensure_base
     from .dockerutil import engine_version
 
     st = _stack(args)
     engine_version()
     for kind in (KINDS if args.kind == "all" else (args.kind,)):
-        print(ensure_base(st, kind, _cache(args), force=args.force))
+        if args.from_image:
+            print(base_from_image(st, kind, args.from_image))
+        else:
+            print(ensure_base(st, kind, _cache(args), force=args.force))
     return 0
 
 
@@ -63,7 +66,8 @@ def _cmd_build(args) -> int:
     from .imagebuild import build_image
 
     st = _stack(args)
-    result = build_image(st, _cache(args), tag=args.tag, extra_wheels=[Path(w) for w in args.extra_wheel])
+    result = build_image(st, _cache(args), tag=args.tag, extra_wheels=[Path(w) for w in args.extra_wheel],
+                         base_from=args.base_from)
     if args.json:
         print(json.dumps(result.__dict__, indent=2, sort_keys=True))
     else:
@@ -144,6 +148,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b = s.add_parser("base", help="debootstrap + import the Debian base images (skipped when up to date)")
     b.add_argument("--kind", choices=["runtime", "builder", "all"], default="all")
     b.add_argument("--force", action="store_true", help="bootstrap again even when the image is up to date")
+    b.add_argument("--from", dest="from_image", metavar="IMAGE",
+                   help="build the bases from this registry image instead (e.g. debian:bookworm-slim@sha256:...)")
     b.set_defaults(func=_cmd_base)
 
     bd = s.add_parser("build", help="fetch + verify every input, then docker build --network none")
@@ -151,6 +157,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     bd.add_argument("--extra-wheel", action="append", default=[], metavar="WHL",
                     help="install this wheel on top of the lock (a deliberately different image: its stack id "
                          "differs); repeatable")
+    bd.add_argument("--base-from", metavar="IMAGE",
+                    help="derive both bases from this registry image with apt (e.g. "
+                         "debian:bookworm-slim@sha256:...) instead of debootstrap")
     bd.add_argument("--json", action="store_true", help="print the result as JSON")
     bd.set_defaults(func=_cmd_build)
 
