@@ -978,7 +978,7 @@ def run(args) -> int:
         driver = nvml.driver_version()
     except UserError:
         driver = None
-    command = command_line()
+    command = recorded_command(command_line())
     payload = build_payload(socket.gethostname(), driver, gpus, results, ver.baseline, sizes, th, goals, command,
                             args.unsafe_visible_devices)
     print(format_table(TABLE_HEADERS, table_rows(results)))
@@ -993,3 +993,36 @@ def run(args) -> int:
         write_report(args.out, STEM, payload, md, png, command)
         print(f"report: {Path(args.out) / (STEM + '.json')}")
     return payload["exit_code"]
+
+
+def recorded_command(cli_line: str, argv0: str | None = None) -> str:
+    """command.txt's line: as typed, with `python3 -m ucx_dask_gpu.verify_nvlink` when run as a module."""
+    import shlex
+
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    if argv0.endswith(("verify_nvlink.py", "ucx_dask_gpu.verify_nvlink")):
+        return shlex.join(["python3", "-m", "ucx_dask_gpu.verify_nvlink", *shlex.split(cli_line)[1:]])
+    return cli_line
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ucx_dask_gpu.verify_nvlink ...`: the same command without loading the other subcommands (a bare GPU
+    host needs only this module's dependencies)."""
+    from .cli import _Parser
+
+    parser = _Parser(prog="ucx-dask-gpu")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    register(sub)
+    args = parser.parse_args(["verify-nvlink", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        print(f"ucx-dask-gpu verify-nvlink: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("ucx-dask-gpu verify-nvlink: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,9 +27,9 @@ def _nvlinked_pair() -> tuple[int, int] | str:
         vn.resolve_install(PREFIX)
     except UserError as e:
         return f"{e} (exit {e.exit_code})"
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is None:
         return "cupy is not installed (the cudaMemcpyPeer baseline and the visibility probe need it)"
     a, b = pairs[0]
     return a.index, b.index
@@ -42,7 +42,7 @@ if isinstance(PAIR, str):
 
 def _verify(tmp_path, *extra: str) -> tuple[int, dict, str]:
     out = tmp_path / "report"
-    cmd = [sys.executable, "-m", "ucx_dask_gpu", "verify-nvlink", "--ucx-prefix", PREFIX, "--gpus",
+    cmd = [sys.executable, "-m", "ucx_dask_gpu.verify_nvlink", "--ucx-prefix", PREFIX, "--gpus",
            f"{PAIR[0]},{PAIR[1]}", "--sizes", "64MiB", "--target-bytes", "32GiB", "--memcpy-samples", "7",
            "--out", str(out), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -103,6 +103,18 @@ def test_usage_errors(capsys, args, what):
     assert rc == USAGE and what in _one_line(err) and out == ""
 
 
+def test_module_entry_point_without_the_other_subcommands(capsys, tmp_path):
+    """`python -m ucx_dask_gpu.verify_nvlink` (what the GPU session runs) behaves like the subcommand."""
+    assert vn.main(["--sizes", "1Q"]) == USAGE
+    assert vn.main(["--ucx-prefix", str(tmp_path / "nope")]) == PERFTEST_MISSING
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(e.startswith("ucx-dask-gpu verify-nvlink: error:") for e in err)
+    line = "ucx-dask-gpu --out 'a b' --sizes 1MiB"
+    assert vn.recorded_command(line, "/repo/src/ucx_dask_gpu/verify_nvlink.py") == \
+        "python3 -m ucx_dask_gpu.verify_nvlink --out 'a b' --sizes 1MiB"
+    assert vn.recorded_command(line, "/usr/bin/ucx-dask-gpu") == line
+
+
 def test_out_must_be_a_directory(capsys, tmp_path):
     f = tmp_path / "file"
     f.write_text("keep me")
