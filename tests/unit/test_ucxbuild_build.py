@@ -3,13 +3,10 @@ relocation of a real (tiny) ELF prefix, install into a prefix. The full build is
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
 import subprocess
-import tarfile
-import tomllib
 from pathlib import Path
 
 import pytest

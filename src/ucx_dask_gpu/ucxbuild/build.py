@@ -164,7 +164,7 @@ def unpack(archive: Path, dest: Path) -> Path:
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     with tarfile.open(archive) as tar:
-        cudamod._safe_extract(tar, dest)
+        cudamod.safe_extract(tar, dest)
     tops = [p for p in dest.iterdir() if p.is_dir()]
     if len(tops) != 1 or not (tops[0] / "configure.ac").is_file():
         raise UserError(f"{archive.name}: expected one top-level UCX source directory with configure.ac", BUILD_FAILED)

@@ -11,6 +11,7 @@ Wheels are unzipped and .debs unpacked (ar + tar, no dpkg needed) into the work 
 """
 from __future__ import annotations
 
+import io
 import os
 import platform
 import re
@@ -118,16 +119,14 @@ def extract_deb(deb: Path, dest: Path) -> None:
             if name.startswith("data.tar"):
                 if name.endswith(".zst"):
                     raise UserError(f"{deb.name}: zstd-compressed data is not supported; use a Debian .deb", USAGE)
-                import io
-
                 with tarfile.open(fileobj=io.BytesIO(f.read(size))) as tar:
-                    _safe_extract(tar, dest)
+                    safe_extract(tar, dest)
                 return
             f.seek(size + (size & 1), 1)  # members are 2-byte aligned
     raise UserError(f"{deb.name}: no data.tar member", USAGE)
 
 
-def _safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
+def safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
     if hasattr(tarfile, "data_filter"):
         tar.extractall(dest, filter="data")
     else:  # Python < 3.11.4: refuse absolute paths and `..` ourselves
