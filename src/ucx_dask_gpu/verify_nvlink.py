@@ -297,7 +297,8 @@ def preflight(inst: UcxInstall, env: dict[str, str]) -> None:
     devs = ucxinfo.parse_devices(d.stdout)
     inst.transports = devs.transports
     if d.returncode != 0 or not any(t.startswith("cuda") for t in inst.transports):
-        why = pt.error_line(d.stderr) or pt.error_line(d.stdout) or "no CUDA GPU/driver visible to it?"
+        why = (pt.error_line(d.stderr) if d.stderr.strip() else None) or \
+            "no CUDA driver/GPU visible to it, or its CUDA modules did not load"
         raise UserError(f"UCX {inst.version or '?'} at {inst.prefix} lists no CUDA transport in `ucx_info -d` "
                         f"(transports: {', '.join(inst.transports) or 'none'}): {why}", PERFTEST_FAILED)
 
