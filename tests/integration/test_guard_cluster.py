@@ -1,0 +1,116 @@
+"""The environment gate on real processes: a scheduler with stack id A, and workers / clients whose stack id (and
+installed packages) differ, each in its own process with its own UCX_DASK_GPU_STACK_ID, all using the shipped
+dask config (which loads ucx_dask_gpu.guard on every role)."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from ucx_dask_gpu import daskconfig, envgate
+
+from _dask_procs import env_for, fake_distribution, run_python, start_scheduler, start_worker
+
+pytestmark = pytest.mark.integration
+
+ID_A = "a1a1a1a1a1a1a1a1"
+ID_B = "b2b2b2b2b2b2b2b2"
+
+CLIENT = textwrap.dedent("""
+    import json, sys
+    from distributed import Client
+    try:
+        with Client(sys.argv[1] if len(sys.argv) > 1 else {address!r}, timeout=60) as c:
+            if {wait_workers}:
+                c.wait_for_workers({wait_workers}, timeout=90)
+            info = c.scheduler_info(n_workers=-1)["workers"]
+            out = {{"connected": True, "workers": sorted(w["name"] for w in info.values()),
+                    "sum": c.submit(sum, range(10)).result() if info else None}}
+    except Exception as e:
+        out = {{"connected": False, "type": type(e).__name__, "message": str(e)}}
+    print(json.dumps(out))
+""")
+
+
+def client_in_own_env(address: str, env: dict, wait_workers: int = 0) -> dict:
+    proc = run_python(CLIENT.format(address=address, wait_workers=wait_workers), env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def shipped_config(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dask-config")
+    daskconfig.install(d, "cpu")
+    return d
+
+
+@pytest.fixture(scope="module")
+def scheduler_a(tmp_path_factory, shipped_config):
+    tmp = tmp_path_factory.mktemp("sched-a")
+    proc, address = start_scheduler(tmp, env_for(tmp, shipped_config, ID_A))
+    yield tmp, address, proc
+    proc.stop()
+
+
+def test_worker_with_other_stack_id_is_refused_and_exits(scheduler_a, shipped_config, tmp_path):
+    tmp, address, sched = scheduler_a
+    probe = fake_distribution(tmp_path / "site")
+    worker = start_worker(tmp_path, env_for(tmp_path, shipped_config, ID_B, probe), address, "refused-worker")
+    # Exits by itself (no retry loop): with its nanny, as the image runs it.
+    rc = worker.wait(timeout=120)
+    worker.stop()
+    log = worker.text()
+    assert rc != 0
+    for text in (f"scheduler {ID_A} vs worker {ID_B}", "guard-probe: missing vs 9.9"):
+        assert text in log, log[-3000:]
+        assert text in sched.text()
+    seen = client_in_own_env(address, env_for(tmp_path, shipped_config, ID_A))
+    assert seen["connected"] and "refused-worker" not in seen["workers"], seen
+
+
+def test_client_with_other_stack_id_gets_the_message_from_client_creation(scheduler_a, shipped_config, tmp_path):
+    _, address, _ = scheduler_a
+    probe = fake_distribution(tmp_path / "site")
+    out = client_in_own_env(address, env_for(tmp_path, shipped_config, ID_B, probe))
+    assert out["connected"] is False and out["type"] == "ImportError"
+    assert f"scheduler {ID_A} vs client {ID_B}" in out["message"]
+    assert "guard-probe: missing vs 9.9" in out["message"]
+
+
+def test_client_without_the_guard_is_refused(scheduler_a, tmp_path):
+    _, address, _ = scheduler_a
+    out = client_in_own_env(address, env_for(tmp_path, None, ID_A))  # no dask config: no preload
+    assert out["connected"] is False and out["type"] == "ImportError"
+    assert f"scheduler {ID_A} vs client none" in out["message"] and "ucx_dask_gpu.guard" in out["message"]
+
+
+def test_matching_stack_ids_are_accepted(scheduler_a, shipped_config, tmp_path):
+    _, address, _ = scheduler_a
+    env = env_for(tmp_path, shipped_config, ID_A)
+    worker = start_worker(tmp_path, env, address, "good-worker")
+    try:
+        out = client_in_own_env(address, env, wait_workers=1)
+    finally:
+        worker.stop()
+    assert out["connected"], out
+    assert "good-worker" in out["workers"] and out["sum"] == 45
+
+
+def test_scheduler_without_stack_id_warns_once_and_accepts_everyone(shipped_config, tmp_path):
+    if envgate.STACK_ID_FILE.exists():
+        pytest.skip(f"{envgate.STACK_ID_FILE} exists here, so no process is without a stack id")
+    sched, address = start_scheduler(tmp_path, env_for(tmp_path, shipped_config, None))
+    worker = start_worker(tmp_path, env_for(tmp_path, shipped_config, ID_B), address, "any-worker")
+    try:
+        first = client_in_own_env(address, env_for(tmp_path, shipped_config, ID_B), wait_workers=1)
+        second = client_in_own_env(address, env_for(tmp_path, None, None))
+    finally:
+        worker.stop()
+        sched.stop()
+    assert first["connected"] and "any-worker" in first["workers"]
+    assert second["connected"]
+    log = sched.text()
+    assert log.count("this scheduler has no stack id") == 1, log[-3000:]
+    assert "refused" not in log
