@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "ucx_dask_gpu.envgate",
     "ucx_dask_gpu.daskconfig",
     "ucx_dask_gpu.workloads",
+    "ucx_dask_gpu.bench.command",
     "ucx_dask_gpu.verify_nvlink",
 ]
 
