@@ -46,6 +46,8 @@ def register(sub) -> None:
     c.add_argument("--scheduler-file", metavar="FILE",
                    help="write {address} here once the cluster is up (Client(scheduler_file=FILE)); removed at stop")
     c.add_argument("--rmm-pool-size", default=None, help="RMM pool per worker (e.g. 0.8 or 20GB); needs rmm")
+    c.add_argument("--device-memory-limit", default="default",
+                   help="dask-cuda's device spill threshold per worker (default: dask-cuda's; 0 = no spilling)")
     c.add_argument("--no-pin", action="store_true", help="do not set CPU affinity")
     c.add_argument("--dry-run", action="store_true", help="print the plan and the per-worker settings, start nothing")
     c.set_defaults(func=run_cluster)
@@ -91,6 +93,12 @@ def run_topology(args) -> int:
     return 0
 
 
+class _Interrupted(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def run_cluster(args) -> int:
     from . import topology
 
@@ -111,22 +119,38 @@ def run_cluster(args) -> int:
 
     stop = threading.Event()
     received: list[int] = []
+    started = threading.Event()
 
     def on_signal(signum, frame):
         received.append(signum)
         stop.set()
+        if not started.is_set():       # still starting: abort the start (distributed cleans up what it began)
+            raise _Interrupted(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     dashboard = None if args.dashboard_address.lower() == "none" else args.dashboard_address
     kwargs = {"scheduler_port": args.scheduler_port, "dashboard_address": dashboard}
     if args.rmm_pool_size:
         kwargs["rmm_pool_size"] = args.rmm_pool_size
+    if args.device_memory_limit != "default":
+        kwargs["device_memory_limit"] = None if args.device_memory_limit in ("0", "none") else args.device_memory_limit
     t0 = time.monotonic()
     try:
         try:
             cluster = TopologyCUDACluster(plan, settings=settings, **kwargs)
-        except Exception as e:  # dask raises many types; the user gets one line
-            raise UserError(f"cluster did not start: {type(e).__name__}: {e}", TOPOLOGY_CLUSTER_FAILED) from None
+        except _Interrupted as e:
+            name = signal.Signals(e.signum).name
+            raise UserError(f"{name} while the cluster was starting: stopped", TOPOLOGY_CLUSTER_FAILED) from None
+        except Exception as e:  # dask raises many types; the user gets one line, with the root cause
+            root = e
+            for _ in range(20):
+                nxt = root.__cause__ or root.__context__
+                if nxt is None:
+                    break
+                root = nxt
+            why = f" (root cause: {type(root).__name__}: {root})" if root is not e else ""
+            raise UserError(f"cluster did not start: {type(e).__name__}: {e}{why}", TOPOLOGY_CLUSTER_FAILED) from None
+        started.set()
         try:
             address = cluster.scheduler_address
             print(f"scheduler: {address}", flush=True)
