@@ -44,6 +44,14 @@ cluster-demo: image
 
 regen: venv
 	$(CLI) stack env-yml
+	$(CLI) stack conda-build-config
+
+# Local conda channel (README "Conda"): render + lint the recipes against stack.toml, build ucx with its recipe's
+# build.sh under conda-build's contract, pack .conda files, index, install-test; $(CHANNEL) appears only when all passed.
+.PHONY: channel
+CHANNEL ?= build/channel
+channel: prereqs venv
+	$(CLI) conda channel --out $(CHANNEL)
 
 unit: venv
 	$(VPY) -m pytest -q tests/unit

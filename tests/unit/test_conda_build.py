@@ -197,7 +197,7 @@ def fake_repo(tmp_path) -> tuple[Path, Path]:
     """A copy of the repository whose fallback UCX source is a tiny local tarball, and its fetched-sources dir."""
     repo = tmp_path / "repo"
     repo.mkdir()
-    for name in ("stack.toml", "environment.yml", "pyproject.toml"):
+    for name in ("stack.toml", "environment.yml", "pyproject.toml", "conda-forge.yml"):
         shutil.copy2(REPO / name, repo / name)
     shutil.copytree(REPO / "locks", repo / "locks")
     shutil.copytree(REPO / "recipes", repo / "recipes")

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def repo(tmp_path) -> Path:
-    for name in ("stack.toml", "environment.yml", "pyproject.toml"):
+    for name in ("stack.toml", "environment.yml", "pyproject.toml", "conda-forge.yml"):
         shutil.copy2(REPO / name, tmp_path / name)
     shutil.copytree(REPO / "locks", tmp_path / "locks")
     shutil.copytree(REPO / "recipes", tmp_path / "recipes")
@@ -171,3 +171,11 @@ def test_cuda_variant_missing_from_config(repo):
     found = problems(repo)
     assert any("out of date" in p for p in found)
     assert any("ucx renders for CUDA ['13.0']" in p for p in found)
+
+
+def test_conda_forge_yml_build_image_older_than_the_stdlib(repo):
+    edit(repo / "conda-forge.yml", "linux_64: alma8", "linux_64: cos7")
+    assert any("os_version linux_64 cos7 has glibc 2.17, older than c_stdlib_version 2.28" in p
+               for p in problems(repo))
+    edit(repo / "conda-forge.yml", "recipe_dir: recipes/ucx", "recipe_dir: recipe")
+    assert any("recipe_dir 'recipe' has no meta.yaml" in p for p in problems(repo))

@@ -214,8 +214,11 @@ def check_binary_package(channel: Path, name: str, work: Path, vps) -> dict:
     return result
 
 
-def check_noarch_python_package(channel: Path, pkg_file: Path, work: Path) -> dict:
-    """What can be checked here of a noarch python package whose deps are on conda-forge (see module docstring)."""
+def check_noarch_python_package(channel: Path, pkg_file: Path, work: Path, env_prefix: Path | None = None) -> dict:
+    """What can be checked here of a noarch python package whose deps are on conda-forge (see module docstring).
+
+    It is linked the way conda links noarch python (site-packages + entry point scripts) into `env_prefix`, the prefix
+    where the channel's ucx was installed, so its tests see that ucx as they would in one conda environment."""
     import conda_package_handling.api as cph
     from rattler import MatchSpec
 
@@ -238,9 +241,13 @@ def check_noarch_python_package(channel: Path, pkg_file: Path, work: Path) -> di
         raise UserError(f"{pkg_file.name}: its ucx requirement {[str(s) for s in ucx_specs]} matches none of the "
                         f"channel's ucx packages {[r.file_name for r in channel_ucx]}", INSTALL_FAILED)
     link = json.loads((dest / "info" / "link.json").read_text())
-    env_prefix = work / f"noarch-{index['name']}"
-    shutil.rmtree(env_prefix, ignore_errors=True)
-    (env_prefix / "bin").mkdir(parents=True)
+    if env_prefix is None:
+        env_prefix = work / f"noarch-{index['name']}"
+        shutil.rmtree(env_prefix, ignore_errors=True)
+    (env_prefix / "bin").mkdir(parents=True, exist_ok=True)
+    py_ver = "%d.%d" % sys.version_info[:2]
+    site = env_prefix / "lib" / f"python{py_ver}" / "site-packages"
+    shutil.copytree(dest / "site-packages", site, dirs_exist_ok=True)
     for ep in link["noarch"].get("entry_points", []):
         cmd, _, target = (x.strip() for x in ep.partition("="))
         module, _, func = target.partition(":")
@@ -250,10 +257,10 @@ def check_noarch_python_package(channel: Path, pkg_file: Path, work: Path) -> di
                           f"    sys.argv[0] = re.sub(r'(-script\\.pyw?|\\.exe)?$', '', sys.argv[0])\n"
                           f"    sys.exit({func}())\n")
         script.chmod(0o755)
-    site = dest / "site-packages"
     env = {"PATH": f"{env_prefix}/bin:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
            "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "PYTHONPATH": str(site),
-           "PYTHON": sys.executable, "PREFIX": str(env_prefix), "PYTHONNOUSERSITE": "1"}
+           "PYTHON": sys.executable, "PREFIX": str(env_prefix), "CONDA_PREFIX": str(env_prefix),
+           "PYTHONNOUSERSITE": "1"}
     where = subprocess.run([sys.executable, "-c", "import ucx_dask_gpu; print(ucx_dask_gpu.__file__)"],
                            env=env, capture_output=True, text=True).stdout.strip()
     if not where.startswith(str(site)):
@@ -278,14 +285,17 @@ def install_test(channel: Path, *, work: Path, cuda: str | None, glibc: str | No
     vps = virtual_packages(glibc or host_glibc(), cuda)
     work.mkdir(parents=True, exist_ok=True)
     results = {"virtual_packages": [f"{v.name.normalized}={v.version}" for v in vps], "packages": {}}
-    for sub in SUBDIRS:
+    envs: dict[str, Path] = {}
+    for sub in SUBDIRS:  # linux-64 first: the noarch packages are linked into the ucx environment
         repodata = json.loads((channel / sub / "repodata.json").read_text())
         for fn, rec in sorted({**repodata.get("packages", {}), **repodata.get("packages.conda", {})}.items()):
             say(f"install test: {sub}/{fn}")
             if sub == "noarch":
-                results["packages"][fn] = check_noarch_python_package(channel, channel / sub / fn, work)
+                results["packages"][fn] = check_noarch_python_package(channel, channel / sub / fn, work,
+                                                                      envs.get("ucx"))
             else:
                 results["packages"][fn] = check_binary_package(channel, rec["name"], work, vps)
+                envs[rec["name"]] = Path(results["packages"][fn]["prefix"])
     if not results["packages"]:
         raise UserError(f"{channel} holds no packages", INSTALL_FAILED)
     return results

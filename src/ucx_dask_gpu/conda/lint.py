@@ -238,12 +238,42 @@ def check_cbc(st: Stack, recipes_dir: Path) -> list[str]:
     return []
 
 
+# conda-forge's build images and their glibc (conda-forge.yml os_version).
+OS_VERSION_GLIBC = {"cos7": "2.17", "alma8": "2.28", "alma9": "2.34", "ubi8": "2.28"}
+
+
+def check_conda_forge_yml(st: Stack, recipes_dir: Path) -> list[str]:
+    """conda-forge.yml (repository root): the recipe it names exists and its build image's glibc is not older than
+    the c_stdlib_version the recipes declare."""
+    import yaml
+
+    path = st.root / "conda-forge.yml"
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError:
+        return [f"{path.name} is missing"]
+    except yaml.YAMLError as e:
+        return [f"{path.name}: not YAML: {e}"]
+    out = []
+    recipe_dir = st.root / str(data.get("recipe_dir", "recipe"))
+    if not (recipe_dir / "meta.yaml").is_file():
+        out.append(f"{path.name}: recipe_dir {data.get('recipe_dir')!r} has no meta.yaml")
+    image = (data.get("os_version") or {}).get("linux_64", "cos7")
+    glibc = OS_VERSION_GLIBC.get(str(image))
+    want = settings(st).c_stdlib_version
+    if glibc is None:
+        out.append(f"{path.name}: os_version linux_64 {image!r} is not one of {', '.join(OS_VERSION_GLIBC)}")
+    elif tuple(map(int, glibc.split("."))) < tuple(map(int, want.split("."))):
+        out.append(f"{path.name}: os_version linux_64 {image} has glibc {glibc}, older than c_stdlib_version {want}")
+    return out
+
+
 def lint_all(st: Stack, recipes_dir: Path, ucx_version: str | None = None) -> tuple[list[str], list[Rendered]]:
     """Render every recipe variant and collect every problem. `ucx_version`: the UCX source the channel is built from
     (default: the production pin). Returns (problems, renderings used for the channel)."""
     from .render import RecipeError
 
-    problems = check_cbc(st, recipes_dir)
+    problems = check_cbc(st, recipes_dir) + check_conda_forge_yml(st, recipes_dir)
     config = load_variant_config(recipes_dir / Path(CBC_PATH).name)
     pinned = st.ucx.version
     want = ucx_version or pinned
