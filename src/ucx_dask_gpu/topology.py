@@ -827,12 +827,20 @@ def worker_settings(plan: Plan, allowed_cpus: set[int] | None = None, ipv4=None,
             else:
                 notes.append(f"none of cores {format_cpulist(w.cpus)} is usable here: not pinned")
         iface = None
+        env = dict(w.env)
         if w.interface:
             if ipv4(w.interface):
                 iface = w.interface
             else:
                 notes.append(f"{w.interface} has no IPv4 address: Dask listens on the cluster's default address")
-        out.append(WorkerSettings(name=w.name, env=dict(w.env), cores=cores, interface=iface, notes=notes))
+                # UCX's tcp transport cannot use an interface without an address: keep only the RDMA port
+                devs = [d for d in env.get("UCX_NET_DEVICES", "").split(",") if d and d != w.interface]
+                if devs:
+                    env["UCX_NET_DEVICES"] = ",".join(devs)
+                elif "UCX_NET_DEVICES" in env:
+                    del env["UCX_NET_DEVICES"]
+                    notes.append("UCX_NET_DEVICES not set")
+        out.append(WorkerSettings(name=w.name, env=env, cores=cores, interface=iface, notes=notes))
     return out
 
 

@@ -214,6 +214,21 @@ def test_worker_settings_limit_cores_and_check_interfaces():
     s0, s4 = settings
     assert s0.cores == [0, 1] and s4.cores == [20, 79]
     assert s0.interface == "ib0" and s4.interface is None and "ib1 has no IPv4" in s4.notes[-1]
+    # an interface without an address cannot carry UCX's tcp either
+    mlx = topology.make_plan(topology.read_topo_file(str(DGX1)), gpus="0")
+    mlx.workers[0].interface = "ib0"
+    mlx.workers[0].env["UCX_NET_DEVICES"] = "mlx5_0:1,ib0"
+    (s,) = topology.worker_settings(mlx, allowed_cpus={0}, ipv4=lambda _: None)
+    assert s.env["UCX_NET_DEVICES"] == "mlx5_0:1" and s.interface is None
+    h200 = topology.read_topo_file(str(H200))
+    h200.nics = [topology.NicInfo(name="eth0", kind="eth", netdev="eth0")]
+    h200.gpu_nic = {(0, "eth0"): "PHB", (1, "eth0"): "PHB"}
+    eth = topology.make_plan(h200)
+    assert [w.env["UCX_NET_DEVICES"] for w in eth.workers] == ["eth0", "eth0"]
+    assert all("UCX_NET_DEVICES" not in s.env
+               for s in topology.worker_settings(eth, allowed_cpus={0}, ipv4=lambda _: None))
+    assert all(s.env["UCX_NET_DEVICES"] == "eth0" and s.interface == "eth0"
+               for s in topology.worker_settings(eth, allowed_cpus={0}, ipv4=lambda _: "192.0.2.1"))
     none = topology.worker_settings(plan, allowed_cpus={100}, ipv4=lambda _: None)
     assert all(s.cores is None for s in none)
     unpinned = topology.worker_settings(plan, allowed_cpus={0}, ipv4=lambda _: None, pin=False)
