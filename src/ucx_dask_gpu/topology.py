@@ -205,7 +205,7 @@ def parse_topo_text(text: str, source: str = "nvidia-smi topo -m") -> Topology:
             m = re.match(r"^(NIC\d+):\s*(\S+)$", s)
             if m:
                 legend[m.group(1)] = m.group(2)
-        elif not s.startswith("$"):                    # shell prompt lines in pasted listings
+        elif not (s.startswith("$") or "nvidia-smi" in s):   # the command line / prompt in pasted listings
             body.append(ln)
 
     # Blocks separated by blank lines; each starts with a header line (first cell empty, i.e. indented).

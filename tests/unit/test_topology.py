@@ -105,6 +105,14 @@ def test_malformed_text_is_one_clear_error(mutate, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_pasted_listing_with_prompt_and_spaces():
+    # as people paste it: a shell prompt, tabs turned into spaces
+    text = "root@node2:~# nvidia-smi topo -m\n" + H200.read_text().replace("\t", "    ")
+    topo = topology.parse_topo_text(text)
+    assert topo.gpu_links[(0, 1)] == "NV18" and [g.cpus for g in topo.gpus] == [list(range(32))] * 2
+    assert [g.numa_nodes for g in topo.gpus] == [[0], [0]]
+
+
 def test_no_gpu_rows_is_no_gpu():
     text = "\tmlx5_0\tmlx5_1\nmlx5_0\t X \tPIX\nmlx5_1\tPIX\t X \n"
     with pytest.raises(UserError) as e:
