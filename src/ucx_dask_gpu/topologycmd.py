@@ -64,8 +64,8 @@ def _topology(args):
             record = Path(root).read_text()
         except OSError as e:
             raise UserError(f"cannot read {root}: {e.strerror}", SYSFS_UNREADABLE) from None
-        tmp = tempfile.mkdtemp(prefix="ucx-dask-gpu-sysfs.")
-        root = str(topology.materialize_sysfs(record, tmp))
+        with tempfile.TemporaryDirectory(prefix="ucx-dask-gpu-sysfs.") as tmp:
+            return topology.from_machine(topology.materialize_sysfs(record, tmp))
     return topology.from_machine(root)
 
 
