@@ -19,6 +19,8 @@ COMMAND_MODULES = [
     "ucx_dask_gpu.doctor",
     "ucx_dask_gpu.topologycmd",
     "ucx_dask_gpu.imagecmd",
+    "ucx_dask_gpu.reproducible",
+    "ucx_dask_gpu.sbom",
     "ucx_dask_gpu.envgate",
     "ucx_dask_gpu.daskconfig",
     "ucx_dask_gpu.workloads",
