@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 import uuid
@@ -420,14 +421,28 @@ def _summary(r: dict) -> str:
     return f"{what} {verdict}, {r['wall_s']:.2f} s over {r['protocol']}, {workers}, {versions}"
 
 
+def _reserve_stdout_for_results():
+    """Send everything else written to fd 1 to stderr; return a file on the real stdout for the result.
+
+    UCX logs to stdout from C (e.g. its UCX_MEMTYPE_CACHE warning), in this process and in LocalCluster workers
+    started from it; without this, `--json > result.json` would not be JSON over UCX.
+    """
+    sys.stdout.flush()
+    results = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return results
+
+
 def _run(args, body) -> int:
+    results = _reserve_stdout_for_results()
     with connect(args.scheduler, args.protocol, args.n_workers, args.threads_per_worker, args.timeout) as client:
         result = body(client)
     if args.output:
         from .fsutil import atomic_write_text
 
         atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2) if args.json else _summary(result))
+    results.write((json.dumps(result, indent=2) if args.json else _summary(result)) + "\n")
+    results.flush()
     return 0 if result["ok"] else VERDICT_FAILED
 
 
