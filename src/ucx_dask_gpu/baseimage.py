@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from .stack import Stack
 KINDS = ("runtime", "builder")
 KEY_LABEL = LABEL_PREFIX + "base.key"
 # Bump when the rootfs recipe below changes in a way the key would not otherwise see.
-RECIPE = 1
+RECIPE = 2   # 2: SOURCE_DATE_EPOCH for debootstrap's tools; rootfs tar through reproducible.py
 
 # Removed from the root filesystem before it is tarred: host copies debootstrap takes along (Docker provides its
 # own /etc/hosts, resolv.conf, hostname at run time), apt/dpkg caches and logs, and files whose content is the
@@ -72,8 +73,9 @@ def say(msg: str) -> None:
     print(f"base: {msg}", file=sys.stderr, flush=True)
 
 
-def _run(cmd: list[str], what: str, code: int = BUILD_FAILED, log: Path | None = None) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+def _run(cmd: list[str], what: str, code: int = BUILD_FAILED, log: Path | None = None,
+         env: dict | None = None) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if log is not None:
         log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
@@ -138,13 +140,22 @@ def build_rootfs_tar(st: Stack, kind: str, out: Path, cache: Path) -> Path:
         try:
             _run(["debootstrap", "--variant=minbase", f"--include={','.join(pkgs)}", f"--cache-dir={debs}",
                   st.debian_suite, str(root), st.debian_mirror], f"debootstrap {st.debian_suite} ({kind})",
-                 SOURCE_UNREACHABLE, log=log)
+                 SOURCE_UNREACHABLE, log=log,
+                 # pwconv/useradd in maintainer scripts date /etc/shadow by it, not by today
+                 env={**os.environ, "SOURCE_DATE_EPOCH": str(st.source_date_epoch)})
         finally:
             unmount_below(root)
         say(f"debootstrap {kind} done in {time.monotonic() - start:.0f} s")
         scrub(root)
         with atomic_path(out) as tar:
-            deterministic_tar(root, tar, st.source_date_epoch)
+            raw = Path(tmp) / "raw.tar"
+            deterministic_tar(root, raw, st.source_date_epoch)
+            # The normal form of reproducible.py: Debian's timestamp .pyc files whose sources the mtime clamp made
+            # newer than their .pyc become checked-hash .pyc files, shadow days are clamped, litter dropped.
+            from .reproducible import normalise_rootfs_tar
+
+            normalise_rootfs_tar(raw, tar, st.source_date_epoch)
+            raw.unlink()
     return out
 
 
