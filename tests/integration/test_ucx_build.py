@@ -86,6 +86,14 @@ def test_ucx_info_reports_the_selected_version(prefix, info):
     assert v.configured_with("--with-verbs") == "yes" and v.configured_with("--with-rdmacm") == "yes"
 
 
+def test_no_revision_of_this_repository_leaks_into_ucx(prefix):
+    """UCX's autogen asks git for a revision; a work dir inside this checkout must not stamp OUR commit into UCX."""
+    v = ucxinfo.version(ucxinfo.find_ucx_info(prefix), env=verify.clean_env())
+    if v.revision:
+        r = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{v.revision}^{{commit}}"], capture_output=True)
+        assert r.returncode != 0, f"UCX reports revision {v.revision}, a commit of this repository"
+
+
 def test_ucx_info_lists_host_transports(prefix):
     d = ucxinfo.devices(ucxinfo.find_ucx_info(prefix), env=verify.clean_env())
     for tl in ("tcp", "posix", "sysv", "cma"):

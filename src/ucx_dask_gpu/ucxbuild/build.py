@@ -382,6 +382,9 @@ def _build(stack: Stack, opts: BuildOptions, work: Path) -> dict:
 
     say(f"unpack {fetched.path.name}")
     src = unpack(fetched.path, work / "src")
+    # autogen/configure ask `git` for a revision; in a work dir inside another checkout (this repository) git would
+    # find THAT repository and stamp its commit into UCX (ucx_info -v, version.h). Stop the search at the tree.
+    env["GIT_CEILING_DIRECTORIES"] = str(src.parent)
     applied = apply_patches(src, patches, logs / "patch.log") if patches else []
     if not patches:
         say(f"  no patches for {version} in {patches_root}")
