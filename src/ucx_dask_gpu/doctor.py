@@ -25,8 +25,6 @@ from .errors import UCX_NOT_FOUND, UserError
 
 PREFIX_ENV = "UCX_DASK_GPU_UCX_PREFIX"
 DEFAULT_PREFIX = Path("/opt/ucx")
-STACK_ID_ENV = "UCX_DASK_GPU_STACK_ID"
-STACK_ID_FILE = Path("/etc/ucx-dask-gpu/stack-id")
 PREFER_SYSTEM_ENV = "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"
 UCXX_MIN_UCX = (1, 19, 0)
 BUILD_INFO = Path("share/ucx-dask-gpu/build-info.json")
@@ -106,15 +104,12 @@ def read_build_info(prefix: Path | None) -> dict | None:
 # --- sections --------------------------------------------------------------------------------------------------
 
 def stack_id() -> dict:
-    env = os.environ.get(STACK_ID_ENV, "").strip()
-    if env:
-        return {"id": env, "source": f"${STACK_ID_ENV}"}
-    try:
-        baked = STACK_ID_FILE.read_text().strip()
-        if baked:
-            return {"id": baked, "source": str(STACK_ID_FILE)}
-    except OSError:
-        pass
+    """The image's baked id (envgate: $UCX_DASK_GPU_STACK_ID, /etc/ucx-dask-gpu/stack-id) else computed here."""
+    from . import envgate
+
+    baked, source = envgate.stack_id()
+    if baked:
+        return {"id": baked, "source": source}
     try:
         from .stack import load
 

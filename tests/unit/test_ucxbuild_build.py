@@ -293,3 +293,44 @@ def test_ucxbuild_needs_only_the_standard_library(tmp_path):
     r = subprocess.run(["python3", "-S", "-c", code, str(REPO / "src")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "fetch" in r.stdout and "verify" in r.stdout
+
+
+# --- failures show their logs --------------------------------------------------------------------------------------
+
+def _script(path: Path, body: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+def test_configure_failure_prints_the_config_log_tail(st, tmp_path, capsys):
+    """A configure that fails the way autoconf ones do: its config.log tail is shown, the error line is the reason."""
+    src = tmp_path / "src"
+    _script(src / "contrib" / "configure-release",
+            'for i in $(seq 1 100); do echo "config.log line $i" >> config.log; done\n'
+            'echo "checking for nvml.h... no"\n'
+            'echo "configure: error: nvml header not found. Install appropriate cuda-nvml-devel package" >&2\n'
+            "exit 1\n")
+    with pytest.raises(UserError) as e:
+        build.configure(st, src, ["contrib/configure-release"], dict(os.environ), tmp_path / "logs" / "configure.log")
+    assert e.value.exit_code == build.BUILD_FAILED
+    assert "nvml header not found" in str(e.value) and "config.log" in str(e.value)
+    out = capsys.readouterr().out
+    assert "config.log line 100" in out and f"config.log line {100 - build.CONFIG_LOG_TAIL}\n" not in out
+
+
+def test_make_failure_names_the_component_and_log(tmp_path, capsys):
+    src = tmp_path / "src"
+    for d in build.SUBDIRS:
+        (src / d).mkdir(parents=True, exist_ok=True)
+        ok = d != "src/uct"
+        (src / d / "Makefile").write_text("all:\n\t@echo '  CC       x.lo'\n" + ("" if ok else
+                                          "\t@echo 'x.c:1:1: error: unknown type name foo' && false\n")
+                                          + "install:\n\t@true\n")
+    (src / "Makefile").write_text("install-data-am:\n\t@true\n")
+    with pytest.raises(UserError) as e:
+        build.make_and_install(src, tmp_path / "stage", 2, dict(os.environ), tmp_path / "logs")
+    msg = str(e.value)
+    assert e.value.exit_code == build.BUILD_FAILED and "src/uct" in msg and "unknown type name foo" in msg
+    assert (tmp_path / "logs" / "make-src_uct.log").is_file() and "make-src_uct.log" in msg
+    assert "[3/" not in capsys.readouterr().out, "nothing after the failing component ran"
