@@ -133,6 +133,15 @@ def choose_prefix(arg: str | None) -> tuple[Path | None, str]:
     return None, "loader search path (no --ucx-prefix, no $UCX_DASK_GPU_UCX_PREFIX, no /opt/ucx)"
 
 
+def unresolved_libraries(path: Path) -> list[str]:
+    """Sonames `ldd` cannot resolve for `path` in this environment (empty when all resolve or ldd is absent)."""
+    try:
+        proc = subprocess.run(["ldd", str(path)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return sorted({line.split("=>")[0].strip() for line in proc.stdout.splitlines() if "=> not found" in line})
+
+
 def ucx_section(prefix_arg: str | None) -> dict:
     from . import ucxinfo
 
@@ -157,6 +166,10 @@ def ucx_section(prefix_arg: str | None) -> dict:
     moddir = Path(libs["libucs.so"]).parent / "ucx" if "libucs.so" in libs else base / "lib" / "ucx" if base else None
     out["module_dir"] = str(moddir) if moddir else None
     out["modules"] = sorted(p.name for p in moddir.glob("*.so")) if moddir else []
+    # A module whose dependencies do not resolve is skipped by UCX without a word (e.g. libuct_cuda.so without
+    # libcudart.so.13 on the loader path): say which, and what it lacks.
+    out["modules_unloadable"] = {m: missing for m in out["modules"]
+                                 if (missing := unresolved_libraries(moddir / m))}  # type: ignore[operator]
     try:
         exe = ucxinfo.find_ucx_info(base) if base and (base / "bin" / "ucx_info").is_file() \
             else ucxinfo.find_ucx_info()
@@ -318,6 +331,7 @@ def render(r: dict) -> str:
     rows += [
         ("UCX transports", " ".join(u["transports"]) or f"- ({u.get('ucx_info_error', 'ucx_info not run')})"),
         ("UCX modules", " ".join(u["modules"]) or "-"),
+        *[(f"  {m}", f"NOT loadable here: {', '.join(libs)} not found") for m, libs in u["modules_unloadable"].items()],
         ("UCXX", x["statement"]),
         ("CUDA driver", c.get("driver_api") or c.get("driver_note", "-")),
         ("CUDA runtime", f"{c['runtime']} ({c.get('runtime_library')})" if c.get("runtime")

@@ -105,7 +105,8 @@ def test_runpaths_are_relative_and_no_libtool_archives(prefix):
     assert elves["bin"] and elves["lib"] and elves["lib/ucx"]
     for sub, files in elves.items():
         for f in files:
-            assert relocate.runpath_of(f) == relocate.RPATHS[sub], f
+            entries = relocate.runpath_of(f).split(":")
+            assert entries[0] == relocate.RPATHS[sub] and all(e.startswith("$ORIGIN") for e in entries), f
     assert not list(prefix.glob("lib/**/*.la"))
 
 
@@ -136,6 +137,18 @@ def test_copied_prefix_loads_only_its_own_libraries_and_modules(copied, prefix):
     for p in ucx_libs:
         assert copied in p.parents, f"{p} loaded from outside the copy"
         assert prefix not in p.parents
+
+
+def test_every_ucx_library_resolves_inside_the_copy(copied):
+    """ldd on each module: UCX's own libraries (incl. sibling modules, libuct_rdmacm -> libuct_ib) come from the copy.
+    (Host libraries such as libcuda.so.1 may be absent on a CPU box; that is doctor's business.)"""
+    env = verify.clean_env()
+    for so in sorted((copied / "lib" / "ucx").glob("*.so")) + sorted((copied / "bin").iterdir()):
+        out = subprocess.run(["ldd", so], env=env, capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            name = line.split("=>")[0].strip()
+            if re.match(r"lib(ucs|uct|ucp|ucm)", name):
+                assert "not found" not in line and str(copied) in line, f"{so.name}: {line.strip()}"
 
 
 def test_pkgconfig_follows_the_copy(copied):
@@ -184,6 +197,8 @@ def test_doctor_reports_the_ucx_it_loaded(copied, info, st):
     assert copied in Path(u["libraries"]["libucp.so"]).parents and not u["mixed_builds"]
     assert u["ours"] and set(st.required_modules) <= set(u["modules"])
     assert {"tcp", "posix", "sysv", "cma"} <= set(u["transports"])
+    for module, missing in u["modules_unloadable"].items():  # a CPU box lacks libcuda.so.1; never UCX's own
+        assert missing and not [m for m in missing if re.match(r"lib(ucs|uct|ucp|ucm)", m)], (module, missing)
 
 
 def test_doctor_says_whether_ucxx_runs_on_our_ucx(copied, info):

@@ -220,8 +220,15 @@ def test_relocatable_prefix_runs_after_copy(tmp_path):
                    check=True)
     (lib / "libanswer.so.0").symlink_to("libanswer.so.0.0.0")
     (lib / "libanswer.so").symlink_to("libanswer.so.0.0.0")
-    subprocess.run(cc + ["-shared", "-o", lib / "ucx" / "libmod.so.0.0.0", src / "mod.c", f"-L{lib}", "-lanswer",
-                         f"-Wl,-rpath,{lib}"], check=True)
+    subprocess.run(cc + ["-shared", "-Wl,-soname,libmod.so.0", "-o", lib / "ucx" / "libmod.so.0.0.0", src / "mod.c",
+                         f"-L{lib}", "-lanswer", f"-Wl,-rpath,{lib}:{lib / 'ucx'}"], check=True)
+    (lib / "ucx" / "libmod.so.0").symlink_to("libmod.so.0.0.0")
+    (lib / "ucx" / "libmod.so").symlink_to("libmod.so.0.0.0")
+    # like libuct_rdmacm.so -> libuct_ib.so.0: a module that needs its sibling in lib/ucx/
+    (src / "mod2.c").write_text("int mod(void); int mod2(void) { return mod(); }\n")
+    subprocess.run(cc + ["-shared", "-o", lib / "ucx" / "libmod2.so.0.0.0", src / "mod2.c", f"-L{lib / 'ucx'}",
+                         "-lmod", f"-L{lib}", "-lanswer", f"-Wl,-rpath,{lib}:{lib / 'ucx'}:/elsewhere/cuda-link"],
+                   check=True)
     subprocess.run(cc + ["-o", built / "bin" / "answer", src / "main.c", f"-L{lib}", "-lanswer",
                          f"-Wl,-rpath,{lib}"], check=True)
     (lib / "libanswer.la").write_text(f"libdir='{lib}'\n")
@@ -230,7 +237,7 @@ def test_relocatable_prefix_runs_after_copy(tmp_path):
 
     report = relocate.make_relocatable(built, str(built))
     assert relocate.runpath_of(built / "bin" / "answer") == "$ORIGIN/../lib"
-    assert relocate.runpath_of(lib / "ucx" / "libmod.so.0.0.0") == "$ORIGIN/.."
+    assert relocate.runpath_of(lib / "ucx" / "libmod2.so.0.0.0") == "$ORIGIN/..:$ORIGIN", "build dirs dropped"
     assert report["libtool_archives_dropped"] == 1 and not (lib / "libanswer.la").exists()
     assert report["files_still_naming_build_prefix"] == []
 
@@ -239,6 +246,8 @@ def test_relocatable_prefix_runs_after_copy(tmp_path):
     shutil.rmtree(built)  # the original path must not be what makes it work
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     assert subprocess.run([moved / "bin" / "answer"], env=env).returncode == 0
+    ldd = subprocess.run(["ldd", moved / "lib" / "ucx" / "libmod2.so.0.0.0"], env=env, capture_output=True, text=True)
+    assert "not found" not in ldd.stdout and str(moved) in ldd.stdout
     pc = subprocess.run(["pkg-config", "--variable=libdir", "ucx"], capture_output=True, text=True,
                         env={**env, "PKG_CONFIG_PATH": str(moved / "lib" / "pkgconfig")})
     if pc.returncode == 0:  # pkg-config is in ucx_build_packages; resolve it like a consumer would

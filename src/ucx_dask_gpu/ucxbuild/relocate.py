@@ -1,7 +1,7 @@
 """Make an installed UCX prefix relocatable and byte-stable.
 
-libtool bakes RUNPATH=<prefix>/lib into every binary; we rewrite it relative to $ORIGIN (bin -> ../lib,
-lib -> ., lib/ucx -> ..). UCX itself finds lib/ucx/ modules relative to libucs.so (dladdr), so a copied prefix works
+libtool bakes RUNPATH=<prefix>/lib (modules: also <prefix>/lib/ucx) into every binary; we rewrite it relative to
+$ORIGIN (bin -> ../lib, lib -> ., lib/ucx -> ..:.). UCX itself finds lib/ucx/ modules relative to libucs.so (dladdr), so a copied prefix works
 without LD_LIBRARY_PATH. pkg-config and CMake files get prefixes computed from their own location; libtool .la files
 (absolute paths, not needed by anyone linking against a shared UCX) are dropped.
 """
@@ -53,13 +53,28 @@ def strip_debug(root: Path) -> int:
     return n
 
 
-def set_runpaths(root: Path) -> dict[str, str]:
+def relative_runpath(original: str, build_prefix: str, sub: str) -> str:
+    """RPATHS[sub] first, then each original entry inside the build prefix as an $ORIGIN path (libtool gives
+    lib/ucx/ modules <prefix>/lib:<prefix>/lib/ucx: libuct_rdmacm.so needs its sibling libuct_ib.so.0).
+    Entries outside the prefix (the build's CUDA link dir) are dropped."""
+    entries = [RPATHS[sub]]
+    for e in filter(None, original.split(":")):
+        if e == build_prefix or e.startswith(build_prefix.rstrip("/") + "/"):
+            rel = os.path.relpath(os.path.join("/", os.path.relpath(e, build_prefix)), os.path.join("/", sub))
+            new = "$ORIGIN" if rel == "." else f"$ORIGIN/{rel}"
+            if new not in entries:
+                entries.append(new)
+    return ":".join(entries)
+
+
+def set_runpaths(root: Path, build_prefix: str) -> dict[str, str]:
     """Rewrite RUNPATH of every ELF under bin/, lib/, lib/ucx/. Returns {relative path: new runpath}."""
     done = {}
     for sub, files in elf_files(root).items():
         for f in files:
-            _run(["patchelf", "--set-rpath", RPATHS[sub], str(f)])
-            done[str(f.relative_to(root))] = RPATHS[sub]
+            new = relative_runpath(runpath_of(f), build_prefix, sub)
+            _run(["patchelf", "--set-rpath", new, str(f)])
+            done[str(f.relative_to(root))] = new
     return done
 
 
@@ -119,7 +134,7 @@ def make_relocatable(root: Path, build_prefix: str) -> dict:
     if shutil.which("patchelf") is None:
         raise UserError("patchelf not found (Debian: apt-get install patchelf)", BUILD_FAILED)
     dropped = drop_libtool_archives(root)
-    runpaths = set_runpaths(root)
+    runpaths = set_runpaths(root, build_prefix)
     pcs = rewrite_pkgconfig(root)
     cmakes = rewrite_cmake(root)
     return {
