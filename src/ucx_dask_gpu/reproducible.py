@@ -377,7 +377,8 @@ def _docker():
 
 
 def default_out_dir(cache: Path, tag: str) -> Path:
-    return cache / "image" / "out" / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+    """<cache>/image/<tag>/repro: next to the build's own per-tag work directory."""
+    return cache / "image" / re.sub(r"[^A-Za-z0-9_.-]", "_", tag) / "repro"
 
 
 def source_url(st) -> str | None:
@@ -437,6 +438,17 @@ def normalise_image(st, ref: str, out_dir: Path, *, tag: str | None = None, keep
     if meta is None:
         raise UserError(f"no image {ref!r} to normalise (build it first: scripts/build_image.sh)", BAD_ARCHIVE)
     source_id = meta["Id"]
+    previous = _previous(out_dir)
+    if previous and source_id in (previous["image_id"], previous["source_image_id"]) \
+            and image_inspect(previous["image_id"]) is not None and (not keep_archive or previous.get("archive")):
+        # A warm rebuild gave the same docker build output (or REF is our result already): same normalised image.
+        if tag != ref or source_id != previous["image_id"]:
+            docker(["tag", previous["image_id"], tag], code=BAD_ARCHIVE, what=f"docker tag {tag}")
+        say(f"{tag}: {previous['image_id'][:19]} (normalised before from {previous['source_image_id'][:19]})")
+        return ImageResult(**{**previous, "tag": tag})
+    if LABEL_PREFIX + "sbom" in ((meta.get("Config") or {}).get("Labels") or {}):
+        raise UserError(f"{ref} is a normalised image already (it has an SBOM layer) but {out_dir} does not record "
+                        "it; normalise the image docker build made", BAD_ARCHIVE)
     out_dir.mkdir(parents=True, exist_ok=True)
     secs: dict[str, float] = {}
     t0 = time.monotonic()
@@ -536,6 +548,82 @@ def normalise_image(st, ref: str, out_dir: Path, *, tag: str | None = None, keep
         for name, text in files.items():
             atomic_write_text(out_dir / name, text)
     return result
+
+
+def _previous(out_dir: Path) -> dict | None:
+    try:
+        data = json.loads((out_dir / IMAGE_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    fields = set(ImageResult.__dataclass_fields__)
+    return data if isinstance(data, dict) and fields <= set(data) else None
+
+
+def build_wheels(st, cache: Path) -> dict[str, tuple[str, str]]:
+    """The wheels an image build installs from: the verified wheelhouse of the lock and our own wheel."""
+    from .wheelhouse import wheelhouse_dir
+
+    dirs = [d for d in (wheelhouse_dir(cache, st.lock_path()), cache / "pkg") if d.is_dir()]
+    return wheels_from(dirs)
+
+
+def finish_build(st, tag: str, cache: Path, extra_wheels: list[Path] = (), keep_archive: bool = False) -> ImageResult:
+    """THE HOOK for the image build: call it right after `docker build` produced `tag` (and the stack id check).
+
+    Normalises `tag` in place (the tag then names the reproducible image with its SBOM) and writes image.json,
+    layers.json and sbom.cdx.json to <cache>/image/<tag>/repro. A warm rebuild that gives the same docker build
+    output costs one `docker image inspect`.
+    """
+    wheels = build_wheels(st, cache)
+    if extra_wheels:
+        wheels.update(wheels_from([Path(w) for w in extra_wheels]))
+    return normalise_image(st, tag, default_out_dir(cache, tag), tag=tag, wheels=wheels, keep_archive=keep_archive)
+
+
+# --- two clean builds ------------------------------------------------------------------------------------------------------
+
+def clean_bases(st) -> None:
+    """Untag the Debian base images, so the next build bootstraps them again: new base image ids, hence no
+    Docker build cache either. Images built on the old bases keep them (untagging deletes nothing they use)."""
+    from .baseimage import KINDS, image_tag
+
+    docker, _, image_inspect = _docker()
+    for kind in KINDS:
+        tag = image_tag(st, kind)
+        if image_inspect(tag) is not None:
+            docker(["rmi", tag], code=BAD_ARCHIVE, what=f"docker rmi {tag}")
+
+
+def clean_build(st, cache: Path, tag: str) -> tuple[ImageResult, float]:
+    """Bootstrap the bases again and build `tag` with nothing cached but the verified downloads; normalise it."""
+    import time
+
+    from .imagebuild import build_image
+
+    t0 = time.monotonic()
+    clean_bases(st)
+    say(f"clean build of {tag}: bases bootstrapped again, no Docker build cache")
+    build_image(st, cache, tag=tag)
+    result = finish_build(st, tag, cache)
+    return result, round(time.monotonic() - t0, 1)
+
+
+def check(st, cache: Path, first: str | None = None, limit: int = 10) -> dict:
+    """Two clean builds (or `first`, an image built already, and one clean build), then `compare`."""
+    outs, timings = [], {}
+    if first:
+        res = finish_build(st, first, cache)
+        outs.append(res)
+        timings[first] = None
+    for name in ("repro-a", "repro-b")[len(outs):]:
+        tag = f"{st.image.name}:{name}"
+        res, secs = clean_build(st, cache, tag)
+        outs.append(res)
+        timings[tag] = secs
+    report = compare(Path(outs[0].out_dir), Path(outs[1].out_dir), limit=limit)
+    report["builds"] = [{"tag": r.tag, "image_id": r.image_id, "docker_build_id": r.source_image_id,
+                         "seconds": timings[r.tag], "normalise_seconds": r.seconds} for r in outs]
+    return report
 
 
 # --- root filesystem tarballs (debootstrap) ------------------------------------------------------------------------------
@@ -667,7 +755,8 @@ def _cmd_normalise(args) -> int:
     st = load(args.stack_file)
     tag = args.tag or args.image
     out = Path(args.out) if args.out else default_out_dir(default_cache(), tag)
-    wheels = wheels_from([Path(w) for w in args.wheels]) if args.wheels else None
+    wheels = build_wheels(st, default_cache())
+    wheels.update(wheels_from([Path(w) for w in args.wheels]))
     r = normalise_image(st, args.image, out, tag=tag, keep_archive=args.keep_archive, wheels=wheels,
                         with_sbom=not args.no_sbom, load=not args.no_load)
     print(f"image     {r.tag}")
@@ -685,6 +774,24 @@ def _cmd_rootfs(args) -> int:
     res = normalise_rootfs_tar(Path(args.src), Path(args.dest), st.source_date_epoch)
     print(f"{args.dest}: {res.diff_id} ({len(res.entries)} entries, {len(res.dropped)} dropped, "
           f"{len(res.rewritten)} rewritten)")
+    return 0
+
+
+def _cmd_check(args) -> int:
+    from .imagecmd import default_cache
+    from .stack import load
+
+    st = load(args.stack_file)
+    r = check(st, Path(args.cache) if args.cache else default_cache(), first=args.first, limit=args.limit)
+    for b in r["builds"]:
+        took = f"clean build + normalise {b['seconds']:.0f} s" if b["seconds"] is not None else "built before"
+        print(f"{b['tag']}: {b['image_id']}  (docker build gave {b['docker_build_id'][:19]}; {took})")
+    print(render_compare(r))
+    if args.json:
+        atomic_write_text(args.json, json.dumps(r, indent=2, sort_keys=True) + "\n")
+    if not r["identical"]:
+        raise UserError(f"not reproducible: {r['a']['image_id']} != {r['b']['image_id']} (first differences above)",
+                        NOT_REPRODUCIBLE)
     return 0
 
 
@@ -718,6 +825,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("src")
     r.add_argument("dest")
     r.set_defaults(func=_cmd_rootfs)
+    k = s.add_parser("check", help="two clean builds (bases bootstrapped again, no Docker cache), same image id?")
+    k.add_argument("--first", metavar="TAG", help="use this built image as the first build (e.g. the one the test "
+                                                   "suite built); only one clean build then")
+    k.add_argument("--cache", help="build cache directory (default: as `image build`)")
+    k.add_argument("--limit", type=int, default=10, help="differences listed per layer and kind")
+    k.add_argument("--json", help="also write the report as JSON")
+    k.set_defaults(func=_cmd_check)
     c = s.add_parser("compare", help="compare two normalised build outputs; name the first differing files")
     c.add_argument("a")
     c.add_argument("b")
