@@ -41,6 +41,10 @@ image: venv docker-engine
 	scripts/build_image.sh
 cluster-demo: image
 	$(CLI) image demo
+# Two clean builds of the image must give the same image id (README "Reproducible image and SBOM").
+.PHONY: check-reproducible
+check-reproducible: venv docker-engine
+	scripts/check_reproducible.sh
 
 regen: venv
 	$(CLI) stack env-yml

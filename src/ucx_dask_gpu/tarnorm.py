@@ -197,6 +197,7 @@ def normalise_tar(src: tarfile.TarFile, out: BinaryIO, epoch: int, *, where: str
     buffered = io.BufferedWriter(writer, buffer_size=1 << 20)
     try:
         dst = tarfile.open(fileobj=buffered, mode="w|", format=tarfile.PAX_FORMAT)
+        dst.copybufsize = 1 << 20
     except tarfile.TarError as e:  # pragma: no cover - writing to a stream does not fail here
         raise UserError(f"{where}: {e}", BAD_ARCHIVE) from None
     all_names = sorted(set(kept) | set(extras), key=sort_key)
