@@ -301,6 +301,11 @@ def _outer_entry(name: str, size: int, epoch: int, directory: bool = False) -> t
     return ti
 
 
+class _NullWriter:
+    def write(self, b):
+        return len(b)
+
+
 def write_archive(out, epoch: int, config: bytes, layers: list[tuple[str, Path]], ref_name: str,
                   annotations: dict[str, str]) -> dict:
     """Write the archive to the binary stream `out`; returns the digests it holds."""
@@ -511,21 +516,31 @@ def normalise_image(st, ref: str, out_dir: Path, *, tag: str | None = None, keep
         annotations[LABEL_PREFIX + "stack-id"] = labels.get(LABEL_PREFIX + "stack-id", "")
         ref_name = st.version
         t0 = time.monotonic()
+        image_id = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
+        # An image with this id exists already (another build gave the same bytes): docker has every layer, so
+        # the archive is only hashed (for its digest), not written, and nothing is loaded.
+        present = load and image_inspect(image_id) is not None
         archive_tmp = tmp / ARCHIVE
-        with open(archive_tmp, "wb") as f:
-            digests = write_archive(f, epoch, config_bytes, paths, ref_name, annotations)
+        if keep_archive or (load and not present):
+            with open(archive_tmp, "wb") as f:
+                digests = write_archive(f, epoch, config_bytes, paths, ref_name, annotations)
+        else:
+            digests = write_archive(_NullWriter(), epoch, config_bytes, paths, ref_name, annotations)
         shutil.rmtree(blobs)
         secs["archive"] = round(time.monotonic() - t0, 1)
-        if load:
+        if load and not present:
             t0 = time.monotonic()
             say(f"docker load {digests['image_id'][:19]} ({archive_tmp.stat().st_size / 1e9:.2f} GB)")
             docker(["load", "-q", "-i", str(archive_tmp)], code=BAD_ARCHIVE, what="docker load of the normalised image")
+            secs["load"] = round(time.monotonic() - t0, 1)
+        if load:
             loaded = image_inspect(digests["image_id"])
             if loaded is None or loaded.get("Id") != digests["image_id"]:
                 raise UserError(f"docker load did not give image {digests['image_id']} (docker computed "
                                 f"{(loaded or {}).get('Id')})", BAD_ARCHIVE)
+            if present:
+                say(f"{digests['image_id'][:19]} is in Docker already (same bytes as an earlier build): not loaded")
             docker(["tag", digests["image_id"], tag], code=BAD_ARCHIVE, what=f"docker tag {tag}")
-            secs["load"] = round(time.monotonic() - t0, 1)
         archive_path = None
         if keep_archive:
             archive_path = out_dir / ARCHIVE
