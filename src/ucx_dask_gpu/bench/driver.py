@@ -28,7 +28,7 @@ from .workload import Chunks, expression
 
 PROTOCOLS = ("ucx", "tcp")
 METRICS = ("wall_s", "wall_s_min", "p2p_gbps_median", "ucx_tcp_wall_ratio", "speedup_vs_reference")
-GOAL_RE = re.compile(r"^\s*([a-z_]+)\s*(<=|>=|<|>)\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*$")
+GOAL_RE = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*$")
 MIN_SECONDS_TO_START = 20.0
 
 
@@ -331,6 +331,9 @@ def run_entry(opts: Options, v: Variant) -> dict:
         "p2p_gbps_median": p2p["gbps_median"] if p2p else None,
         "p2p": p2p,
         "submit_s": [round(x["submit_s"], 6) for x in runs],
+        "input_s": [round(x["input_s"], 6) for x in runs],
+        "input_seeds": [x.get("input_seed") for x in runs],
+        "split_pairs": [x.get("split_pairs") for x in runs],
         "warmup_wall_s": [round(x, 6) for x in r.get("warmup_wall_s", [])],
         "chunk": (r.get("array") or {}).get("chunksize"),
         "array": r.get("array"),

@@ -124,7 +124,8 @@ def parse_local_cupy(text: str) -> dict:
             out["throughput_bytes_per_s"].append(parse_rate(value))
         elif section == "pairs":
             m = re.fullmatch(r"\((\d+),\s*(\d+)\)", key)
-            rates = re.fullmatch(r"(.+?/s)\s+(.+?/s)\s+(.+?/s)\s+\((.+)\)", value)
+            rate = r"([0-9]*\.?[0-9]+ ?[A-Za-z]+/s)"
+            rates = re.fullmatch(rf"{rate}\s+{rate}\s+{rate}\s+\(([0-9]*\.?[0-9]+ ?[A-Za-z]+)\)", value)
             if not m or not rates:
                 raise ReferenceOutputError(f"unreadable worker-pair line: {s!r}")
             q25, q50, q75 = (parse_rate(rates.group(i)) / GB for i in (1, 2, 3))

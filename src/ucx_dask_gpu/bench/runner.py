@@ -231,7 +231,8 @@ def run(spec: dict) -> dict:
         def once(label):
             state.clear()  # release the previous input and result first
             t = time.perf_counter()
-            x = wl.make_input(spec["workload"], spec["size"], spec["second_size"], chunks, gpu, next(seeds))
+            seed = next(seeds)
+            x = wl.make_input(spec["workload"], spec["size"], spec["second_size"], chunks, gpu, seed)
             x = client.persist(x)
             wait(x)
             if gpu:
@@ -248,9 +249,10 @@ def run(spec: dict) -> dict:
                 client.run(wl.sync_device)
             t1 = time.perf_counter()
             w1 = time.time()
-            state.update(x=x, outs=outs)
+            state.update(x=x, outs=outs, seed=seed)
             del futs
             return {"wall_s": t1 - t0, "submit_s": t_sub - t0, "start": w0, "stop": w1, "input_s": input_s,
+                    "input_seed": seed,
                     "split_pairs": layout.get("split_pairs"), "placement": layout["placement"]}, layout
 
         res["warmup_wall_s"] = []
@@ -292,7 +294,7 @@ def run(spec: dict) -> dict:
             r["tasks"] = _tasks(stream)
             res["profiled"] = r
 
-        res["check"] = wl.check(client, spec["workload"], state["x"], state["outs"])
+        res["check"] = dict(wl.check(client, spec["workload"], state["x"], state["outs"]), input_seed=state["seed"])
         progress(f"check: {res['check']['identity']}: rel. error {res['check']['rel_error']:.1e} "
                  f"({'ok' if res['check']['ok'] else 'MISMATCH'})")
         state.clear()
