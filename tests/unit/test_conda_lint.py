@@ -179,3 +179,9 @@ def test_conda_forge_yml_build_image_older_than_the_stdlib(repo):
                for p in problems(repo))
     edit(repo / "conda-forge.yml", "recipe_dir: recipes/ucx", "recipe_dir: recipe")
     assert any("recipe_dir 'recipe' has no meta.yaml" in p for p in problems(repo))
+
+
+def test_hash_before_brackets_is_read_as_a_selector(repo):
+    # conda-build reads `# ... ["x"]` at the end of a line as a selector and cuts the line there.
+    edit(repo / "recipes/ucx/meta.yaml", "{{ ucx_version }}$\"'", '{{ ucx["version"] }}$"\'')
+    assert any("reads as a selector" in p for p in problems(repo))

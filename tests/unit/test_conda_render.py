@@ -99,6 +99,7 @@ def test_ucx_recipe_renders_the_production_pin_from_stack_toml(st, cbc):
         assert f"cuda-version {r.variant['cuda_compiler_version']}" in r.requirements("host")
         assert r.requirements("run_constrained") == [f"__cuda >={major}"]
         assert r.build_string == f"cuda{major}_udg_{r.pkg_hash}_0"
+        assert f'ucx_info -v | grep -E "^# (Library version:|Version) {pin.version}$"' in r.meta["test"]["commands"]
     assert len({r.pkg_hash for r in variants}) == len(variants)
 
 

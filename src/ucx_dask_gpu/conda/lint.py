@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..lockfile import canonical, load_lock
 from ..stack import Stack
-from .render import Rendered, load_variant_config, render, render_variants
+from .render import SEL_RE, Rendered, load_variant_config, render, render_variants
 from .settings import CBC_PATH, UCX_VERSION_ENV, render_conda_build_config, settings
 
 SECTION_ORDER = ["package", "source", "build", "requirements", "test", "outputs", "about", "extra"]
@@ -118,6 +118,12 @@ def lint_recipe(r: Rendered) -> list[str]:
         sel = SELECTOR_FORM.search(line)
         if sel and not line.lstrip().startswith("#") and (sel.group(1) != "  " or sel.group(2) != " "):
             out.append(f"{where}/meta.yaml:{lineno}: selectors take the form '<two spaces># [expr]'")
+
+    for lineno, line in enumerate(r.template.splitlines(), 1):
+        sel = SEL_RE.match(line.rstrip())
+        if sel and not line.lstrip().startswith("#") and sel.group(3).strip()[:1] in "'\"0123456789":
+            out.append(f"{where}/meta.yaml:{lineno}: `#` then [{sel.group(3)}] on one line reads as a selector "
+                       f"(always true) and cuts the line at the `#`")
 
     maintainers = (m.get("extra") or {}).get("recipe-maintainers")
     if not maintainers:
