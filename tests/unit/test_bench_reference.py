@@ -130,3 +130,34 @@ def test_teardown_exceptions():
         "2026-01-01 - distributed.worker - INFO - done | not an error",
     ]
     assert ref.exceptions_in(stderr) == ["UCXXEndpointTimeoutError"]
+
+
+def test_printed_everything():
+    from ucx_dask_gpu.bench.driver import printed_everything
+
+    lines = read("local_cupy_cpu_ucx_transpose.txt").splitlines()
+    assert printed_everything(lines)
+    assert not printed_everything(lines[:-1])  # the closing rule is not there yet
+    assert not printed_everything(lines[:10])
+
+
+def test_reference_stuck_in_teardown_is_stopped_after_the_grace(tmp_path):
+    """A local_cupy that printed its results and then hangs (UCX endpoint timeout) is stopped after the grace period;
+    its numbers still count."""
+    import sys
+    import time
+
+    from ucx_dask_gpu.bench.child import Child, Progress
+    from ucx_dask_gpu.bench.driver import wait_reference
+
+    fake = tmp_path / "fake_local_cupy.py"
+    fake.write_text("import sys, time\nsys.stdout.write(open(sys.argv[1]).read())\nsys.stdout.flush()\n"
+                    "time.sleep(120)\n")
+    child = Child([sys.executable, str(fake), str(FIXTURES / "local_cupy_cpu_tcp_transpose.txt")], {}, "ref",
+                  Progress(quiet=True))
+    t = time.monotonic()
+    rc, timed_out, teardown = wait_reference(child, timeout=60, grace=1.0, progress=Progress(quiet=True),
+                                             label="ref")
+    assert time.monotonic() - t < 30 and not timed_out and rc != 0
+    assert teardown.startswith("stopped after 1 s")
+    assert ref.parse_local_cupy("\n".join(child.stdout))["wall_s"]

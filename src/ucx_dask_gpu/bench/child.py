@@ -16,7 +16,8 @@ from .runner import PROGRESS
 
 # UCX_PROTO_INFO prints its protocol-selection tables as '|'-separated rows.
 PROTO_ROW_RE = re.compile(r"\|.*\|")
-MAX_PROTO_LINES = 400
+MAX_PROTO_LINES = 300
+UCX_PREFIX_RE = re.compile(r"^\s*\[[0-9.]+\]\s*\[[^\]]*\]\s*")
 
 
 class Progress:
@@ -45,6 +46,7 @@ class Child:
         self.shutdown_tracebacks = 0
         self.exception_lines: list[str] = []
         self.proto_info: list[str] = []
+        self._proto_seen: set[str] = set()
         self.address: str | None = None
         self.address_seen = threading.Event()
         self._shutting_down = False
@@ -77,7 +79,11 @@ class Child:
             elif EXCEPTION_RE.match(line.strip()) and ":" in line and len(self.exception_lines) < 50:
                 self.exception_lines.append(line.strip()[:300])
             if PROTO_ROW_RE.search(line) and len(self.proto_info) < MAX_PROTO_LINES:
-                self.proto_info.append(line.strip()[:300])
+                # Every process prints the same tables: keep each row once, without UCX's [time] [host:pid] prefix.
+                row = UCX_PREFIX_RE.sub("", line).strip()[:300]
+                if row not in self._proto_seen:
+                    self._proto_seen.add(row)
+                    self.proto_info.append(row)
             if is_err:
                 self.stderr_tail.append(line)
             else:

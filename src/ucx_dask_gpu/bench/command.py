@@ -200,7 +200,8 @@ def _run(args) -> int:
     print(render.stdout_text(payload))
     written = []
     if opts.out is not None:
-        written = write_report(opts.out, opts.name, payload, render.markdown(payload), render.heatmap(payload),
+        png = render.heatmap(payload)  # before the markdown: it may add a note
+        written = write_report(opts.out, opts.name, payload, render.markdown(payload), png,
                                command=render.merged_command_txt(opts.out, command))
         print("wrote " + ", ".join(str(p) for p in written))
     sys.stdout.flush()

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -274,16 +275,16 @@ def run_reference(opts: Options, item: ReferenceItem, chunk_edge: int, tmp: Path
                           gpus=opts.gpus, second_size=opts.second_size, scheduler_address=address)
         progress(f"[{label}] {' '.join(cmd[1:])}")
         child = Child(cmd, child_env(base_env, cfg, {}, []), label, progress)
-        rc, timed_out = child.wait(timeout)
+        rc, timed_out, teardown = wait_reference(child, timeout, REFERENCE_TEARDOWN_GRACE, progress, label)
         text = "\n".join(child.stdout)
         result: dict[str, Any] = {"tool": ref.TOOL, "protocol": item.protocol,
-                                  "command": " ".join(["python"] + cmd[1:]), "process": child.summary(rc, timed_out)}
+                                  "command": " ".join(["python"] + cmd[1:]), "process": child.summary(rc, timed_out),
+                                  "teardown": teardown}
         try:
             parsed = ref.parse_local_cupy(text)
             result.update(parsed)
-            result["status"] = "ok" if rc == 0 else "error"
-            if rc != 0:
-                result["error"] = f"local_cupy exited with {rc} after printing its results"
+            # Its numbers are complete once it printed them; how it then shut down is recorded, not a failure.
+            result["status"] = "ok"
         except ref.ReferenceOutputError as e:
             result["status"] = "error"
             tail = [ln for ln in child.stderr_tail if ln.strip()][-1:] or ["(no output)"]
@@ -301,6 +302,45 @@ def run_reference(opts: Options, item: ReferenceItem, chunk_edge: int, tmp: Path
         if serve is not None:
             serve.close_stdin()
             serve.wait(60)
+
+
+REFERENCE_TEARDOWN_GRACE = 30.0
+
+
+def printed_everything(lines: list[str]) -> bool:
+    """local_cupy's output ends with the worker table closed by a '=' rule (then it only shuts down)."""
+    try:
+        i = max(n for n, ln in enumerate(lines) if ln.startswith("Worker index"))
+    except ValueError:
+        return False
+    return any(ln.startswith("=" * 20) for ln in lines[i + 2:])
+
+
+def wait_reference(child: Child, timeout: float, grace: float, progress: Progress, label: str):
+    """Wait for local_cupy; once it has printed all its results, give its teardown `grace` seconds, then stop it
+    (its UCX teardown can sit in an endpoint timeout). Returns (rc, timed_out, teardown description)."""
+    deadline = time.monotonic() + timeout
+    printed_at = None
+    while True:
+        try:
+            rc = child.proc.wait(timeout=0.5)
+            rc, _ = child.wait(1)
+            took = f" {time.monotonic() - printed_at:.1f} s after printing" if printed_at else ""
+            return rc, False, f"exited with {rc}{took}"
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if printed_at is None and printed_everything(child.stdout):
+            printed_at = now
+        if printed_at is not None and now - printed_at > grace:
+            progress(f"[{label}] results printed {grace:.0f} s ago and still shutting down: stopping it")
+            child.kill()
+            rc, _ = child.wait(1)
+            return rc, False, f"stopped after {grace:.0f} s of teardown (results were complete)"
+        if now > deadline:
+            child.kill()
+            rc, _ = child.wait(1)
+            return rc, True, f"timed out after {timeout:.0f} s"
 
 
 def _ms(v):
@@ -355,7 +395,7 @@ def run_entry(opts: Options, v: Variant) -> dict:
         },
         "transfers": transfers,
         "task_stream": stats.compact_tasks(profiled, workers),
-        "ucx_proto_info": v.proto_info,
+        "ucx_proto_info": v.proto_info if v.kind == "base" else v.proto_info[:40],
         "versions": r.get("versions"),
     }
     if v.log_tail:

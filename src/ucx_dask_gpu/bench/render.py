@@ -103,8 +103,14 @@ def _labels(payload: dict, run: dict) -> list[str]:
 
 
 def heatmap(payload: dict) -> bytes | None:
+    """The headline run's per-pair median as PNG; None without pairs, or without matplotlib (the report says so)."""
     run = headline(payload)
     if not run or not run.get("p2p") or not run["p2p"]["pairs"]:
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        payload.setdefault("notes", []).append("no PNG heatmap: matplotlib is not installed")
         return None
     labels = _labels(payload, run)
     title = (f"{payload['workload']} {payload['chunks_requested']}, {run['protocol']}\n"
@@ -158,8 +164,10 @@ def markdown(payload: dict) -> str:
         md += [f"`{r.get('command')}`", "",
                f"Wall: {', '.join(f'{_ms(w)} ms' for w in r['wall_s'])}; p2p per pair (median GB/s): "
                + ", ".join(f"({p['src']},{p['dst']}) {p['q50_gbps']}" for p in r.get("pairs", [])),
-               "", f"Teardown: {r['process']['tracebacks']} traceback(s) "
+               "", f"Teardown: {r.get('teardown')}; {r['process']['tracebacks']} traceback(s) "
                f"{('(' + ', '.join(r['teardown_exceptions']) + ')') if r.get('teardown_exceptions') else ''}", ""]
+    for note in payload.get("notes", []):
+        md += [f"Note: {note}", ""]
     md += ["## Configuration", "", f"`--config {payload['config']['path'] or 'none'}` ({payload['config']['name']}):",
            "", "```json", json.dumps(payload["config"]["tree"], indent=2), "```", ""]
     return "\n".join(md)
