@@ -108,6 +108,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         w = s.add_parser(workload, help=help_text)
         add_arguments(w, workload)
         w.set_defaults(func=_run, workload=workload)
+    r = s.add_parser("render", help="re-render a result's markdown and PNG from its JSON (e.g. where matplotlib is)")
+    r.add_argument("json", help="a <name>.json written by bench transpose|svd")
+    r.set_defaults(func=_render)
 
 
 def options_from_args(args) -> "object":
@@ -213,5 +216,23 @@ def _run(args) -> int:
     return 0
 
 
-def dump(payload: dict) -> str:  # for debugging from a Python shell
-    return json.dumps(payload, indent=2)
+def _render(args) -> int:
+    """Rewrite <name>.md and <name>.png beside <name>.json (the JSON is kept as it is, apart from stale notes)."""
+    from ..errors import BENCH_CONFIG
+    from ..report import write_report
+    from . import render
+
+    path = Path(args.json)
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: not a readable benchmark result: {e}", BENCH_CONFIG) from None
+    if not isinstance(payload, dict) or not {"workload", "runs", "summary", "protocols"} <= set(payload):
+        raise UserError(f"{path}: not a bench transpose|svd result (no workload/runs/summary)", BENCH_CONFIG)
+    payload["notes"] = [n for n in payload.get("notes", []) if not n.startswith("no PNG heatmap")]
+    if not payload["notes"]:
+        payload.pop("notes")
+    png = render.heatmap(payload)
+    written = write_report(path.parent, path.stem, payload, render.markdown(payload), png)
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
