@@ -198,7 +198,7 @@ def _run(args) -> int:
         print(plan_text(opts))
         return 0
     driver.check_environment(opts)
-    command = command_line()
+    command = _command_line(command_line)
     payload = driver.execute(opts, command)
     print(render.stdout_text(payload))
     written = []
@@ -214,6 +214,15 @@ def _run(args) -> int:
         where = f" (report: {opts.out / opts.name}.json)" if opts.out else ""
         raise UserError(line + where, code)
     return 0
+
+
+def _command_line(generic) -> str:
+    """The command as typed: `python -m ucx_dask_gpu.bench ...` stays that (report.command_line would drop 'bench')."""
+    import shlex
+
+    if sys.argv and sys.argv[0].replace("\\", "/").endswith("ucx_dask_gpu/bench/__main__.py"):
+        return shlex.join(["python", "-m", "ucx_dask_gpu.bench", *sys.argv[1:]])
+    return generic()
 
 
 def _render(args) -> int:

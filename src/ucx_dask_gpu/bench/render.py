@@ -148,8 +148,8 @@ def markdown(payload: dict) -> str:
         labels = _labels(payload, head)
         rows = [[f"{_lab(labels, x['src'])} -> {_lab(labels, x['dst'])}", x["transfers"], _gb(x["bytes"]),
                  x["q25_gbps"], x["q50_gbps"], x["q75_gbps"], x["bytes_per_second_gbps"]] for x in p["pairs"]]
-        md += [markdown_table(["pair", "transfers", "GB", "q25 GB/s", "median GB/s", "q75 GB/s", "bytes/busy s"],
-                              rows), ""]
+        md += [markdown_table(["pair", "transfers", "GB", "q25 GB/s", "median GB/s", "q75 GB/s",
+                               "GB/s (bytes / summed durations)"], rows), ""]
         arr = head.get("array") or {}
         if arr.get("offdiagonal_pairs"):
             md += [f"Input placement: {arr.get('placement')}; {arr.get('split_pairs')} of "
