@@ -119,8 +119,9 @@ def check_peer(ours: dict, role: str, peer: str, ident: dict | None, versions: d
     only = None if ident else set(their_pkgs)
     diff = package_diff(our_pkgs, their_pkgs, only)
     if ident is None:
-        their_desc = ("none (it did not load the ucx_dask_gpu.guard preload: run it from the image, or add "
-                      "ucx_dask_gpu.guard to its dask config preloads)")
+        their_desc = ("none (it did not load the ucx_dask_gpu.guard preload: run it from the image, whose dask "
+                      "config loads it; a `--preload` option replaces that list, so add `--preload "
+                      "ucx_dask_gpu.guard` to it)")
     else:
         their_desc = their_id or "none (no stack id in its environment)"
     return (f"ucx-dask-gpu guard: refused {role} {peer}: stack id differs: scheduler {ours['stack-id']} vs "

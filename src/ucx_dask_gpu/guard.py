@@ -6,6 +6,7 @@ itself only warns about mismatched versions. Load this module on every role thro
     distributed.scheduler.preload: [ucx_dask_gpu.guard]
     distributed.worker.preload:    [ucx_dask_gpu.guard]
     distributed.client.preload:    [ucx_dask_gpu.guard]
+    distributed.nanny.preload:     [ucx_dask_gpu.guard]
 
 How each role takes part (distributed 2026.7):
 - scheduler: `dask_setup` wraps the "register-worker" and "register-client" handlers. Connections wait for the
@@ -13,6 +14,9 @@ How each role takes part (distributed 2026.7):
 - worker: `dask_setup` runs before the worker registers; it adds our identity to the worker's startup
   information, which the worker sends as `extra` in "register-worker". A refused worker gets status "error", so
   `Worker.start` raises and the process exits instead of retrying.
+- nanny: `dask_setup` adds this module to the preloads the nanny gives its worker process, because launchers
+  that pass their own list (`dask cuda worker`, LocalCUDACluster) replace distributed.worker.preload. (`dask worker
+  --preload X` also replaces it, and that CLI ignores distributed.nanny.preload: add `--preload ucx_dask_gpu.guard`.)
 - client: a client's preloads start only after it has registered, but the module is imported in
   `Client.__init__`, before connecting. Importing it adds our identity to `distributed.versions.get_versions()`,
   which the client sends in "register-client"; a refusal comes back as the "stream-start" error that makes
@@ -111,11 +115,29 @@ def _install_on_scheduler(scheduler) -> None:
     logger.info("ucx-dask-gpu guard: scheduler accepts only stack id %s", ours["stack-id"])
 
 
+def _add_to_worker_preloads(nanny) -> None:
+    """Make the nanny's worker process load this module too, even when the launcher passed its own preload list.
+
+    `dask cuda worker` and LocalCUDACluster give the nanny preload=[..., "dask_cuda.initialize"], which replaces
+    distributed.worker.preload from config; without this their workers would register without an identity.
+    """
+    preload = [nanny.preload] if isinstance(nanny.preload, str) else list(nanny.preload or [])
+    if __name__ in preload:
+        return
+    argv = list(nanny.preload_argv or [])
+    if argv and not isinstance(argv[0], str):  # one argv list per preload: ours takes none
+        argv.append([])
+    nanny.preload = preload + [__name__]
+    nanny.preload_argv = argv
+
+
 def dask_setup(dask_object) -> None:
-    from distributed import Scheduler, Worker
+    from distributed import Nanny, Scheduler, Worker
 
     if isinstance(dask_object, Scheduler):
         _install_on_scheduler(dask_object)
     elif isinstance(dask_object, Worker):
         dask_object.startup_information[envgate.KEY] = lambda worker: envgate.identity()
+    elif isinstance(dask_object, Nanny):
+        _add_to_worker_preloads(dask_object)
     # Client: nothing left to do; importing this module already made its registration carry the identity.

@@ -83,9 +83,10 @@ def start_scheduler(tmp: Path, env: dict[str, str], name: str = "scheduler", pro
     raise RuntimeError(f"scheduler did not start in {timeout} s:\n{proc.text()[-3000:]}")
 
 
-def start_worker(tmp: Path, env: dict[str, str], address: str, name: str, nanny: bool = True) -> Proc:
+def start_worker(tmp: Path, env: dict[str, str], address: str, name: str, nanny: bool = True,
+                 extra_args: tuple[str, ...] = ()) -> Proc:
     args = [sys.executable, "-m", "dask", "worker", address, "--name", name, "--nthreads", "1",
-            "--dashboard-address", ":0", "--local-directory", str(tmp / f"{name}-space")]
+            "--dashboard-address", ":0", "--local-directory", str(tmp / f"{name}-space"), *extra_args]
     if not nanny:
         args.append("--no-nanny")
     return Proc(args, env, tmp / f"{name}.log")

@@ -114,3 +114,30 @@ def test_scheduler_without_stack_id_warns_once_and_accepts_everyone(shipped_conf
     log = sched.text()
     assert log.count("this scheduler has no stack id") == 1, log[-3000:]
     assert "refused" not in log
+
+
+def test_local_cuda_cluster_workers_carry_the_stack_id(shipped_config, tmp_path):
+    """LocalCUDACluster passes its own worker preloads (dask_cuda.initialize); its workers must still be accepted.
+
+    dask-cuda's test switches let it start without a GPU; the scheduler has a stack id, so a worker without the
+    guard would be refused and the cluster would never get a worker.
+    """
+    pytest.importorskip("dask_cuda")
+    env = env_for(tmp_path, shipped_config, ID_A)
+    env.update(CUDA_VISIBLE_DEVICES="0", DASK_CUDA_TEST_SINGLE_GPU="1", DASK_CUDA_TEST_DISABLE_DEVICE_SPECIFIC="1")
+    code = textwrap.dedent("""
+        import json
+        from dask_cuda import LocalCUDACluster
+        from distributed import Client
+        with LocalCUDACluster(protocol="tcp", dashboard_address=":0", device_memory_limit=None) as cluster, \\
+                Client(cluster, timeout=60) as client:
+            client.wait_for_workers(1, timeout=120)
+            preloads = client.run(lambda dask_worker: [p.name for p in dask_worker.preloads])
+            print(json.dumps({"sum": client.submit(sum, range(10)).result(), "preloads": list(preloads.values())}))
+    """)
+    proc = run_python(code, env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["sum"] == 45
+    assert out["preloads"] == [["dask_cuda.initialize", "ucx_dask_gpu.guard"]]
+    assert "refused" not in proc.stderr
