@@ -25,6 +25,7 @@ UCX_NOT_FOUND = 17        # no UCX prefix / ucx_info where one was named or expe
 SCHEDULER_UNREACHABLE = 20  # workload: no Dask scheduler answered at --scheduler
 DATA_INVALID = 21         # workload from-map: the data directory has no usable files
 CONFIG_DEST = 22          # config install: the destination cannot be written
+WORKLOAD_FAILED = 23      # workload: the computation raised on the cluster (e.g. no GPU on a cupy worker)
 # Reproducible image + SBOM (30-39)
 NOT_REPRODUCIBLE = 30    # two clean builds gave different image digests
 BAD_ARCHIVE = 31         # an image/rootfs archive is malformed, or docker save/load disagreed with us

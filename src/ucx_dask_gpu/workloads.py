@@ -20,7 +20,8 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-from .errors import DATA_INVALID, ENV_MISMATCH, NO_GPU, SCHEDULER_UNREACHABLE, USAGE, VERDICT_FAILED, UserError
+from .errors import (DATA_INVALID, ENV_MISMATCH, SCHEDULER_UNREACHABLE, USAGE, VERDICT_FAILED, WORKLOAD_FAILED,
+                     UserError)
 
 # Relative tolerance for float sums: dask and the client add the same numbers in a different order.
 RTOL = 1e-9
@@ -147,48 +148,76 @@ def transpose_expected(size: int, chunk: int, seed: int) -> float:
     return total
 
 
-def check_transpose_args(size: int, chunk: int, backend: str):
-    """Validate before any cluster starts; returns the array meta for the backend (None for numpy)."""
+def check_transpose_args(size: int, chunk: int, backend: str) -> None:
+    """Validate before any cluster starts."""
     if size <= 0 or chunk <= 0:
         raise UserError(f"--size and --chunk must be positive (got {size}, {chunk})", USAGE)
     if backend not in ("numpy", "cupy"):
         raise UserError(f"unknown backend {backend!r} (expected numpy or cupy)", USAGE)
-    if backend == "cupy":
-        try:
-            import cupy
 
-            return cupy.empty((0, 0))
-        except Exception as e:  # no cupy / no CUDA driver on the client
-            raise UserError(f"--backend cupy needs cupy and a GPU on the client: {e}", NO_GPU) from None
-    return None
+
+def _client_meta(backend: str):
+    """A cupy meta when the client itself can make one; else None (workers still make cupy blocks at run time).
+
+    Clients often run without a GPU; nothing on the client needs one: the result comes back as a Python float.
+    """
+    if backend != "cupy":
+        return None
+    try:
+        import cupy
+
+        return cupy.empty((0, 0))
+    except Exception:  # no cupy / no CUDA driver here
+        return None
+
+
+def _array_module(block) -> str:
+    return type(block).__module__.split(".")[0]
+
+
+def _as_float(value) -> float:
+    return float(value)
+
+
+def on_cluster(what: str, future, timeout: float | None = None):
+    """A future's result; a computation that fails on the cluster is one line and its own exit code."""
+    try:
+        return future.result(timeout)
+    except Exception as e:  # whatever the task raised, or KilledWorker after too many worker deaths
+        raise UserError(f"{what} failed on the cluster: {type(e).__name__}: {e}", WORKLOAD_FAILED) from None
 
 
 def run_transpose(client, size: int = 4000, chunk: int = 1000, seed: int = 0, backend: str = "numpy",
                   retries: int = 2) -> dict:
     import dask.array as da
+    from distributed import futures_of
 
-    meta = check_transpose_args(size, chunk, backend)
+    check_transpose_args(size, chunk, backend)
     versions = compare_versions(client.get_versions(check=False))
     warm_up(client, ("numpy", "dask.array") + (("cupy",) if backend == "cupy" else ()))
     workers_start = n_workers(client)
     sizes = tuple(_chunk_sizes(size, chunk))
-    x = da.map_blocks(_generate_block, seed, backend, chunks=(sizes, sizes), dtype="float64", meta=meta,
-                      name=f"random-{seed}-{size}-{chunk}-{backend}")
+    x = da.map_blocks(_generate_block, seed, backend, chunks=(sizes, sizes), dtype="float64",
+                      meta=_client_meta(backend), name=f"random-{seed}-{size}-{chunk}-{backend}")
     start = time.perf_counter()
     # Persist, then reduce: a worker that dies takes its blocks with it, and the scheduler regenerates them.
     x = client.persist(x, retries=retries)
-    total = client.compute((x + x.T).sum(), retries=retries).result()
+    total = client.compute((x + x.T).sum(), retries=retries)
+    # Converted on a worker: a cupy scalar would need a GPU on the client to be deserialized.
+    value = on_cluster("transpose", client.submit(_as_float, total, retries=retries, pure=False))
     wall = time.perf_counter() - start
-    value = float(total.get() if hasattr(total, "get") else total)
-    del x
+    # What the workers really computed on (cupy on GPUs), read from a block where it lives.
+    block_type = on_cluster("transpose", client.submit(_array_module, futures_of(x)[0], pure=False))
+    del x, total
     expected = transpose_expected(size, chunk, seed)
     rel = abs(value - expected) / max(abs(expected), 1e-300)
     return {
         "workload": "transpose", "expression": "(x + x.T).sum()", "size": size, "chunk": chunk,
-        "blocks": len(sizes) ** 2, "backend": backend, "seed": seed,
+        "blocks": len(sizes) ** 2, "backend": backend, "block_type": block_type, "seed": seed,
         "protocol": _scheme(client.scheduler.address), "scheduler": client.scheduler.address,
         "workers_start": workers_start, "workers_end": n_workers(client),
-        "value": value, "expected": expected, "rel_error": rel, "ok": rel <= RTOL, "wall_s": round(wall, 4),
+        "value": value, "expected": expected, "rel_error": rel, "ok": rel <= RTOL and block_type == backend,
+        "wall_s": round(wall, 4),
         "versions_identical": versions["identical"], "version_differences": versions["differences"],
     }
 
@@ -373,7 +402,7 @@ def run_from_map(client, paths: list[Path], fmt: str = "parquet", columns: list[
     warm_up(client, ("pandas", "pyarrow.parquet", "pyarrow.feather", "dask.dataframe"))
     workers_start = n_workers(client)
     start = time.perf_counter()
-    result = client.compute(query, retries=retries).result()
+    result = on_cluster("from-map", client.compute(query, retries=retries))
     wall = time.perf_counter() - start
     events = _wait_for_read_events(client, run, {p.name for p in paths})
 
