@@ -397,6 +397,8 @@ def run_entry(opts: Options, v: Variant) -> dict:
         "task_stream": stats.compact_tasks(profiled, workers),
         "ucx_proto_info": v.proto_info if v.kind == "base" else v.proto_info[:40],
         "versions": r.get("versions"),
+        "versions_identical": r.get("versions_identical"),
+        "version_differences": r.get("version_differences"),
     }
     if v.log_tail:
         entry["log_tail"] = v.log_tail

@@ -216,6 +216,12 @@ def run(spec: dict) -> dict:
         workers = sorted(devices, key=lambda a: (devices[a] if devices[a] else "", a))
         res["workers"] = workers
         res["worker_devices"] = {a: devices[a] for a in workers}
+        # Shared with the cluster-proof workloads: one software stack everywhere, libraries imported before timing.
+        from ..workloads import compare_versions, warm_up
+
+        same = compare_versions(client.get_versions(check=False))
+        res["versions_identical"], res["version_differences"] = same["identical"], same["differences"]
+        warm_up(client, ("numpy", "dask.array") + (("cupy",) if gpu else ()))
         res["applied"] = client.run(_probe, spec.get("probe_keys", []))
         # The scheduler and the client live in this process: what it runs with, for the same keys.
         res["applied_client"] = _probe([k for k in spec.get("probe_keys", []) if not k.startswith(

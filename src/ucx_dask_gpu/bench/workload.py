@@ -7,9 +7,10 @@ The input comes from `da.random.RandomState(seed, RandomState=cupy|numpy.random.
 generator, so both tools time the same kind of blocks. Each repetition gets a fresh input (another seed), so no
 repetition can reuse the results or the fetched replicas of another.
 
-Self-contained on purpose: the cluster-proof workloads (ucx_dask_gpu.workloads) generate blocks on the host with
-numpy and check against a client-side numpy answer, which for 40000^2 would add minutes of CPU per cluster start.
-Here the check is an identity computed on the cluster: sum(x + x.T) == 2 sum(x); for the SVD sum(s^2) == ||x||_F^2.
+The input generator is not the cluster-proof workloads' (ucx_dask_gpu.workloads generates blocks on the host with
+numpy and checks against a client-side numpy answer, which for 40000^2 would add minutes of CPU per repetition and
+differ from local_cupy's); the runner does share their compare_versions and warm_up. Here the check is an identity
+computed on the cluster: sum(x + x.T) == 2 sum(x); for the SVD sum(s^2) == ||x||_F^2.
 """
 from __future__ import annotations
 
