@@ -110,6 +110,7 @@ def test_build_pack_index_install_relocates(tmp_path):
     conda = pack(pkg, channel, 1764460800000, "{}\n")
     assert conda.name == f"hello-1.2.3-{pkg.rendered.pkg_hash}_0.conda" and conda.parent.name == "linux-64"
     index_channel(channel)
+    assert sorted(p.name for p in channel.iterdir()) == ["linux-64", "noarch"]
     repodata = json.loads((channel / "linux-64/repodata.json").read_text())
     rec = repodata["packages.conda"][conda.name]
     assert rec["constrains"] == ["__cuda >=13"] and rec["sha256"] == sha256_file(conda)

@@ -87,6 +87,7 @@ def index_channel(channel: Path) -> None:
     for sub in SUBDIRS:
         (channel / sub).mkdir(parents=True, exist_ok=True)
     asyncio.run(index_fs(channel, write_zst=False, write_shards=False, force=True))
+    shutil.rmtree(channel / ".tmp", ignore_errors=True)  # the indexer's scratch directory
     for sub in SUBDIRS:
         if not (channel / sub / "repodata.json").is_file():
             raise UserError(f"indexing {channel} wrote no {sub}/repodata.json", INSTALL_FAILED)

@@ -70,8 +70,14 @@ def _cmd_test_install(args) -> int:
     st = _stack(args)
     work = Path(args.work) if args.work else st.root / "build" / "conda-install-test"
     res = install_test(Path(args.channel), work=work, cuda=args.cuda or f"{st.cuda_major}.0", glibc=args.glibc)
-    json.dump(res, sys.stdout, indent=2, sort_keys=True)
-    print()
+    if args.json:
+        from ..fsutil import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(res, indent=2, sort_keys=True) + "\n")
+    for fn, r in res["packages"].items():
+        where = f"installed in {r['prefix']}" if "prefix" in r else "checked (conda-forge dependencies not here)"
+        print(f"{fn}: {where}, recipe tests passed")
+    print(f"virtual packages: {', '.join(res['virtual_packages'])}")
     return 0
 
 
@@ -99,4 +105,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--cuda", help="__cuda virtual package version to declare (default: <stack cuda_major>.0)")
     t.add_argument("--glibc", help="__glibc virtual package version to declare (default: this machine's)")
     t.add_argument("--work", help="scratch directory (default: <repo>/build/conda-install-test)")
+    t.add_argument("--json", help="write the detailed results to this file")
     t.set_defaults(func=_cmd_test_install)
