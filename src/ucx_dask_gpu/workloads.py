@@ -489,7 +489,7 @@ def _cmd_from_map(args) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS", help="scheduler to use, e.g. ucx://10.0.0.1:8786 (default: "
                                                           "start a LocalCluster)")
-    p.add_argument("--protocol", default="tcp", choices=["tcp", "ucx", "ucxx", "inproc"],
+    p.add_argument("--protocol", default="tcp", choices=["tcp", "ucx", "ucxx"],
                    help="LocalCluster protocol when no --scheduler (default tcp)")
     p.add_argument("--n-workers", type=int, default=2, help="LocalCluster workers (default 2)")
     p.add_argument("--threads-per-worker", type=int, default=1)
