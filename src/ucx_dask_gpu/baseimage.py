@@ -196,6 +196,7 @@ def base_from_image(st: Stack, kind: str, debian_image: str) -> str:
         docker(["build", "-t", tag, "--build-arg", f"DEBIAN_IMAGE={debian_image}",
                 "--build-arg", f"PACKAGES={' '.join(packages_for(st, kind))}",
                 "--label", f"{LABEL_PREFIX}base.kind={kind}", "--label", f"{LABEL_PREFIX}base.from={debian_image}",
+                "--label", f"{KEY_LABEL}=from-registry",
                 ctx], code=BUILD_FAILED, what=f"building {tag} from {debian_image}", timeout=1800,
                env={"DOCKER_BUILDKIT": "0"})
     return tag

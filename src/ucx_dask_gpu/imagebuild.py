@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -193,7 +194,7 @@ def stage_full_context(st: Stack, ctx: Path, ucx_sources: Path, wheels: Path, ow
 def build_args(st: Stack, base: str, builder: str, prefer_system: bool | None = None) -> dict[str, str]:
     args = {
         "BASE_IMAGE": base, "BUILDER_IMAGE": builder, "UCX_PREFIX": st.image.ucx_prefix, "VENV": st.image.venv,
-        "IMAGE_USER": st.image.user, "IMAGE_UID": str(st.image.uid),
+        "IMAGE_USER": st.image.user, "IMAGE_UID": str(st.image.uid), "PYTHON_VERSION": st.python_version,
         "SOURCE_DATE_EPOCH": str(st.source_date_epoch),
     }
     if prefer_system is not None:
@@ -202,39 +203,85 @@ def build_args(st: Stack, base: str, builder: str, prefer_system: bool | None = 
     return args
 
 
-def docker_build(ctx: Path, tag: str, args: dict[str, str], labels: dict[str, str], log: Path,
-                 target: str | None = None) -> None:
-    """Classic `docker build --network none`, output streamed (progress) and kept in `log`."""
-    cmd = [docker_bin(), "build", "--network", "none", "--force-rm", "-t", tag]
-    if target:
-        cmd += ["--target", target]
-    for k, v in args.items():
-        cmd += ["--build-arg", f"{k}={v}"]
-    for k, v in sorted(labels.items()):
-        cmd += ["--label", f"{k}={v}"]
-    cmd.append(str(ctx))
-    log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
-    last_step, tail = "", []
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
+class DockerBuild:
+    """Classic `docker build --network none` in the background: output kept in `log` and streamed as progress
+    (prefixed), so the UCX stage can compile while the other inputs are fetched."""
+
+    def __init__(self, ctx: Path, tag: str, args: dict[str, str], labels: dict[str, str], log: Path,
+                 target: str | None = None, prefix: str = "  | "):
+        cmd = [docker_bin(), "build", "--network", "none", "--force-rm", "-t", tag]
+        if target:
+            cmd += ["--target", target]
+        for k, v in args.items():
+            cmd += ["--build-arg", f"{k}={v}"]
+        for k, v in sorted(labels.items()):
+            cmd += ["--label", f"{k}={v}"]
+        cmd.append(str(ctx))
+        self.tag, self.log, self.prefix = tag, log, prefix
+        self.last_step, self.tail = "", []
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._out = open(log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "DOCKER_BUILDKIT": "0"})
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._out.write(line)
             if line.startswith("Step "):
-                last_step = line.strip()
+                self.last_step = line.strip()
             if "DEPRECATED: The legacy builder" in line or "BuildKit is currently disabled" in line:
                 continue  # the classic builder is chosen on purpose (see the module docstring)
-            sys.stderr.write(f"  | {line}")
+            sys.stderr.write(f"{self.prefix}{line}")
             if line.strip():
-                tail = (tail + [line.strip()])[-5:]
-        rc = proc.wait()
-    if rc != 0:
-        if any("Cannot connect to the Docker daemon" in t for t in tail):
-            engine_version()  # raises NO_DOCKER with the usual line
-        reason = next((t for t in reversed(tail) if "returned a non-zero code" in t or "error" in t.lower()),
-                      tail[-1] if tail else "no output")
-        raise UserError(f"docker build {tag} failed at {last_step or 'start'}: {reason} (log: {log})", BUILD_FAILED)
+                self.tail = (self.tail + [line.strip()])[-5:]
+
+    def wait(self) -> None:
+        rc = self.proc.wait()
+        self._reader.join()
+        self._out.close()
+        if rc != 0:
+            if any("Cannot connect to the Docker daemon" in t for t in self.tail):
+                engine_version()  # raises NO_DOCKER with the usual line
+            reason = next((t for t in reversed(self.tail) if "returned a non-zero code" in t or "error" in t.lower()),
+                          self.tail[-1] if self.tail else "no output")
+            raise UserError(f"docker build {self.tag} failed at {self.last_step or 'start'}: {reason} "
+                            f"(log: {self.log})", BUILD_FAILED)
+
+    def cancel(self) -> None:
+        """Stop the client; the classic builder then cancels the build and removes its container (--force-rm)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._reader.join(timeout=5)
+        self._out.close()
+
+
+def docker_build(ctx: Path, tag: str, args: dict[str, str], labels: dict[str, str], log: Path,
+                 target: str | None = None) -> None:
+    DockerBuild(ctx, tag, args, labels, log, target).wait()
+
+
+def verify_ucx_stage(st: Stack, stage_tag: str) -> None:
+    """`ucx-src-build/build.sh verify` on the built prefix, in a container of the ucx stage (no network).
+
+    SYS_PTRACE lets UCX's cma transport (process_vm_readv) work, which Docker's default seccomp profile blocks.
+    """
+    script = "/build/tree/ucx-src-build/build.sh"
+    proc = docker(["run", "--rm", "--network", "none", "--cap-add", "SYS_PTRACE", "--entrypoint", script, stage_tag,
+                   "verify", "--prefix", st.image.ucx_prefix], code=BUILD_FAILED, what="verifying UCX in the image",
+                  check=False, timeout=600)
+    for line in proc.stdout.splitlines():
+        sys.stderr.write(f"  ucx verify | {line}\n")
+    if proc.returncode != 0:
+        failed = [ln.strip() for ln in proc.stdout.splitlines() if ln.startswith("FAIL")] or \
+            [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["(no output)"]
+        raise UserError(f"UCX in the image failed verification: {failed[0]}", BUILD_FAILED)
 
 
 def read_build_info(st: Stack, stage_tag: str, dest: Path) -> dict:
@@ -312,6 +359,7 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
     tag = tag or f"{st.image.name}:{st.version}"
     cache = cache.resolve()
     timings: dict[str, float] = {}
+    t_start = time.monotonic()
 
     def step(name, fn, *a, **kw):
         t0 = time.monotonic()
@@ -321,28 +369,42 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
 
     say(f"Docker engine {step('engine', engine_version)}")
     ucx_sources = step("ucx_sources", fetch_ucx_sources, st, cache / "ucx-sources")
-    wheels = step("wheelhouse", wheelhouse.ensure_wheelhouse, st, cache)
-    own = step("own_wheel", wheelhouse.build_own_wheel, st, cache / "pkg")
     if base_from:
-        base = step("base_runtime", baseimage.base_from_image, st, "runtime", base_from)
         builder = step("base_builder", baseimage.base_from_image, st, "builder", base_from)
     else:
-        base = step("base_runtime", baseimage.ensure_base, st, "runtime", cache)
         builder = step("base_builder", baseimage.ensure_base, st, "builder", cache)
 
-    work = cache / "image"
+    # Per tag, so building another tag (a test's variant image) never touches this one's context.
+    work = cache / "image" / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
     ucx_ctx, full_ctx = work / "context-ucx", work / "context"
-    for d in (ucx_ctx, full_ctx):
-        shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(ucx_ctx, ignore_errors=True)
     stage_ucx_context(st, ucx_ctx, ucx_sources)
-    stage_full_context(st, full_ctx, ucx_sources, wheels, own, extra_wheels)
-    for d in (ucx_ctx, full_ctx):
-        _set_mtimes(d, st.source_date_epoch)
-
+    _set_mtimes(ucx_ctx, st.source_date_epoch)
     stage_tag = f"{st.image.name}-ucx-stage:{st.version}"
-    say(f"building the ucx stage ({stage_tag}) with --network none")
-    step("docker_build_ucx", docker_build, ucx_ctx, stage_tag, build_args(st, base, builder), {},
-         work / "logs" / "docker-build-ucx.log", target="ucx")
+    # The UCX stage only needs the builder base and the sources: it compiles (CPU) while the wheelhouse and the
+    # runtime base are downloaded (network, disk).
+    say(f"building the ucx stage ({stage_tag}) with --network none, in the background")
+    t_ucx = time.monotonic()
+    ucx_build = DockerBuild(ucx_ctx, stage_tag, build_args(st, "unused", builder), {},
+                            work / "logs" / "docker-build-ucx.log", target="ucx", prefix="  ucx | ")
+    try:
+        wheels = step("wheelhouse", wheelhouse.ensure_wheelhouse, st, cache)
+        own = step("own_wheel", wheelhouse.build_own_wheel, st, cache / "pkg")
+        if base_from:
+            base = step("base_runtime", baseimage.base_from_image, st, "runtime", base_from)
+        else:
+            base = step("base_runtime", baseimage.ensure_base, st, "runtime", cache)
+        shutil.rmtree(full_ctx, ignore_errors=True)
+        stage_full_context(st, full_ctx, ucx_sources, wheels, own, extra_wheels)
+        _set_mtimes(full_ctx, st.source_date_epoch)
+        say("waiting for the ucx stage")
+        ucx_build.wait()
+    except BaseException:
+        ucx_build.cancel()
+        raise
+    timings["docker_build_ucx"] = round(time.monotonic() - t_ucx, 1)
+    step("verify_ucx", verify_ucx_stage, st, stage_tag)
+
     info_path = work / BUILD_INFO_NAME
     info = read_build_info(st, stage_tag, info_path)
     info["_sha256"] = sha256_file(info_path)
@@ -355,13 +417,14 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
     labels = image_labels(st, stack_id, info, prefer, base, extra_wheels)
     say(f"building {tag} (stack id {stack_id}) with --network none")
     step("docker_build", docker_build, full_ctx, tag, build_args(st, base, builder, prefer), labels,
-         work / "logs" / f"docker-build-{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}.log")
+         work / "logs" / "docker-build.log")
 
     inside = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", tag, "/etc/ucx-dask-gpu/stack-id"],
                     code=BUILD_FAILED, what="reading the image's stack id").stdout.strip()
     if inside != stack_id:
         raise UserError(f"{tag}: the image computed stack id {inside}, the build computed {stack_id} (the Dockerfile "
                         "and imagebuild.py hash different files)", BUILD_FAILED)
+    timings["total"] = round(time.monotonic() - t_start, 1)
     meta = image_inspect(tag) or {}
     result = BuildResult(tag=tag, image_id=meta.get("Id", "?"), size=int(meta.get("Size", 0)), stack_id=stack_id,
                          ucx_version=ucx_version, ucxx_on_our_ucx=prefer, timings=timings, labels=labels)
