@@ -34,6 +34,9 @@ class Gpu:
     # (e.g. in a Firecracker VM) -- topology.py then falls back to sysfs and says so.
     cpu_affinity: list[int] | None = None
     numa_nodes: list[int] | None = None
+    # How link peers were identified: "remote-pci" (NVML named the peer's bus id) or "p2p-status" (NVML could not
+    # name it -- seen in a Firecracker VM, where it answers ffffffff:ff:ff.0 -- and P2P status showed the only peer).
+    link_attribution: str = "remote-pci"
 
 
 def normalise_bus_id(bus_id: str | bytes) -> str:
@@ -94,7 +97,41 @@ def discover() -> list[Gpu]:
         gpu.link_speed_gbps = _link_speed_gbps(n, h, min(gpu.links)) if gpu.links else None
         gpu.cpu_affinity, gpu.numa_nodes = _affinity(n, h)
         gpus.append(gpu)
+    handles = {g.pci_bus_id: n.nvmlDeviceGetHandleByIndex(g.index) for g in gpus}
+    attribute_unnamed_links(gpus, lambda a, b: _p2p_nvlink_ok(n, handles[a.pci_bus_id], handles[b.pci_bus_id]))
     return sorted(gpus, key=lambda g: g.pci_bus_id)
+
+
+def _p2p_nvlink_ok(n, ha, hb) -> bool:
+    try:
+        return n.nvmlDeviceGetP2PStatus(ha, hb, n.NVML_P2P_CAPS_INDEX_NVLINK) == n.NVML_P2P_STATUS_OK
+    except n.NVMLError:
+        return False
+
+
+def attribute_unnamed_links(gpus: list[Gpu], nvlink_p2p_ok) -> None:
+    """Give links whose peer NVML could not name (a bus id that is no GPU here) to the peer P2P status points at.
+
+    Only when exactly one other GPU is reachable over NVLink is the answer unambiguous; otherwise the links keep the
+    unknown id (an NVSwitch, or a VM hiding several peers) and callers treat them as not attributable.
+    """
+    known = {g.pci_bus_id for g in gpus}
+    for g in gpus:
+        unnamed = [ln for ln, peer in g.links.items() if peer not in known]
+        if not unnamed:
+            continue
+        candidates = [o for o in gpus if o is not g and nvlink_p2p_ok(g, o)]
+        if len(candidates) != 1:
+            continue
+        peer = candidates[0].pci_bus_id
+        for ln in unnamed:
+            old = g.links[ln]
+            g.links[ln] = peer
+            g.nvlink_peers[old] -= 1
+            if not g.nvlink_peers[old]:
+                del g.nvlink_peers[old]
+            g.nvlink_peers[peer] = g.nvlink_peers.get(peer, 0) + 1
+        g.link_attribution = "p2p-status"
 
 
 def _link_speed_gbps(n, handle, link: int = 0) -> float | None:
