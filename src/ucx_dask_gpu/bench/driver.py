@@ -279,7 +279,9 @@ def run_reference(opts: Options, item: ReferenceItem, chunk_edge: int, tmp: Path
         text = "\n".join(child.stdout)
         result: dict[str, Any] = {"tool": ref.TOOL, "protocol": item.protocol,
                                   "command": " ".join(["python"] + cmd[1:]), "process": child.summary(rc, timed_out),
-                                  "teardown": teardown}
+                                  "teardown": teardown,
+                                  # verbatim, so a recorded GPU run can become a parser fixture
+                                  "stdout": text[-20000:]}
         try:
             parsed = ref.parse_local_cupy(text)
             result.update(parsed)
