@@ -20,6 +20,8 @@ $(VENV)/.installed: pyproject.toml stack.toml locks/image-py311-linux-64.txt
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --require-hashes -r locks/image-py311-linux-64.txt
 	$(VPY) -m pip install -q -e '.[test]'
+	@# The SBOM generator at the version stack.toml [sbom] pins (its output is part of the image's bytes).
+	$(VPY) -m pip install -q "$$($(VPY) -m ucx_dask_gpu stack get sbom.generator)==$$($(VPY) -m ucx_dask_gpu stack get sbom.generator_version)"
 	touch $@
 
 # UCX from verified source (ucx-src-build/README.md): rebuilt when its inputs change; downloads cached in .cache/sources.

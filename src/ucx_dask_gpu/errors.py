@@ -31,6 +31,7 @@ NOT_REPRODUCIBLE = 30    # two clean builds gave different image digests
 BAD_ARCHIVE = 31         # an image/rootfs archive is malformed, or docker save/load disagreed with us
 SBOM_INVALID = 32        # the SBOM fails the CycloneDX schema
 SBOM_MISMATCH = 33       # the SBOM disagrees with the lock, the build info or the image's dpkg status
+SBOM_GENERATOR = 34      # the installed SBOM generator is not the version stack.toml [sbom] pins
 # Image + cluster (40-49)
 UNKNOWN_ROLE = 40        # the image was started with a command that is not one of its roles
 CLUSTER_FAILED = 41      # a cluster container exited or a role did not come up in time

@@ -27,7 +27,7 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .errors import SBOM_INVALID, SBOM_MISMATCH, USAGE, UserError
+from .errors import BAD_STACK, SBOM_GENERATOR, SBOM_INVALID, SBOM_MISMATCH, USAGE, UserError
 from .fsutil import atomic_write_text
 from .lockfile import Pin, canonical, load_lock
 
@@ -36,6 +36,27 @@ PROP = "ucx-dask-gpu:"
 SERIAL_NAMESPACE = uuid.UUID("3c5d1f0e-7a0b-5b7e-9a51-7563782d6461")
 # Distributions under these directories come from Debian packages (listed as debs, not again as PyPI packages).
 DEBIAN_PYTHON_DIRS = ("usr/lib/python3/", "usr/lib/python3.", "usr/share/python3/")
+
+
+def generator(st) -> tuple[str, str]:
+    """(distribution, version) of the SBOM generator pinned in stack.toml [sbom]; the installed one must be it,
+    because the SBOM's bytes (part of the image) depend on it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    table = st.raw.get("sbom")
+    name = table.get("generator") if isinstance(table, dict) else None
+    pinned = table.get("generator_version") if isinstance(table, dict) else None
+    if not isinstance(name, str) or not isinstance(pinned, str) or not name or not pinned:
+        raise UserError(f"{st.path.name}: [sbom] needs generator and generator_version (strings)", BAD_STACK)
+    try:
+        installed = version(name)
+    except PackageNotFoundError:
+        installed = None
+    if installed != pinned:
+        raise UserError(f"SBOM generator {name} is {installed or 'not installed'}, stack.toml [sbom] pins {pinned}: "
+                        f"the image would not be reproducible (pip install {name}=={pinned}, or `make venv`)",
+                        SBOM_GENERATOR)
+    return name, pinned
 
 
 # --- inputs ---------------------------------------------------------------------------------------------------------
@@ -99,11 +120,13 @@ def _iso(epoch: int) -> datetime:
 def build_sbom(*, name: str, version: str, epoch: int, dpkg_status: str | None = None, os_release: str | None = None,
                dists: dict[str, dict] | None = None, pins: dict[str, Pin] | None = None,
                wheels: dict[str, tuple[str, str]] | None = None, build_info: dict | None = None,
-               build_info_sha256: str | None = None, properties: dict[str, str] | None = None) -> bytes:
+               build_info_sha256: str | None = None, properties: dict[str, str] | None = None,
+               tools: dict[str, str] | None = None) -> bytes:
     """The SBOM as bytes (JSON + newline). See the module docstring for what goes in."""
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.bom import Bom, BomMetaData
     from cyclonedx.model.component import Component, ComponentScope, ComponentType
+    from cyclonedx.model.tool import ToolRepository
     from cyclonedx.output.json import JsonV1Dot6
     from packageurl import PackageURL
 
@@ -149,8 +172,10 @@ def build_sbom(*, name: str, version: str, epoch: int, dpkg_status: str | None =
 
     def render(serial: uuid.UUID) -> str:
         bom = Bom(components=components, serial_number=serial,
-                  metadata=BomMetaData(component=root, timestamp=_iso(epoch),
-                                       properties=props({"source-date-epoch": epoch})))
+                  metadata=BomMetaData(component=root, timestamp=_iso(epoch), tools=ToolRepository(components=[
+                      Component(type=ComponentType.APPLICATION, name=n, version=v, bom_ref=f"tool:{n}")
+                      for n, v in sorted((tools or {}).items())]),
+                      properties=props({"source-date-epoch": epoch})))
         bom.register_dependency(root, [c for c in components if c.scope != ComponentScope.EXCLUDED])
         return JsonV1Dot6(bom).output_as_string(indent=2)
 
@@ -203,6 +228,7 @@ def _ucx_components(info, info_sha, Component, ComponentType, ComponentScope, Pa
 def sbom_from_overlay(st, files: dict[str, bytes], labels: dict[str, str],
                       wheels: dict[str, tuple[str, str]] | None = None) -> bytes:
     """The SBOM of an image from the files the normaliser collected out of its layers (`reproducible.Overlay`)."""
+    gen, gen_version = generator(st)
     info_paths = sorted(p for p in files if p.endswith("/share/ucx-dask-gpu/build-info.json"))
     info = info_sha = None
     if info_paths:
@@ -219,7 +245,7 @@ def sbom_from_overlay(st, files: dict[str, bytes], labels: dict[str, str],
         dpkg_status=files.get("var/lib/dpkg/status", b"").decode("utf-8", "replace"),
         os_release=files.get("usr/lib/os-release", b"").decode("utf-8", "replace"),
         dists=dists_from_files(files), pins=load_lock(st.lock_path()), wheels=wheels, build_info=info,
-        build_info_sha256=info_sha,
+        build_info_sha256=info_sha, tools={gen: gen_version, st.name: st.version},
         properties={short: labels[long] for short, long in keep.items() if labels.get(long)})
 
 
@@ -354,6 +380,7 @@ def _cmd_generate(args) -> int:
     from .stack import load
 
     st = load(args.stack_file)
+    gen, gen_version = generator(st)
     files: dict[str, bytes] = {}
     for d in args.site_packages:
         for meta in sorted(Path(d).glob("*.dist-info/METADATA")):
@@ -363,7 +390,8 @@ def _cmd_generate(args) -> int:
                       dpkg_status=_read(args.dpkg_status, "dpkg status"), os_release=_read(args.os_release, "os-release"),
                       dists=dists_from_files(files), pins=load_lock(st.lock_path()),
                       build_info=json.loads(info_text) if info_text else None,
-                      build_info_sha256=hashlib.sha256(info_text.encode()).hexdigest() if info_text else None)
+                      build_info_sha256=hashlib.sha256(info_text.encode()).hexdigest() if info_text else None,
+                      tools={gen: gen_version, st.name: st.version})
     if args.output == "-":
         sys.stdout.write(data.decode())
     else:

@@ -182,3 +182,27 @@ def test_cli_check_exit_codes(tmp_path, capsys):
     rc = cli.main(["sbom", "check", str(broken)])
     err = capsys.readouterr().err
     assert rc == SBOM_INVALID and len(err.strip().splitlines()) == 1 and "not valid CycloneDX" in err
+
+
+def test_generator_is_pinned_in_stack_toml_and_checked(tmp_path):
+    import dataclasses
+    from importlib.metadata import version
+
+    from ucx_dask_gpu.errors import BAD_STACK, SBOM_GENERATOR, UserError
+
+    st = stack.load()
+    name, pinned = sbom.generator(st)
+    assert name == "cyclonedx-python-lib" and pinned == version(name)
+    other = dataclasses.replace(st, raw={**st.raw, "sbom": {"generator": name, "generator_version": "0.0.1"}})
+    with pytest.raises(UserError) as e:
+        sbom.generator(other)
+    assert e.value.exit_code == SBOM_GENERATOR and "pins 0.0.1" in str(e.value)
+    with pytest.raises(UserError) as e:
+        sbom.generator(dataclasses.replace(st, raw={k: v for k, v in st.raw.items() if k != "sbom"}))
+    assert e.value.exit_code == BAD_STACK
+
+
+def test_tools_are_recorded():
+    doc = json.loads(make(tools={"cyclonedx-python-lib": "11.12.0", "ucx-dask-gpu": "0.1.0"}))
+    tools = {c["name"]: c["version"] for c in doc["metadata"]["tools"]["components"]}
+    assert tools == {"cyclonedx-python-lib": "11.12.0", "ucx-dask-gpu": "0.1.0"}
