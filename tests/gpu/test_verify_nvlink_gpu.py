@@ -53,13 +53,23 @@ def _verify(tmp_path, *extra: str) -> tuple[int, dict, str]:
 
 
 def test_trap_both_gpus_visible_is_invalid_never_pass(tmp_path):
-    """The known trap: CUDA_VISIBLE_DEVICES=0,1 for server and client measured a same-GPU copy (~1.9 TB/s)."""
+    """The known trap: CUDA_VISIBLE_DEVICES=0,1 for server and client measured a same-GPU copy (~1.9 TB/s).
+
+    On the 2xH200 host (2026-11-30) the trap with libucx 1.21 gave ~383 GB/s in BOTH directions -- a believable
+    number -- but in one direction the NVLink counters saw 0 bytes (a same-GPU copy) and in the other 102% (the
+    processes happened to land on different GPUs). So the bandwidth alone proves nothing either way; what must hold
+    is: the run is `invalid` by visibility, and a measurement that looks like a pass really moved the bytes over
+    NVLink (the counters are what tell the two cases apart).
+    """
     rc, rep, _ = _verify(tmp_path, "--unsafe-visible-devices")
     assert rc == 1 and rep["verdict"] == "invalid" and rep["unsafe_visible_devices"] is True
     for p in rep["pairs"]:
         assert p["verdict"] == "invalid", p["reasons"]
-        # whatever UCX and the GPU did, the numbers alone (capacity, counters) must not call it a pass either
-        assert p["measurement_verdict"] != "pass", p
+        assert any("see" in r or "both use" in r for r in p["reasons"]), p["reasons"]
+        s = p["sizes"][-1]
+        if p["measurement_verdict"] == "pass":
+            assert s["nvlink_tx_fraction"] >= rep["thresholds"]["counter_fraction"], s["counters"]
+            assert s["nvlink_rx_fraction"] >= rep["thresholds"]["counter_fraction"], s["counters"]
 
 
 def test_isolated_run_proves_the_bytes_crossed_nvlink(tmp_path):

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# On a GPU host, in one bounded call (~9.5 min at most): the seed-003 GPU test, the topology plan + cluster helper,
+# bench transpose with chunks="auto", bench svd, the 128 MiB transpose with the knobs that helped combined, the
+# workloads GPU test, and (on spare cores, CPU only) the gcc 13 compile check of the UCX patches.
+# usage: dask_session.sh OUTDIR   (carry .whl/ and build/gcc13-check/)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+R=$PWD
+out=${1:?usage: dask_session.sh OUTDIR}
+W=$(mktemp -d /tmp/ucx-dask-gpu-session.XXXXXX)
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 CUDA_DEVICE_ORDER=PCI_BUS_ID PYTHONUNBUFFERED=1 PYTHONPATH=$R/src
+deadline=$(( $(date +%s) + ${SESSION_SECONDS:-570} ))
+left() { local l=$(( deadline - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 5 ? l : 5 )); }
+step() { echo "== $(date +%T) $*"; }
+python3 -c 'import dask_cuda, distributed_ucxx, nvtx' 2>/dev/null \
+  || python3 -m pip install -q --no-index --no-deps .whl/*.whl || exit 1
+
+if [ -f build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz ]; then
+  ( G=$W/gcc13; mkdir -p "$G"; tar -xJf build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz -C "$G"; cd "$G"/ucx-1.13.1 || exit
+    { gcc --version | head -1
+      nice ./contrib/configure-release --prefix="$G/p" --with-cuda=/usr/local/cuda --without-verbs --without-rdmacm \
+        --without-java --without-go --disable-static > "$W/gcc13-configure.log" 2>&1; echo "configure rc=$?"
+      nice make -j6 > "$W/gcc13-make.log" 2>&1; echo "patched full make (incl. test/apps) rc=$?"
+      grep -E -B3 -A3 "error|Error [0-9]" "$W/gcc13-make.log" | head -40
+      ls -l test/apps/iodemo/io_demo test/apps/test_cuda_hook_dynamic test/apps/sockaddr/sa 2>&1; } > "$W/gcc13.txt" 2>&1 ) &
+  gcc_pid=$!
+fi
+bench="python3 -m ucx_dask_gpu.bench"
+
+step "seed 003: CuPy chunks move GPU-to-GPU over UCX"
+timeout "$(left 90)" python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_bench_gpu.py -k device_to_device \
+  > "$W/pytest-bench-seed003.txt" 2>&1; echo "seed003 rc=$?" | tee -a "$W/pytest-bench-seed003.txt"
+step "topology plan + cluster helper running the transpose"
+timeout "$(left 150)" bash benchmarks/gpu-host/topology.sh "$W/topology" > "$W/topology.txt" 2>&1
+echo "topology rc=$?" | tee -a "$W/topology.txt"
+# a timeout above kills the script, not the cluster it started in the background: stop that before the next step
+pkill -TERM -f "ucx_dask_gpu cluster" 2>/dev/null && sleep 3; pkill -KILL -f "ucx_dask_gpu cluster" 2>/dev/null
+step "bench transpose chunks=auto"
+timeout "$(left 140)" $bench transpose --size 40000 --chunks auto --protocols ucx --reference --runs 5 \
+  --goal 'wall_s<=0.04' --knob array.chunk-size=512MiB --knob array.chunk-size=2GiB \
+  --out "$W/results" --budget 125 --run-timeout 60 > "$W/bench-auto.txt" 2>&1; echo "auto rc=$?" | tee -a "$W/bench-auto.txt"
+step "bench svd"
+timeout "$(left 110)" $bench svd --protocols ucx,tcp --reference --runs 3 --out "$W/results" --budget 100 \
+  --run-timeout 50 > "$W/bench-svd.txt" 2>&1; echo "svd rc=$?" | tee -a "$W/bench-svd.txt"
+step "bench transpose 128 MiB: the knobs that helped, combined"
+timeout "$(left 80)" $bench transpose --size 40000 --chunks '128 MiB' --protocols ucx --runs 5 \
+  --knob 'UCXPY_PROGRESS_MODE=blocking;distributed.worker.transfer.message-bytes-limit=1GiB;distributed.scheduler.worker-saturation=inf;ucx-dask-gpu.cluster.rmm-pool-size=none;ucx-dask-gpu.cluster.rmm-allocator-external-lib-list=none' \
+  --out "$W/combined" --budget 70 --run-timeout 60 > "$W/bench-combined.txt" 2>&1; echo "combined rc=$?" | tee -a "$W/bench-combined.txt"
+step "workloads GPU test"
+timeout "$(left 70)" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_workloads_gpu.py \
+  > "$W/pytest-workloads-gpu.txt" 2>&1; echo "workloads rc=$?" | tee -a "$W/pytest-workloads-gpu.txt"
+if [ -n "${gcc_pid:-}" ]; then timeout "$(left 20)" tail --pid="$gcc_pid" -f /dev/null; cat "$W/gcc13.txt"; fi
+step done
+tail -n 30 "$W/bench-auto.txt" "$W/bench-svd.txt" "$W/bench-combined.txt"
+tar czf "$out/dask-session.tgz" -C "$W" --exclude=./gcc13 .
