@@ -103,21 +103,43 @@ class TransportEvidence:
 def transport_from_tables(server_tables: list[ProtoTable], client_tables: list[ProtoTable], msg_bytes: int,
                           mem: str = "cuda") -> TransportEvidence:
     """Name the transport from UCX_PROTO_INFO tables: the sender's (client) `ucp_tag_send` table and the receiver's
-    (server) `rendezvous data fetch` table for `mem` memory, row covering `msg_bytes`. With `used` tables only rows
-    that were used (count > 0) count."""
-    cands = [("client", t) for t in client_tables if t.is_send and t.mem_is(mem)]
-    cands += [("server", t) for t in server_tables if t.is_rndv_fetch and t.mem_is(mem)]
+    (server) `rendezvous data fetch` table for `mem` memory, row covering `msg_bytes` -- plus the sender's
+    `rendezvous data send` table where the data goes that way. With `used` tables only rows that were used
+    (count > 0) count.
+
+    Only these directions: in real runs each side also prints the opposite tables, for perftest's control messages
+    from server to client (recorded 1.21 on 2xH200: 583 sends client->server, 7 server->client). A table printed
+    twice (1.13 protocol v2 reprints after an endpoint reconfiguration) is read once. Selection tables (no counts)
+    list every possibility: there the `rendezvous data send` table counts only when the selected tag-send row names
+    no transport of its own (1.13 v2 with cuda memory: `(?) rendezvous no data fetch`, empty cell -- the receiver
+    asked for a put, and the send table's `pipeline cuda_copy, write to remote | cma/memory` is the data path)."""
+    def pick(tables, role, want):
+        seen, out = set(), []
+        for t in tables:
+            key = (t.ep_cfg, t.operation, tuple(t.rows))
+            if want(t) and key not in seen:
+                seen.add(key)
+                out.append((role, t))
+        return out
+
+    def tables_for(memory_ok):
+        return (pick(client_tables, "client", lambda t: t.is_send and memory_ok(t)),
+                pick(client_tables, "client", lambda t: t.is_rndv_send and memory_ok(t)),
+                pick(server_tables, "server", lambda t: t.is_rndv_fetch and memory_ok(t)))
+
+    sends, puts, fetches = tables_for(lambda t: t.mem_is(mem))
     note = None
-    if not cands:  # a header format we do not know: take every send/fetch table (a host table never names cuda_ipc)
-        cands = [("client", t) for t in client_tables if t.is_send]
-        cands += [("server", t) for t in server_tables if t.is_rndv_fetch]
-        if cands:
+    if not (sends or puts or fetches):  # a header format we do not know: every table (a host one never names cuda_ipc)
+        sends, puts, fetches = tables_for(lambda t: True)
+        if sends or puts or fetches:
             note = f"no table header names {mem} memory; used every send/fetch table"
-    used = any(t.used for _, t in cands)
+    used = any(t.used for _, t in sends + puts + fetches)
     if not used:  # selection tables: bandwidth tests send with the "multi" flag; prefer those where printed
-        multi = [(w, t) for w, t in cands if "(multi" in t.operation]
-        sends = [c for c in multi if c[1].is_send] or [c for c in cands if c[1].is_send]
-        cands = sends + [c for c in cands if not c[1].is_send]
+        sends = [c for c in sends if "(multi" in c[1].operation] or sends
+        puts = [c for c in puts if "(multi" in c[1].operation] or puts
+        if any(r.transports for _, t in sends for r in t.rows if r.covers(msg_bytes)):
+            puts = []
+    cands = sends + puts + fetches
     method = "proto-used" if used else "proto-selected"
     names: list[str] = []
     detail = []
@@ -157,7 +179,9 @@ def transport_from_lanes(lanes: list[dict], default_gbps: float | None, ablation
     else:
         detail.append(f"{ablation_note}: not measured")
     if printed and "cuda_ipc" not in tls:
-        data = tuple(t for t in tls if t.startswith("cuda")) or ()
+        # a cuda lane if there is one; else the lanes themselves: UCX 1.13.1 without cuda_ipc prints only
+        # `tag(sysv/memory cma/memory)` for cuda memory (recorded, 2xH200) -- staged through host memory by them
+        data = tuple(t for t in tls if t.startswith("cuda")) or tuple(tls)
         return TransportEvidence(method, data, detail + ["cuda_ipc is not among the lanes"])
     if ablation_gbps is None or not default_gbps:
         return TransportEvidence(method, (), detail)
@@ -205,6 +229,8 @@ class Visibility:
     client_probed: list[str] | None = None
     server_nvml: list[str] | None = None     # GPUs on which NVML listed the server's PID during the run
     client_nvml: list[str] | None = None
+    server_ucx: list[str] | None = None      # the GPU UCX's protocol tables say the process used (`cuda/GPU<N>`)
+    client_ucx: list[str] | None = None
 
 
 @dataclass
@@ -249,18 +275,21 @@ def size_label(n: int) -> str:
 def visibility_problems(p: PairInput, notes: list[str] | None = None) -> list[str]:
     """Why the processes' GPU visibility makes the run invalid ([] when it is clean).
 
-    Configured and probed visibility must be exactly the process's own GPU. NVML's process lists are judged more
-    carefully: a process that holds an IPC mapping of the peer's memory may be listed on the peer GPU too, so being
-    seen on an extra GPU is only a note -- being seen, but NOT on its own GPU, is invalid."""
+    Configured and probed visibility, and the GPU UCX names in its protocol tables, must be exactly the process's
+    own GPU. NVML's process lists are judged more carefully: a process that holds an IPC mapping of the peer's memory
+    may be listed on the peer GPU too, so being seen on an extra GPU is only a note -- being seen, but NOT on its own
+    GPU, is invalid."""
     v = p.visibility
     out = []
     for source, server, client in (("as configured", v.server_declared, v.client_declared),
-                                   ("as CUDA showed it to a probe", v.server_probed, v.client_probed)):
+                                   ("as CUDA showed it to a probe", v.server_probed, v.client_probed),
+                                   ("as UCX's protocol tables named it", v.server_ucx, v.client_ucx)):
         for role, seen, want in (("server", server, p.dst_uuid), ("client", client, p.src_uuid)):
             if seen is None:
                 continue
             if len(seen) != 1:
-                out.append(f"{role} process could see {len(seen)} GPUs {source} ({', '.join(seen) or 'none'}): "
+                verb = "used" if "UCX" in source else "could see"
+                out.append(f"{role} process {verb} {len(seen)} GPUs {source} ({', '.join(seen) or 'none'}): "
                            f"each side must see only its own GPU")
             elif seen[0] != want:
                 out.append(f"{role} process was on {seen[0]} {source}, not {want}")

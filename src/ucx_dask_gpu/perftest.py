@@ -11,6 +11,17 @@ UCX 1.13.1 and 1.21.0 and from UCX source (src/tools/perf/perftest.c, src/ucp/pr
   3-cell rows `| [count] <range> | <protocol> | <transport/device ...> |`; the count column only with `used`.
   Each line may carry a log prefix (`[ts] [host:pid:tid]` and, on older UCX, `proto_debug.c:NNN UCX INFO`).
 - lanes (UCX_LOG_LEVEL=info, any version): `ep_cfg[N]: tag(sysv/memory cma/memory) ...`.
+
+What real GPU runs print (2xH200, tests/fixtures/verify_nvlink/h200x2/):
+- 1.21 `used`: EACH side prints a send table AND a fetch table -- perftest's own control messages go the other way
+  (server -> client, a handful) -- so only the client's send table and the server's fetch table describe the
+  measured data (client = sender). Headers name the device the process used, as its CUDA ordinal:
+  `... from cuda/GPU0`, `rendezvous data fetch(multi) into cuda/GPU0 from cuda`; with both GPUs visible the client
+  printed `cuda/GPU1`. Protocol cells may start with `(?)`, transport cells are `cuda_ipc/cuda`.
+- 1.13 protocol v2 (`UCX_PROTO_ENABLE=y UCX_PROTO_INFO=y`): the header's first cell is `0x<ep> ep_cfg[N]`; the
+  client's `tagged message ... (multi) from cuda/GPU0` row names no transport (`rendezvous no data fetch`, empty
+  cell) and the data path is in its `rendezvous data send(multi) from cuda/GPU0 to host` table; tables may repeat.
+- 1.13 lanes: `ep_cfg[1]: tag(sysv/memory cma/memory cuda_ipc/cuda)` -- cuda memory has no cuda_copy tag lane.
 """
 from __future__ import annotations
 
@@ -35,6 +46,7 @@ _LOG_PREFIX_RE = re.compile(r"^(?:\s*\[[^\]]*\])*\s*(?:\S+\.c:\d+\s+UCX\s+\w+\s+
 _TL_RE = re.compile(r"(?<![\w/])([a-z][a-z0-9_]*)/[^\s,|]+")
 _LANES_RE = re.compile(r"ep_cfg\[(\d+)\]:\s*(.*)$")
 _FEATURE_RE = re.compile(r"(\w+)\(([^)]*)\)")
+_GPU_RE = re.compile(r"\bcuda/GPU(\d+)\b")
 
 
 # --- results -------------------------------------------------------------------------------------------------------
@@ -118,6 +130,20 @@ class ProtoTable:
     @property
     def is_rndv_fetch(self) -> bool:
         return "rendezvous data fetch" in self.operation
+
+    @property
+    def is_rndv_send(self) -> bool:
+        """The sender's side of a put-based rendezvous (`rendezvous data send(multi) from cuda/GPU0 to host`): where
+        protocol v2 names the sender's data path when the receiver did not fetch."""
+        return "rendezvous data send" in self.operation
+
+    @property
+    def local_gpu(self) -> int | None:
+        """CUDA ordinal of the GPU this process used, as the header names it (`from cuda/GPU1`, `into cuda/GPU0 from
+        cuda`): the first `cuda/GPU<N>` -- the local buffer comes first in every operation UCX prints. None when the
+        header names no GPU (host memory, or a UCX that prints `cuda memory`)."""
+        m = _GPU_RE.search(self.operation)
+        return int(m.group(1)) if m else None
 
     def mem_is(self, mem: str) -> bool:
         """Whether the operation's memory (`from cuda/GPU0`, `into cuda memory`, `to cuda/dev[0]`) is `mem`."""

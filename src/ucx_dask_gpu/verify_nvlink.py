@@ -12,7 +12,8 @@ and each settings variant (--variant):
    (1.13: v1 by default) -- the endpoint's lanes (UCX_LOG_LEVEL=info) plus an ablation run without cuda_ipc;
 4. a cudaMemcpyPeer baseline for the same pair in the same invocation (CuPy, CUDA events, median of samples);
 5. the visibility each process really had: as configured, as CUDA shows a probe process with the same environment,
-   and as NVML lists the perftest PIDs per GPU during the run.
+   as NVML lists the perftest PIDs per GPU during the run, and -- where UCX prints protocol tables -- the GPU its
+   tables name (`from cuda/GPU1`).
 
 Decisions live in nvlink_verdict (pure functions); this module runs things and writes the report.
 """
@@ -641,6 +642,22 @@ def transport_evidence(mode: str, out: pt.PairOutput, size: int, ablation: dict 
     return ev
 
 
+def ucx_named_gpus(measured: list[tuple], vis: dict, role: str) -> list[str] | None:
+    """The GPUs `role`'s protocol tables say it used (`from cuda/GPU1`: a CUDA ordinal in that process), as UUIDs:
+    the ordinal indexes the GPUs CUDA showed a probe with the same CUDA_VISIBLE_DEVICES (CUDA's own order), else the
+    configured list. None when no table names a GPU (lanes evidence, host memory). Recorded on 2xH200 with both GPUs
+    visible: the client printed `cuda/GPU1` -- it sent from the destination GPU."""
+    order = vis.get(f"{role}_probed") or vis.get(f"{role}_declared") or []
+    found: list[int] = []
+    for *_, r in measured:
+        for t in pt.parse_proto_tables(getattr(r["out"], f"{role}_out")):
+            if t.local_gpu is not None and t.local_gpu not in found:
+                found.append(t.local_gpu)
+    if not found:
+        return None
+    return sorted({order[i] if i < len(order) else f"CUDA device {i} (of {len(order)} visible)" for i in found})
+
+
 def pair_record(src, dst, mode: str, measured: list[tuple], ablation: dict | None, baseline: dict, vis: dict,
                 memcpy: dict[int, float | None], th: Thresholds, mem: str = "cuda") -> dict:
     """One pair's JSON record and verdict from what was measured (pure: processes and probes already ran).
@@ -670,8 +687,9 @@ def pair_record(src, dst, mode: str, measured: list[tuple], ablation: dict | Non
         })
     s_nvml = sorted({u for *_, r in measured for u in (r.get("server_nvml") or [])}) or None
     c_nvml = sorted({u for *_, r in measured for u in (r.get("client_nvml") or [])}) or None
+    s_ucx, c_ucx = (ucx_named_gpus(measured, vis, role) for role in ("server", "client"))
     visibility = Visibility(vis["server_declared"], vis["client_declared"], vis.get("server_probed"),
-                            vis.get("client_probed"), s_nvml, c_nvml)
+                            vis.get("client_probed"), s_nvml, c_nvml, s_ucx, c_ucx)
     links = nvlink_count(src, dst)
     pin = PairInput(src.uuid, dst.uuid, links, src.link_speed_gbps, visibility, sizes, baseline.get("counter_fraction"))
     v = evaluate_pair(pin, th)
@@ -685,7 +703,8 @@ def pair_record(src, dst, mode: str, measured: list[tuple], ablation: dict | Non
         "src_uuid": src.uuid, "dst_uuid": dst.uuid, "nvlinks": links, "link_speed_gbps": src.link_speed_gbps,
         "transport_method": big.transport.method, "expected_bytes": big.expected_bytes,
         "sizes": size_rows,
-        "evidence": {"visibility": {**vis, "server_nvml": s_nvml, "client_nvml": c_nvml}, "ablation": ablation,
+        "evidence": {"visibility": {**vis, "server_nvml": s_nvml, "client_nvml": c_nvml, "server_ucx": s_ucx,
+                                    "client_ucx": c_ucx}, "ablation": ablation,
                      "baseline_counter_fraction": baseline.get("counter_fraction")},
     }
 

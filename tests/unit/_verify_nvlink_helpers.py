@@ -1,7 +1,9 @@
 """Inputs for verify-nvlink's decision tests, built from fixtures: the 2xH200 topology from the nvidia-smi output
-recorded there, perftest output (tests/fixtures/verify_nvlink/), and NVLink counter snapshots."""
+recorded there, ucx_perftest output and the evidence verify-nvlink recorded on the 2xH200 GPU host
+(tests/fixtures/verify_nvlink/h200x2/, see its README), and NVLink counter snapshots."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -11,7 +13,17 @@ from ucx_dask_gpu.nvlink_verdict import counter_deltas
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 H200 = FIX / "h200x2"
-CONSTRUCTED = FIX / "verify_nvlink" / "constructed-h200x2"
+RECORDED = FIX / "verify_nvlink" / "h200x2"
+EVIDENCE = json.loads((RECORDED / "recorded-evidence.json").read_text())
+MIB = 1 << 20
+
+# recorded runs (raw-dir layout: <raw|raw-trap>/<run>/<pair>/<size>[-without-cuda_ipc]/{server,client,command}.txt)
+PIP = "raw/pip_1.21.0/gpu0-gpu1"
+PIP_BACK = "raw/pip_1.21.0/gpu1-gpu0"
+OURS = "raw/source_1.13.1/gpu0-gpu1"
+OURS_V2 = "raw/source_1.13.1_UCX_PROTO_ENABLE=y/gpu0-gpu1"
+TRAP_PIP = "raw-trap/pip_1.21.0/gpu0-gpu1"
+TRAP_OURS = "raw-trap/source_1.13.1/gpu0-gpu1"
 
 
 def h200_gpus() -> list[nvml.Gpu]:
@@ -60,22 +72,42 @@ def deltas(src: nvml.Gpu, dst: nvml.Gpu, sent: int, received: int | None = None,
     return cs, cd
 
 
-def output(stem: str) -> pt.PairOutput:
-    server = (CONSTRUCTED / f"{stem}.server.txt").read_text()
-    client = (CONSTRUCTED / f"{stem}.client.txt").read_text()
+def recorded_gpus() -> list[nvml.Gpu]:
+    """The two H200s of the recorded session, as verify-nvlink described them in its JSON."""
+    gpus = []
+    for g in EVIDENCE["gpus"]:
+        (peer, n), = g["nvlink_peers"].items()
+        gpus.append(nvml.Gpu(index=g["index"], uuid=g["uuid"], pci_bus_id=g["pci_bus_id"], name=g["name"],
+                             nvlink_peers=dict(g["nvlink_peers"]), links={i: peer for i in range(n)},
+                             link_speed_gbps=g["link_speed_gbps"]))
+    return gpus
+
+
+def run_dir(pair: str, size: int, suffix: str = "") -> Path:
+    return RECORDED / pair / f"{size}{suffix}"
+
+
+def command(pair: str, size: int, suffix: str = "") -> tuple[int, int]:
+    """(-n, -w) of the recorded run, from its command.txt."""
+    text = (run_dir(pair, size, suffix) / "command.txt").read_text()
+    return int(re.search(r" -n (\d+)", text).group(1)), int(re.search(r" -w (\d+)", text).group(1))
+
+
+def output(pair: str, size: int, suffix: str = "") -> pt.PairOutput:
+    d = run_dir(pair, size, suffix)
+    server, client = (d / "server.txt").read_text(), (d / "client.txt").read_text()
     ok = pt.parse_result(client) is not None
     return pt.PairOutput(server, client, 0 if ok else 255, 0 if ok else 127, 4101, 4102, 2.5)
 
 
-def measured(stem: str, src, dst, sent_fraction: float = 1.02, received_fraction: float | None = None,
+def measured(pair: str, size: int, src, dst, sent_fraction: float = 1.02, received_fraction: float | None = None,
              server_nvml=None, client_nvml=None) -> tuple:
-    """(size, n, warmup, raw) for pair_record, from a perftest output fixture and counters that saw
-    `sent_fraction` of the bytes perftest moved."""
-    out = output(stem)
+    """(size, n, warmup, raw) for pair_record: a recorded perftest output with SYNTHETIC counters that saw
+    `sent_fraction` of the bytes perftest moved -- for the decision's boundaries; replay() uses the recorded ones."""
+    out = output(pair, size)
     res = pt.parse_result(out.client_out)
-    size = int(re.search(r"Message size:\s+(\d+)", out.server_out).group(1))
-    n = res.iterations
-    w = n // 10
+    n, w = command(pair, size)
+    assert res.iterations == n
     moved = (n + w) * size
     rf = sent_fraction if received_fraction is None else received_fraction
     cs, cd = deltas(src, dst, int(moved * sent_fraction), int(moved * rf))
@@ -84,15 +116,50 @@ def measured(stem: str, src, dst, sent_fraction: float = 1.02, received_fraction
     return size, n, w, raw
 
 
+def evidence(pair: str) -> dict:
+    return EVIDENCE["pairs"][pair]
+
+
+def ablation_of(pair: str) -> dict | None:
+    """The ablation as verify-nvlink builds it, from the recorded `-without-cuda_ipc` run (None if there is none)."""
+    ev = evidence(pair)["ablation"]
+    if ev is None:
+        return None
+    size = ev["msg_bytes"]
+    out = output(pair, size, "-without-cuda_ipc")
+    n, w = command(pair, size, "-without-cuda_ipc")
+    return {"UCX_TLS": ev["UCX_TLS"], "msg_bytes": size, "ucx_gbps": pt.parse_result(out.client_out).gbps,
+            "iterations": n, "lanes": pt.parse_lanes(out.client_out), "error": None}
+
+
+def replay(pair: str, sizes: list[int] | None = None, gpus: list[nvml.Gpu] | None = None, th=None,
+           mode: str | None = None) -> dict:
+    """verify-nvlink's pair record, recomputed from what the GPU host recorded: the perftest outputs kept here, and
+    the NVLink counter deltas, NVML process lists, visibility and cudaMemcpyPeer baseline from its JSON."""
+    from ucx_dask_gpu.nvlink_verdict import Thresholds
+    from ucx_dask_gpu.verify_nvlink import pair_record
+
+    ev = evidence(pair)
+    gpus = gpus or recorded_gpus()
+    src, dst = gpus[ev["src"]], gpus[ev["dst"]]
+    sizes = sizes or sorted(int(s) for s in ev["sizes"])
+    ms = []
+    for size in sizes:
+        rec = ev["sizes"][str(size)]
+        out = output(pair, size)
+        n, w = command(pair, size)
+        assert (n, w) == (rec["iterations"], rec["warmup"])
+        ms.append((size, n, w, {"result": pt.parse_result(out.client_out), "out": out,
+                                "counters_src": rec["counters"]["src"], "counters_dst": rec["counters"]["dst"],
+                                "server_nvml": rec["processes"]["server_gpus_nvml"],
+                                "client_nvml": rec["processes"]["client_gpus_nvml"]}))
+    memcpy = {size: ev["sizes"][str(size)]["memcpy_peer_gbps"] for size in sizes}
+    baseline = {"counter_fraction": ev["baseline_counter_fraction"]}
+    return pair_record(src, dst, mode or ev["evidence_method"], ms, ablation_of(pair), baseline,
+                       dict(ev["visibility"]), memcpy, th or Thresholds())
+
+
 def isolated_visibility(src, dst) -> dict:
     return {"server_cuda_visible_devices": dst.uuid, "client_cuda_visible_devices": src.uuid,
             "server_declared": [dst.uuid], "client_declared": [src.uuid],
             "server_probed": [dst.uuid], "client_probed": [src.uuid], "probe_errors": []}
-
-
-def trap_visibility(gpus) -> dict:
-    all_idx = ",".join(str(g.index) for g in gpus)
-    every = [g.uuid for g in gpus]
-    return {"server_cuda_visible_devices": all_idx, "client_cuda_visible_devices": all_idx,
-            "server_declared": every, "client_declared": every,
-            "server_probed": every, "client_probed": every, "probe_errors": []}

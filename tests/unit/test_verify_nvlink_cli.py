@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from _verify_nvlink_helpers import CONSTRUCTED, h200_gpus
+from _verify_nvlink_helpers import FIX, h200_gpus
 from ucx_dask_gpu import nvml
 from ucx_dask_gpu import perftest as pt
 from ucx_dask_gpu import verify_nvlink as vn
@@ -219,12 +219,16 @@ def test_run_pair_cuda_without_gpu_fails_with_the_cause(tmp_path):
 
 
 def test_loader_error_is_reported():
-    out = pt.PairOutput((CONSTRUCTED / "ucx-1.13.1-symbol-lookup-error.server.txt").read_text(),
-                        (CONSTRUCTED / "ucx-1.13.1-symbol-lookup-error.client.txt").read_text(), -9, 127, 1, 2, 0.1)
+    """Recorded (tests/fixtures/verify_nvlink/README.md): a perftest without its libraries -- the server exits 127
+    before listening, so run_pair never starts the client."""
+    stem = FIX / "verify_nvlink" / "cpu-ucx-1.13.1-source" / "perftest-relocated-without-lib"
+    out = pt.PairOutput(Path(f"{stem}.server.txt").read_text(), Path(f"{stem}.client.txt").read_text(),
+                        127, None, 1, -1, 0.01)
     with pytest.raises(UserError) as e:
         pt.result_or_raise(out, "source 1.13.1")
-    assert e.value.exit_code == PERFTEST_FAILED and "symbol lookup error" in str(e.value)
-    assert "client exit 127" in str(e.value)
+    msg = str(e.value)
+    assert e.value.exit_code == PERFTEST_FAILED and "libucp.so.0: cannot open shared object file" in msg
+    assert "client exit None, server exit 127" in msg and "\n" not in msg
 
 
 def test_free_port_and_listening():

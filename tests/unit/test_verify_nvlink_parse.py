@@ -1,7 +1,9 @@
 """verify-nvlink's readers of tool output, on output RECORDED from real ucx_perftest / ucx_info / nvidia-smi runs
-(tests/fixtures/verify_nvlink/cpu-*, tests/fixtures/h200x2/) and the argument helpers."""
+(tests/fixtures/verify_nvlink/cpu-*, tests/fixtures/verify_nvlink/h200x2/, tests/fixtures/h200x2/) and the argument
+helpers."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -19,6 +21,9 @@ S113 = VN / "cpu-ucx-1.13.1-source"
 RECORDED_OK = [W121 / "perftest-host-1m-proto-used", S113 / "perftest-host-64m-log-info",
                S113 / "perftest-host-64m-proto-v2-info"]
 RECORDED_FAILED = [W121 / "perftest-cuda-no-gpu", S113 / "perftest-host-1m-proto-info-used-rejected"]
+GPU = VN / "h200x2"  # raw-dir layout: <raw|raw-trap>/<run>/<pair>/<size>[-without-cuda_ipc]/{server,client,command}.txt
+GPU_RUNS = sorted(d.relative_to(GPU).as_posix() for d in GPU.glob("raw*/*/*/*") if (d / "client.txt").is_file())
+EVIDENCE = json.loads((GPU / "recorded-evidence.json").read_text())
 
 
 def _pair(stem: Path) -> tuple[str, str]:
@@ -27,6 +32,16 @@ def _pair(stem: Path) -> tuple[str, str]:
 
 def _msg_size(server_out: str) -> int:
     return int(re.search(r"Message size:\s+(\d+)", server_out).group(1))
+
+
+def _gpu(rel: str) -> tuple[str, str, str]:
+    d = GPU / rel
+    return (d / "server.txt").read_text(), (d / "client.txt").read_text(), (d / "command.txt").read_text()
+
+
+def _asked(command: str) -> tuple[int, int, int]:
+    """(-s, -n, -w) of a recorded run."""
+    return tuple(int(re.search(rf" -{k} (\d+)", command).group(1)) for k in "snw")
 
 
 # --- results ---------------------------------------------------------------------------------------------------------
@@ -51,6 +66,30 @@ def test_iterations_are_what_was_asked(stem):
     assert pt.parse_result(server) is None  # only the client prints results
 
 
+def test_gpu_runs_are_all_here():
+    assert len(GPU_RUNS) == 11 and all(r.startswith(("raw/", "raw-trap/")) for r in GPU_RUNS)
+
+
+@pytest.mark.parametrize("rel", GPU_RUNS)
+def test_gpu_final_row(rel):
+    """Every recorded GPU run: the result is the client's, for the -n asked, and its MiB/s agree with its latency."""
+    server, client, command = _gpu(rel)
+    size, n, w = _asked(command)
+    assert _msg_size(server) == size
+    res = pt.parse_result(client)
+    assert res is not None and res.iterations == n and w == n // 10
+    assert pt.parse_result(server) is None
+    assert res.gbps * 1e9 == pytest.approx(size / (res.lat_overall_us * 1e-6), rel=0.01)
+
+
+def test_gpu_bandwidths_are_the_ones_the_host_reported():
+    """Parsed here from the raw output == written by verify-nvlink on the host (2 decimals)."""
+    for key, pair in EVIDENCE["pairs"].items():
+        for size, rec in pair["sizes"].items():
+            _, client, _ = _gpu(f"{key}/{size}")
+            assert round(pt.parse_result(client).gbps, 2) == rec["ucx_gbps"], (key, size)
+
+
 def test_csv_and_bare_final_formats():
     csv = "iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr\n" \
           "  50,0.349,55258.818,55258.818,1158.19,1158.19,18,18\n"
@@ -72,8 +111,12 @@ def test_failed_runs_have_no_result_and_name_the_cause(stem):
 
 
 def test_error_line_on_loader_failure():
-    text = (VN / "constructed-h200x2" / "ucx-1.13.1-symbol-lookup-error.client.txt").read_text()
-    assert "symbol lookup error" in pt.error_line(text)
+    """Recorded: our 1.13.1 ucx_perftest copied without its lib/ (RUNPATH $ORIGIN/../lib): the server never starts,
+    the client is never launched."""
+    server, client = _pair(S113 / "perftest-relocated-without-lib")
+    assert client == "" and pt.error_line(client) is None
+    line = pt.error_line(server)
+    assert line == server.strip() and "error while loading shared libraries: libucp.so.0" in line
     assert pt.error_line("") is None
     assert pt.error_line("a\nlast words\n") == "last words"
 
@@ -102,6 +145,70 @@ def test_used_tables_1_21_host():
     assert transport_from_tables([], [], size).transports == ()
 
 
+def test_used_tables_1_21_gpu_both_directions():
+    """Real GPU output: each side prints a send AND a fetch table; the client->server data is the client's send and
+    the server's fetch (same count, >= the iterations + warm-up asked), perftest's few control messages the other
+    two (same count, small). The count x size is what the NVLink counters saw (to KiB granularity)."""
+    for key in ("raw/pip_1.21.0/gpu0-gpu1", "raw/pip_1.21.0/gpu1-gpu0", "raw-trap/pip_1.21.0/gpu0-gpu1"):
+        for size_s, rec in EVIDENCE["pairs"][key]["sizes"].items():
+            server, client, command = _gpu(f"{key}/{size_s}")
+            size, n, w = _asked(command)
+            st, ct = pt.parse_proto_tables(server), pt.parse_proto_tables(client)
+            assert all(t.used for t in st + ct) and all(t.mem_is("cuda") and not t.mem_is("host") for t in st + ct)
+            (c_send,), (c_fetch,) = [t for t in ct if t.is_send], [t for t in ct if t.is_rndv_fetch]
+            (s_send,), (s_fetch,) = [t for t in st if t.is_send], [t for t in st if t.is_rndv_fetch]
+
+            def used(t):
+                rows = [r for r in t.rows if r.count]
+                assert len(rows) == 1 and rows[0].covers(size) and rows[0].transports == ("cuda_ipc",)
+                return rows[0].count
+
+            data, control = used(c_send), used(s_send)
+            assert used(s_fetch) == data >= n + w and used(c_fetch) == control < (n + w) / 10
+            counted = rec["counters"]["src"]["data_tx"] if key.startswith("raw/") else rec["counters"]["dst"]["data_tx"]
+            assert counted == pytest.approx(data * size, abs=64 * 1024)
+            ev = transport_from_tables(st, ct, size)
+            assert ev.transports == ("cuda_ipc",) and len(ev.detail) == 2
+            assert ev.detail[0].startswith("client: tagged message") and ev.detail[1].startswith("server: rendezvous")
+
+
+def test_tables_name_the_gpu_each_process_used():
+    """`cuda/GPU<N>` is the CUDA ordinal in the process: 0 when it sees one GPU; in the trap (both visible) the
+    client used device 1 and the server device 0."""
+    for key, want in (("raw/pip_1.21.0/gpu0-gpu1/268435456", (0, 0)),
+                      ("raw/source_1.13.1_UCX_PROTO_ENABLE=y/gpu0-gpu1/268435456", (0, 0)),
+                      ("raw-trap/pip_1.21.0/gpu0-gpu1/268435456", (0, 1))):
+        server, client, _ = _gpu(key)
+        got = tuple({t.local_gpu for t in pt.parse_proto_tables(text) if t.local_gpu is not None}
+                    for text in (server, client))
+        assert got == ({want[0]}, {want[1]}), key
+    host, _ = _pair(W121 / "perftest-host-1m-proto-used")
+    assert all(t.local_gpu is None for t in pt.parse_proto_tables(host))
+
+
+def test_selection_tables_1_13_v2_gpu():
+    """UCX 1.13.1 + UCX_PROTO_ENABLE=y on cuda memory: the client's tag-send row names no transport (`rendezvous
+    no data fetch`) and is printed twice; the data path is its `rendezvous data send ... to host` table and the
+    server's fetch table -- cuda_ipc up to 2787801 bytes, a cma pipeline through host memory above."""
+    for size, want in ((1 << 20, ("cuda_ipc",)), (256 << 20, ("cma",))):
+        server, client, _ = _gpu(f"raw/source_1.13.1_UCX_PROTO_ENABLE=y/gpu0-gpu1/{size}")
+        st, ct = pt.parse_proto_tables(server), pt.parse_proto_tables(client)
+        assert not any(t.used for t in st + ct) and all("ep_cfg[1]" in t.ep_cfg for t in st + ct)
+        multi = [t for t in ct if t.is_send and t.mem_is("cuda")]
+        assert len(multi) == 2 and multi[0].rows == multi[1].rows
+        assert [(r.lo, r.hi, r.config) for r in multi[0].rows] == [(0, None, "")]
+        (fetch,) = [t for t in st if t.is_rndv_fetch]
+        assert [r.transports for r in fetch.rows if r.covers(size)] == [want]
+        ev = transport_from_tables(st, ct, size)
+        assert ev.method == "proto-selected" and ev.transports == want
+        assert sum("tagged message" in d for d in ev.detail) == 1  # the repeated table is read once
+        puts = [t for t in ct if t.is_rndv_send]
+        if size > 2787801:
+            assert puts and any("rendezvous data send(multi) from cuda/GPU0 to host" in d for d in ev.detail)
+        else:
+            assert not puts  # the receiver fetched: no put table printed
+
+
 def test_selection_tables_1_13_v2_prefer_multi():
     server, client = _pair(S113 / "perftest-host-64m-proto-v2-info")
     size = _msg_size(server)
@@ -124,6 +231,17 @@ def test_lanes_line_1_13():
         raw = re.search(r"ep_cfg\[\d+\]: tag\(([^)]*)\)", text).group(1).split()
         assert lanes and lanes[0]["tag"] == raw
     assert pt.parse_proto_tables(client) == []  # protocol v1 prints no tables
+
+
+@pytest.mark.parametrize("suffix, want", [("", ["sysv/memory", "cma/memory", "cuda_ipc/cuda"]),
+                                          ("-without-cuda_ipc", ["sysv/memory", "cma/memory"])])
+def test_lanes_line_1_13_gpu(suffix, want):
+    """Recorded on the GPU host: one ep_cfg line per side, no cuda_copy lane for cuda memory."""
+    for key in ("raw/source_1.13.1/gpu0-gpu1", "raw-trap/source_1.13.1/gpu0-gpu1"):
+        server, client, _ = _gpu(f"{key}/{256 << 20}{suffix}")
+        for text in (server, client):
+            assert pt.parse_lanes(text) == [{"ep_cfg": ["1"], "tag": want}]
+            assert pt.parse_proto_tables(text) == []
 
 
 def test_transports_and_memunits():

@@ -3,31 +3,28 @@ from __future__ import annotations
 
 import json
 
-from _verify_nvlink_helpers import h200_gpus, isolated_visibility, measured, trap_visibility
+from _verify_nvlink_helpers import PIP, TRAP_PIP, isolated_visibility, measured, recorded_gpus, replay
 from ucx_dask_gpu import verify_nvlink as vn
 from ucx_dask_gpu.errors import PERFTEST_FAILED, VERDICT_FAILED
 from ucx_dask_gpu.nvlink_verdict import Thresholds
 from ucx_dask_gpu.report import format_table, write_report
 
-GPUS = h200_gpus()
+GPUS = recorded_gpus()
 G0, G1 = GPUS
 TH = Thresholds()
 DESIGN_PAIR_FIELDS = ["src", "dst", "msg_bytes", "ucx_gbps", "memcpy_peer_gbps", "ratio", "nvlink_tx_bytes",
                       "nvlink_rx_bytes", "link_capacity_gbps", "transport", "verdict"]
-STEMS = ["ucx-1.21.0-proto-used-1m", "ucx-1.21.0-proto-used-256m"]
+STEMS = [1 << 20, 256 << 20]  # recorded pip 1.21 runs (tests/fixtures/verify_nvlink/h200x2/)
 
 
 def _pairs(ratio=0.95, trap=False):
+    if trap:  # the trap as the GPU host recorded it (one direction recorded; the verdict is the pair's)
+        return [replay(TRAP_PIP)]
     recs = []
     for src, dst in ((G0, G1), (G1, G0)):
-        if trap:
-            ms = [measured("trap-ucx-1.21.0-proto-used-256m", src, dst, sent_fraction=0.0)]
-            vis = trap_visibility(GPUS)
-        else:
-            ms = [measured(s, src, dst) for s in STEMS]
-            vis = isolated_visibility(src, dst)
+        ms = [measured(PIP, s, src, dst) for s in STEMS]
         memcpy = {m[0]: m[3]["result"].gbps / (ratio if m[0] == ms[-1][0] else 0.6) for m in ms}
-        recs.append(vn.pair_record(src, dst, "proto-used", ms, None, {}, vis, memcpy, TH))
+        recs.append(vn.pair_record(src, dst, "proto-used", ms, None, {}, isolated_visibility(src, dst), memcpy, TH))
     return recs
 
 
