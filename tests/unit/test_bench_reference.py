@@ -1,4 +1,5 @@
 """Reading dask-cuda's local_cupy output into numbers (bench --reference)."""
+import json
 from pathlib import Path
 
 import pytest
@@ -55,17 +56,61 @@ def test_recorded_values_exactly():
     assert out["wall_mean_s"] == pytest.approx(2.10)
 
 
-def test_constructed_gpu_output():
-    """Printed by dask-cuda's own pretty_print_results for DESIGN.md's 2xH200 numbers (see the fixture's script)."""
-    ucx = ref.parse_local_cupy(read("local_cupy_gpu_ucx_transpose_constructed.txt"))
-    assert ucx["array_type"] == "cupy" and ucx["devices"] == "0,1" and ucx["compute_chunk_size"] == [4096, 4096]
-    assert ucx["wall_s"] == [pytest.approx(0.2781), pytest.approx(0.2770), pytest.approx(0.2764)]
-    assert ucx["ucx_transport_selection"] == "automatic"
-    # 18.7 and 19.1 GiB/s per-pair medians -> 18.9 GiB/s = 20.29 GB/s
-    assert ucx["p2p_gbps_median"] == pytest.approx(18.9 * GIB / GB, rel=1e-3)
-    tcp = ref.parse_local_cupy(read("local_cupy_gpu_tcp_transpose_constructed.txt"))
-    assert tcp["wall_s"] == [pytest.approx(3.91), pytest.approx(3.83), pytest.approx(3.80)]
-    assert tcp["p2p_gbps_median"] == pytest.approx(0.62 * GIB / GB, rel=1e-3)
+# Recorded: local_cupy's stdout on the 2xH200 host (nvidia-h200-x2, 2026-11-30), as `bench --reference` kept it
+# verbatim in benchmarks/results/h200x2-2026-11-30/ (extracted by tests/fixtures/bench/extract_local_cupy_gpu.py).
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200x2-2026-11-30"
+RECORDED_GPU = {
+    "local_cupy_gpu_ucx_transpose.txt": ("transpose-128MiB.json", "ucx"),
+    "local_cupy_gpu_tcp_transpose.txt": ("transpose-128MiB.json", "tcp"),
+    "local_cupy_gpu_ucx_transpose_c11585.txt": ("transpose-auto.json", "ucx"),
+    "local_cupy_gpu_ucx_svd.txt": ("svd.json", "ucx"),
+    "local_cupy_gpu_tcp_svd.txt": ("svd.json", "tcp"),
+}
+
+
+def host_reference(results: str, protocol: str) -> dict:
+    (r,) = [r for r in json.loads((RESULTS / results).read_text())["references"] if r["protocol"] == protocol]
+    return r
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED_GPU))
+def test_recorded_gpu_output_parses_as_on_the_host(name):
+    """The fixture is the JSON's stdout, and parsing it here gives every number the host's bench wrote beside it."""
+    host = host_reference(*RECORDED_GPU[name])
+    text = read(name)
+    assert text == host["stdout"]
+    out = json.loads(json.dumps(ref.parse_local_cupy(text)))  # as the JSON stores it (tuples -> lists, int keys)
+    assert out == {k: host[k] for k in out}
+    assert out["array_type"] == "cupy" and out["devices"] == "0,1" and out["workers"] == 2
+    assert out["protocol"] == RECORDED_GPU[name][1]
+    assert {(p["src"], p["dst"]) for p in out["pairs"]} == {(0, 1), (1, 0)}
+    q50 = sorted(p["q50_gbps"] for p in out["pairs"])
+    assert out["p2p_gbps_median"] == pytest.approx(sum(q50) / 2, abs=1e-4)
+
+
+def test_recorded_gpu_transpose_values():
+    """dask-cuda 26.10 local_cupy transpose_sum 40000^2, chunk 4096, 2xH200: the printed rows, read exactly."""
+    ucx = ref.parse_local_cupy(read("local_cupy_gpu_ucx_transpose.txt"))
+    assert read("local_cupy_gpu_ucx_transpose.txt").startswith("[")  # UCX's own WARN lines come first: skipped
+    assert ucx["compute_chunk_size"] == [4096, 4096] and ucx["ucx_transport_selection"] == "automatic"
+    assert ucx["wall_s"] == [pytest.approx(x) for x in (0.34133, 0.58789, 0.35559, 0.33704, 0.37410)]
+    pair = {(p["src"], p["dst"]): p for p in ucx["pairs"]}
+    assert pair[(0, 1)]["q50_gbps"] == pytest.approx(17.45 * GIB / GB, abs=1e-4)
+    assert pair[(1, 0)]["bytes"] == int(13.83 * GIB)
+    assert ucx["p2p_gbps_median"] == pytest.approx((17.45 + 16.50) / 2 * GIB / GB, abs=1e-4)  # 18.23 GB/s
+    tcp = ref.parse_local_cupy(read("local_cupy_gpu_tcp_transpose.txt"))
+    assert tcp["wall_s"] == [pytest.approx(x) for x in (4.09, 3.90, 3.94, 4.26, 3.37)]
+    assert "ucx_transport_selection" not in tcp
+    auto = ref.parse_local_cupy(read("local_cupy_gpu_ucx_transpose_c11585.txt"))
+    assert auto["compute_chunk_size"] == [11585, 11585] and auto["p2p_gbps_median"] > 5 * ucx["p2p_gbps_median"]
+
+
+def test_recorded_gpu_svd_values():
+    svd = ref.parse_local_cupy(read("local_cupy_gpu_tcp_svd.txt"))
+    assert svd["operation"] == "svd" and svd["size"] == 200000 and svd["second_size"] == 1000
+    assert svd["compute_shape"] == [200000, 1000] and svd["compute_chunk_size"] == [20000, 1000]
+    assert svd["wall_s"] == [pytest.approx(x) for x in (0.59317, 0.53229, 0.50483)]
+    assert svd["bandwidth_hmean_gbps"] == pytest.approx(437.55 * 2 ** 20 / GB, abs=1e-4)
 
 
 @pytest.mark.parametrize("text, seconds", [
