@@ -66,17 +66,22 @@ def test_gpu_mode_without_gpu(capsys, tmp_path):
 
 def test_plan_lists_base_reference_and_knob_variants(capsys):
     rc, out, err = run(capsys, "transpose", "--cpu", "--plan", "--reference", "--protocols", "ucx,tcp",
-                       "--knob", "UCXPY_PROGRESS_MODE=blocking",
-                       "--knob", "ucx-dask-gpu.cluster.threads-per-worker=2;distributed.scheduler.bandwidth=1GB")
+                       "--knob", "UCXPY_PROGRESS_MODE=thread",
+                       "--knob", "ucx-dask-gpu.cluster.threads-per-worker=2;distributed.scheduler.bandwidth=1GB",
+                       "--knob", "ucx-dask-gpu.cluster.rmm-pool-size=0.5")
     assert rc == 0, err
     lines = [ln for ln in out.splitlines() if ln.startswith("[")]
     assert [ln.split(":")[0] for ln in lines] == [
         "[0] ucx tuned-gpu", "[1] ucx reference", "[2] tcp tuned-gpu", "[3] tcp reference",
-        "[4] ucx tuned-gpu + UCXPY_PROGRESS_MODE=blocking",
-        "[5] ucx tuned-gpu + ucx-dask-gpu.cluster.threads-per-worker=2;distributed.scheduler.bandwidth=1GB"]
-    assert "environment {'UCXPY_PROGRESS_MODE': 'blocking'}" in lines[4]
+        "[4] ucx tuned-gpu + UCXPY_PROGRESS_MODE=thread",
+        "[5] ucx tuned-gpu + ucx-dask-gpu.cluster.threads-per-worker=2;distributed.scheduler.bandwidth=1GB",
+        "[6] ucx tuned-gpu + ucx-dask-gpu.cluster.rmm-pool-size=0.5"]
+    assert "environment {'UCXPY_PROGRESS_MODE': 'blocking'}" in lines[0]  # the shipped file's (measured) choice
+    assert "environment {'UCXPY_PROGRESS_MODE': 'thread'}" in lines[4]
     assert "'threads-per-worker': 2" in lines[5]
-    assert "bandwidth: 1GB" in out and "ignored in CPU mode" in lines[0]
+    # the shipped file sets no GPU-only key (no RMM pool since the 2xH200 measurement); a knob that does is reported
+    assert "bandwidth: 1GB" in out and "ignored in CPU mode" not in lines[0]
+    assert "ignored in CPU mode" in lines[6] and "rmm-pool-size" in lines[6]
 
 
 def test_plan_resolves_auto_chunks_from_the_config(capsys, tmp_path):

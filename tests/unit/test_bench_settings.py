@@ -1,9 +1,16 @@
 """--config files and --knob sweep variants: parsing, validation against dask's own keys, and merging."""
+import json
+from pathlib import Path
+
 import pytest
 import yaml
+from dask.utils import parse_bytes
 
 from ucx_dask_gpu.bench import settings as st
 from ucx_dask_gpu.errors import BENCH_CONFIG, USAGE, UserError
+
+# the 2xH200 session that chose the shipped tuned-gpu.yaml (committed results, read-only)
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200x2-2026-11-30"
 
 
 def code_of(fn, *args):
@@ -18,22 +25,56 @@ def test_shipped_tuned_config_is_valid_and_complete():
     assert cfg.name == "tuned-gpu" and cfg.path.endswith("config/tuned-gpu.yaml")
     t = cfg.tree
     cluster, ignored = st.cluster_settings(t, cpu=False)
-    assert cluster["threads-per-worker"] == 1 and cluster["rmm-pool-size"] == 0.5
-    assert cluster["rmm-allocator-external-lib-list"] == "cupy" and not ignored
+    # measured on 2xH200 (see the next test): no RMM pool, CuPy on its own pool, one thread per worker
+    assert cluster["threads-per-worker"] == 1 and cluster["rmm-pool-size"] is None
+    assert cluster["rmm-allocator-external-lib-list"] is None and not ignored
     assert st.get_path(t, "distributed.comm.compression") is False
     assert st.get_path(t, "distributed-ucxx.create-cuda-context") is True
     env, unset = st.environment(t)
-    assert env["UCXPY_PROGRESS_MODE"] == "thread" and not unset
+    assert env == {"UCXPY_PROGRESS_MODE": "blocking"} and not unset
+    assert parse_bytes(st.get_path(t, "distributed.worker.transfer.message-bytes-limit")) == 2 ** 30
+    # "inf" is the spelling distributed's Scheduler turns into math.inf
+    assert st.get_path(t, "distributed.scheduler.worker-saturation") == "inf"
     # everything distributed-ucxx copies into os.environ must be text
     assert all(isinstance(v, str) for v in st.get_path(t, "distributed-ucxx.environment").values())
     # every key is one dask / distributed / distributed-ucxx know (check_tree raised otherwise)
     assert {k.split(".")[0] for k, _ in st.leaves(t)} <= {"array", "distributed", "distributed-ucxx", "ucx-dask-gpu"}
 
 
+def test_shipped_tuned_config_is_the_measured_combination():
+    """tuned-gpu.yaml is exactly what the 2xH200 run measured: its base config (the file as it was) plus the combined
+    knob -- and that knob beat the base in the recording. A change to the file needs a new measurement."""
+    rec = json.loads((RESULTS / "transpose-128MiB-combined-knobs.json").read_text())
+    (base,) = [r for r in rec["runs"] if r["kind"] != "knob"]
+    (combined,) = [r for r in rec["runs"] if r["kind"] == "knob"]
+    assert combined["status"] == base["status"] == "ok" and combined["check"]["ok"] and base["check"]["ok"]
+    assert combined["wall_s_median"] < base["wall_s_median"]  # recorded: 200.5 vs 278.5 ms
+    knob = st.parse_knob(combined["knob"])
+    assert {s.key: s.value for s in knob.settings} == combined["settings"]
+    measured = st.apply_settings(rec["config"]["tree"], knob.settings)
+    assert st.load_config("tuned").tree == measured
+    # what the workers really ran with: blocking progress, no RMM pool under CuPy
+    for applied in combined["applied"].values():
+        assert applied["progress_mode"] == "blocking"
+        assert applied["ucx-dask-gpu.cluster.rmm-pool-size"] == "CudaMemoryResource"
+    # each part of the combination helped on its own in the sweep
+    sweep = {r["knob"]: r for r in json.loads((RESULTS / "transpose-128MiB.json").read_text())["sweep"]}
+    for s in knob.settings:
+        if s.key == "ucx-dask-gpu.cluster.rmm-allocator-external-lib-list":
+            continue  # swept together with rmm-pool-size (one knob)
+        (single,) = [r for k, r in sweep.items() if k.startswith(s.text())]
+        assert single["status"] == "ok" and single["wall_vs_base"] < 1, single
+
+
 def test_cpu_mode_ignores_gpu_only_cluster_keys():
-    cluster, ignored = st.cluster_settings(st.load_config("tuned").tree, cpu=True)
-    assert cluster["rmm-pool-size"] is None
-    assert "ucx-dask-gpu.cluster.rmm-pool-size" in ignored
+    tuned = st.load_config("tuned").tree
+    assert st.cluster_settings(tuned, cpu=True)[1] == []  # the shipped file sets no GPU-only key off its default
+    pooled = st.apply_settings(tuned, st.parse_knob("ucx-dask-gpu.cluster.rmm-pool-size=0.5;"
+                                                    "ucx-dask-gpu.cluster.rmm-allocator-external-lib-list=cupy").settings)
+    cluster, ignored = st.cluster_settings(pooled, cpu=True)
+    assert cluster["rmm-pool-size"] is None and cluster["rmm-allocator-external-lib-list"] is None
+    assert ignored == ["ucx-dask-gpu.cluster.rmm-pool-size", "ucx-dask-gpu.cluster.rmm-allocator-external-lib-list"]
+    assert st.cluster_settings(pooled, cpu=False)[0]["rmm-pool-size"] == 0.5
 
 
 def test_none_config():
