@@ -179,6 +179,35 @@ def test_docker_keeps_exactly_the_normalised_bytes(small, tmp_path):
     assert digests == a.diff_ids
 
 
+def test_the_archive_is_an_oci_layout_and_a_docker_archive_for_skopeo(small, tmp_path):
+    """An independent reader (skopeo, from Debian) takes the archive as OCI layout and as docker-archive."""
+    import shutil
+
+    from ucx_dask_gpu.dockerutil import install_host_packages
+
+    install_host_packages()                      # stack.toml [debian].image_host_packages, skopeo among them
+    skopeo = shutil.which("skopeo")
+    assert skopeo, "skopeo is not installed (stack.toml [debian].image_host_packages)"
+    a = small["outs"][0]
+    for transport in ("oci-archive", "docker-archive"):
+        proc = subprocess.run([skopeo, "inspect", f"{transport}:{a.archive}"], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        info = json.loads(proc.stdout)
+        assert info["Layers"] == a.diff_ids and info["Created"] == "2025-11-30T00:00:00Z", transport
+        assert info["Labels"]["io.ucx-dask-gpu.sbom"] == "/usr/share/ucx-dask-gpu/sbom.cdx.json"
+    oci = json.loads(subprocess.run([skopeo, "inspect", f"oci-archive:{a.archive}"], capture_output=True,
+                                    text=True).stdout)
+    assert oci["Digest"] == a.manifest_digest
+    # a copy verifies every blob against its digest
+    proc = subprocess.run([skopeo, "copy", "-q", f"oci-archive:{a.archive}", f"oci:{tmp_path / 'copy'}:x"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    raw = json.loads(subprocess.run([skopeo, "inspect", "--raw", f"oci:{tmp_path / 'copy'}:x"], capture_output=True,
+                                    text=True).stdout)
+    assert raw["config"]["digest"] == a.image_id
+    assert raw["annotations"]["org.opencontainers.image.created"] == "2025-11-30T00:00:00Z"
+
+
 def test_sbom_of_the_small_image_matches_its_dpkg_database(small):
     tag = "udg-repro-small:a"
     text = docker("run", "--rm", "--entrypoint", "cat", tag, "/usr/share/ucx-dask-gpu/sbom.cdx.json").stdout
