@@ -114,7 +114,8 @@ def test_cupy_chunk_moves_device_to_device(tmp_path):
       3. UCX_PROTO_INFO=y, set for this process tree, prints UCX's protocol choice: it must name cuda_ipc.
     The peak host RSS growth of the receiving worker is printed for the record (a full host copy of the 1 GiB
     payload would show up there) but not asserted: a process's peak depends on what it did before.
-    Uses the shipped tuned-gpu.yaml (DASK_CONFIG), i.e. the progress thread and UCX options the image ships.
+    Uses the shipped tuned-gpu.yaml (DASK_CONFIG) for the UCX options the image ships; this test sets its own
+    UCXPY_PROGRESS_MODE.
     """
     from ucx_dask_gpu.bench import settings as st
 
