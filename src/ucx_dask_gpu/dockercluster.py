@@ -25,7 +25,6 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,15 +147,10 @@ class Cluster:
         return self
 
     def scheduler_argv(self) -> list[str]:
-        argv = ["dask", "scheduler", "--protocol", self.protocol, "--port", str(PORT), "--no-dashboard",
+        # TLS certificates come from dask config (environment, see _env): the --tls-* flags would make the CLI
+        # set host "tls://", which dask refuses together with --interface.
+        return ["dask", "scheduler", "--protocol", self.protocol, "--port", str(PORT), "--no-dashboard",
                 "--interface", "eth0"]
-        return argv + self._tls_args()
-
-    def _tls_args(self) -> list[str]:
-        if self.protocol != "tls":
-            return []
-        return ["--tls-ca-file", f"{TLS_MOUNT}/ca.pem", "--tls-cert", f"{TLS_MOUNT}/node.pem",
-                "--tls-key", f"{TLS_MOUNT}/node.key"]
 
     def worker_argv(self, i: int | str) -> list[str]:
         cmd = ["dask", "cuda", "worker"] if self.gpu else ["dask", "worker"]
@@ -164,7 +158,7 @@ class Cluster:
                 "--death-timeout", "60"]
         if not self.gpu:
             argv += ["--nthreads", str(self.nthreads), "--memory-limit", self.memory_limit]
-        return argv + self._tls_args()
+        return argv
 
     def add_worker(self, i: int | str, image: str | None = None) -> str:
         name = self.worker_name(i)
@@ -227,7 +221,7 @@ class Cluster:
             last = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["(no output)"]
             raise UserError(f"workload {kind} failed (exit {proc.returncode}): {last[0].strip()}", CLUSTER_FAILED)
         try:
-            return json.loads(proc.stdout)
+            return parse_json_output(proc.stdout)
         except ValueError:
             raise UserError(f"workload {kind}: no JSON result: {proc.stdout[-200:]!r}", CLUSTER_FAILED) from None
 
@@ -268,6 +262,19 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.stop(quiet=True)
+
+
+def parse_json_output(text: str):
+    """The JSON document in a client's stdout, ignoring lines other libraries may print around it."""
+    decoder = json.JSONDecoder()
+    for i, line in enumerate(text.splitlines(keepends=True)):
+        if line.lstrip().startswith(("{", "[")):
+            start = sum(len(ln) for ln in text.splitlines(keepends=True)[:i])
+            try:
+                return decoder.raw_decode(text, start + len(line) - len(line.lstrip()))[0]
+            except ValueError:
+                continue
+    raise ValueError("no JSON document in the output")
 
 
 def make_tls_dir(uid: int | None) -> Path:
@@ -311,4 +318,3 @@ def cleanup_stale(prefix: str = "udg-") -> None:
         if ids:
             rm = ["rm", "-f"] if kind == "container" else [kind, "rm"]
             subprocess.run([docker_bin(), *rm, *ids], capture_output=True)
-    time.sleep(0)

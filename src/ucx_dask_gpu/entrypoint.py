@@ -13,6 +13,9 @@ file or a job script must not turn into a container that runs the wrong thing or
 
 Transports: the image's /etc/dask holds the CPU transports (works on every host); on a host where NVML sees a GPU
 (or with UCX_DASK_GPU_TRANSPORTS=gpu) DASK_CONFIG points at the GPU transports, which dask reads after /etc/dask.
+
+Workers also preload `ucx_dask_gpu.quietclose` (after the configured preloads), so `docker stop` shuts them down
+without a heartbeat traceback (see that module).
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ ROLES: dict[str, tuple[str, ...] | None] = {
 USAGE_LINE = ("dask scheduler | dask worker ADDRESS | dask cuda worker ADDRESS | ucx-dask-gpu COMMAND | "
               "python ... | ucx_info | ucx_perftest | bash")
 GPU_CONFIG_DIR = "/etc/ucx-dask-gpu/dask-gpu"
+QUIET_CLOSE = "ucx_dask_gpu.quietclose"
+WORKER_PRELOAD_ENV = "DASK_DISTRIBUTED__WORKER__PRELOAD"
 TRANSPORTS_ENV = "UCX_DASK_GPU_TRANSPORTS"
 
 
@@ -68,6 +73,24 @@ def transports_env(environ: dict) -> dict:
     return {"DASK_CONFIG": GPU_CONFIG_DIR} if kind == "gpu" else {}
 
 
+def worker_preload_env(argv: list[str], environ: dict) -> dict:
+    """For `dask worker`: the configured worker preloads plus QUIET_CLOSE, unless the operator set them."""
+    if argv[:2] != ["dask", "worker"] or WORKER_PRELOAD_ENV in environ:
+        return {}
+    saved = dict(os.environ)
+    os.environ.update(environ)  # dask reads its config (and DASK_CONFIG) from the environment at import
+    try:
+        import dask.config
+
+        configured = list(dask.config.get("distributed.worker.preload", None) or [])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    if QUIET_CLOSE in configured:
+        return {}
+    return {WORKER_PRELOAD_ENV: repr(configured + [QUIET_CLOSE])}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -77,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     env = dict(os.environ)
     env.update(transports_env(env))
+    env.update(worker_preload_env(cmd, env))
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as e:

@@ -195,6 +195,7 @@ def build_args(st: Stack, base: str, builder: str, prefer_system: bool | None = 
     args = {
         "BASE_IMAGE": base, "BUILDER_IMAGE": builder, "UCX_PREFIX": st.image.ucx_prefix, "VENV": st.image.venv,
         "IMAGE_USER": st.image.user, "IMAGE_UID": str(st.image.uid), "PYTHON_VERSION": st.python_version,
+        "CUDA_MAJOR": str(st.cuda_major),
         "SOURCE_DATE_EPOCH": str(st.source_date_epoch),
     }
     if prefer_system is not None:

@@ -1,7 +1,6 @@
 """Image build inputs without Docker: build args match the Dockerfile, the UCX stage gets only what the UCX build
 imports, the staged context has the layout the Dockerfile copies, labels and the UCXX decision follow the build info,
 and base root filesystems are tarred deterministically."""
-import json
 import re
 import subprocess
 import sys

@@ -1,0 +1,58 @@
+"""Worker preload: a worker that is asked to close waits for its in-flight heartbeat before closing its connections.
+
+`Worker.close` stops the heartbeat callback but not a heartbeat already on the wire, then closes its connection
+pool under it; the heartbeat fails ("ConnectionPool is closed") and the worker logs a traceback while shutting down
+normally. Over UCX, where a heartbeat round trip takes longer, that happens on about every other `docker stop`.
+Plugins are torn down at the start of `Worker.close`, while the scheduler still answers: this one stops the
+heartbeat and lets the last one finish, so a normal shutdown logs no error.
+
+Load it on workers (dask config `distributed.worker.preload`, next to the guard).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from distributed import WorkerPlugin
+
+logger = logging.getLogger("distributed.ucx_dask_gpu.quietclose")
+NAME = "ucx-dask-gpu-quiet-close"
+WAIT_S = 10.0
+
+
+class QuietClose(WorkerPlugin):
+    name = NAME
+
+    def __init__(self) -> None:
+        self._idle: asyncio.Event | None = None
+
+    def setup(self, worker) -> None:
+        pc = worker.periodic_callbacks.get("heartbeat")
+        if pc is None:
+            return
+        self._idle = asyncio.Event()
+        self._idle.set()
+        beat = pc.callback
+
+        async def heartbeat() -> None:
+            self._idle.clear()
+            try:
+                await beat()
+            finally:
+                self._idle.set()
+
+        pc.callback = heartbeat
+
+    async def teardown(self, worker) -> None:
+        pc = worker.periodic_callbacks.get("heartbeat")
+        if pc is not None:
+            pc.stop()
+        if self._idle is not None:
+            try:
+                await asyncio.wait_for(self._idle.wait(), WAIT_S)
+            except asyncio.TimeoutError:
+                logger.warning("ucx-dask-gpu: the last heartbeat did not finish within %.0f s of closing", WAIT_S)
+
+
+async def dask_setup(worker) -> None:
+    await worker.plugin_add(QuietClose(), name=NAME)
