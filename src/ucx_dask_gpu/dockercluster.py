@@ -308,13 +308,19 @@ def make_tls_dir(uid: int | None) -> Path:
     return d
 
 
-def cleanup_stale(prefix: str = "udg-") -> None:
-    """Remove containers/networks/volumes labelled by earlier clusters (after an interrupted run)."""
+def remove_all_clusters() -> int:
+    """Remove every container, volume and network any cluster of ours left (an interrupted run); returns the count.
+
+    Everything carries the io.ucx-dask-gpu.cluster label; this also ends clusters that are running now.
+    """
+    removed = 0
     for kind, listing in (("container", ["ps", "-aq"]), ("volume", ["volume", "ls", "-q"]),
                           ("network", ["network", "ls", "-q"])):
         proc = subprocess.run([docker_bin(), *listing, "--filter", "label=io.ucx-dask-gpu.cluster"],
                               capture_output=True, text=True)
         ids = proc.stdout.split()
+        removed += len(ids)
         if ids:
             rm = ["rm", "-f"] if kind == "container" else [kind, "rm"]
             subprocess.run([docker_bin(), *rm, *ids], capture_output=True)
+    return removed

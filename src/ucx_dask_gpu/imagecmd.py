@@ -129,6 +129,15 @@ def _cmd_demo(args) -> int:
     return 0 if ok else VERDICT_FAILED
 
 
+def _cmd_remove_clusters(args) -> int:
+    from .dockercluster import remove_all_clusters
+    from .dockerutil import engine_version
+
+    engine_version()
+    print(f"removed {remove_all_clusters()} container(s)/volume(s)/network(s) of ucx-dask-gpu clusters")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("image", help="build the one image for client, scheduler and workers (Docker)")
     p.add_argument("--stack-file", help="stack.toml to read (default: the repository's)")
@@ -171,3 +180,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--workers", type=int, default=2)
     d.add_argument("--json", metavar="FILE", help="also write the full results to FILE")
     d.set_defaults(func=_cmd_demo)
+
+    r = s.add_parser("remove-clusters", help="remove every container/volume/network left by clusters of ours "
+                                            "(after an interrupted run; also ends running ones)")
+    r.set_defaults(func=_cmd_remove_clusters)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ucx_dask_gpu import stack
-from ucx_dask_gpu.dockercluster import Cluster, cleanup_stale, has_traceback, parse_json_output
+from ucx_dask_gpu.dockercluster import Cluster, has_traceback, parse_json_output
 from ucx_dask_gpu.dockerutil import container_logs, container_state, docker_bin, ensure_engine, wait_until
 from ucx_dask_gpu.errors import ENV_MISMATCH, SCHEDULER_UNREACHABLE, UNKNOWN_ROLE
 
@@ -36,9 +36,7 @@ def build(*args: str) -> dict:
 
 @pytest.fixture(scope="session")
 def engine():
-    version = ensure_engine(allow_start=True)
-    cleanup_stale()
-    return version
+    return ensure_engine(allow_start=True)
 
 
 @pytest.fixture(scope="session")
@@ -297,13 +295,16 @@ def test_transpose_over_tls(tls_cluster):
 
 
 def test_plain_tcp_client_is_refused_by_the_tls_cluster(tls_cluster, image):
+    clients_before = container_logs(tls_cluster.scheduler_name).count("Receive client connection")
     cmd = [docker_bin(), "run", "--rm", "--network", tls_cluster.network, image["tag"], "ucx-dask-gpu", "workload",
            "transpose", "--scheduler", "tcp://scheduler:8786", "--timeout", "10"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == SCHEDULER_UNREACHABLE, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot connect" in lines[0], proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and "cannot connect to tcp://scheduler:8786" in lines[0], proc.stderr[-2000:]
     assert not has_traceback(proc.stderr)
+    # ... and it never became a client of the cluster.
+    assert container_logs(tls_cluster.scheduler_name).count("Receive client connection") == clients_before
 
 
 def test_tls_cluster_shuts_down_cleanly(tls_cluster):
