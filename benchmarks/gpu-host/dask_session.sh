@@ -17,13 +17,7 @@ python3 -c 'import dask_cuda, distributed_ucxx, nvtx' 2>/dev/null \
   || python3 -m pip install -q --no-index --no-deps .whl/*.whl || exit 1
 
 if [ -f build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz ]; then
-  ( G=$W/gcc13; mkdir -p "$G"; tar -xJf build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz -C "$G"; cd "$G"/ucx-1.13.1 || exit
-    { gcc --version | head -1
-      nice ./contrib/configure-release --prefix="$G/p" --with-cuda=/usr/local/cuda --without-verbs --without-rdmacm \
-        --without-java --without-go --disable-static > "$W/gcc13-configure.log" 2>&1; echo "configure rc=$?"
-      nice make -j6 > "$W/gcc13-make.log" 2>&1; echo "patched full make (incl. test/apps) rc=$?"
-      grep -E -B3 -A3 "error|Error [0-9]" "$W/gcc13-make.log" | head -40
-      ls -l test/apps/iodemo/io_demo test/apps/test_cuda_hook_dynamic test/apps/sockaddr/sa 2>&1; } > "$W/gcc13.txt" 2>&1 ) &
+  bash benchmarks/gpu-host/gcc13_check.sh "$W" 6 &
   gcc_pid=$!
 fi
 bench="python3 -m ucx_dask_gpu.bench"

@@ -20,16 +20,7 @@ step() { echo "== $(date +%T) $*"; }
 
 # gcc 13 check of the patches: CPU only, low priority, on half the cores, while the GPU steps run.
 if [ -f build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz ]; then
-  ( G=$W/gcc13; mkdir -p "$G"; tar -xJf build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz -C "$G"; cd "$G"/ucx-1.13.1 || exit
-    { gcc --version | head -1
-      nice ./contrib/configure-release --prefix="$G/p" --with-cuda=/usr/local/cuda --without-verbs --without-rdmacm \
-        --without-java --without-go --disable-static > "$W/gcc13-configure.log" 2>&1; echo "configure rc=$?"
-      nice make -j12 > "$W/gcc13-make.log" 2>&1; echo "patched full make (incl. test/apps) rc=$?"
-      grep -E -B3 -A3 "error|Error [0-9]" "$W/gcc13-make.log" | head -40
-      ls -l test/apps/iodemo/io_demo test/apps/test_cuda_hook_dynamic 2>&1
-      patch -R -p1 < "$R/ucx-src-build/patches/1.13.1/0001-uct-md-mem-advise-enum-type.patch"
-      nice make -C src/uct > "$W/gcc13-without-0001.log" 2>&1; echo "without 0001: rc=$? (expect non-zero)"
-      grep -m3 error "$W/gcc13-without-0001.log"; } > "$W/gcc13.txt" 2>&1 ) &
+  bash benchmarks/gpu-host/gcc13_check.sh "$W" 12 &
   gcc_pid=$!
 fi
 
