@@ -20,34 +20,22 @@ CPU_DEFAULTS = {
 }
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
-    return v
+def _arg_number(convert, what: str, ok, bound: str):
+    """argparse type: `convert(text)` that must satisfy `ok`; one-line messages for both failures."""
+    def parse(text: str):
+        try:
+            v = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text}")
+        return v
+    return parse
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text}")
-    return v
+_positive_int = _arg_number(int, "an integer", lambda v: v >= 1, ">= 1")
+_nonneg_int = _arg_number(int, "an integer", lambda v: v >= 0, ">= 0")
+_seconds = _arg_number(float, "seconds", lambda v: v > 0, "> 0")
 
 
 def add_arguments(p: argparse.ArgumentParser, workload: str) -> None:
