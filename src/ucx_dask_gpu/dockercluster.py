@@ -264,17 +264,21 @@ class Cluster:
         self.stop(quiet=True)
 
 
-def parse_json_output(text: str):
-    """The JSON document in a client's stdout, ignoring lines other libraries may print around it."""
+def parse_json_output(text: str) -> dict:
+    """The JSON object a client printed on stdout, ignoring lines other libraries may print around it (UCX's log
+    lines start with "[timestamp]", so only objects count)."""
     decoder = json.JSONDecoder()
-    for i, line in enumerate(text.splitlines(keepends=True)):
-        if line.lstrip().startswith(("{", "[")):
-            start = sum(len(ln) for ln in text.splitlines(keepends=True)[:i])
+    offset = 0
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith("{"):
             try:
-                return decoder.raw_decode(text, start + len(line) - len(line.lstrip()))[0]
+                value = decoder.raw_decode(text, offset + len(line) - len(line.lstrip()))[0]
             except ValueError:
-                continue
-    raise ValueError("no JSON document in the output")
+                value = None
+            if isinstance(value, dict):
+                return value
+        offset += len(line)
+    raise ValueError("no JSON object in the output")
 
 
 def make_tls_dir(uid: int | None) -> Path:
