@@ -351,8 +351,12 @@ def image_labels(st: Stack, stack_id: str, info: dict, prefer_system: bool, base
 
 
 def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: list[Path] | None = None,
-                base_from: str | None = None) -> BuildResult:
-    """Build `tag`; `base_from`: derive the bases from this registry image instead of debootstrapping them."""
+                base_from: str | None = None, normalise: bool = True) -> BuildResult:
+    """Build `tag`; `base_from`: derive the bases from this registry image instead of debootstrapping them.
+
+    `normalise`: make the image reproducible and add its SBOM afterwards (reproducible.finish_build): `tag` then
+    names the normalised image, whose id depends on the inputs only.
+    """
     extra_wheels = [Path(w).resolve() for w in (extra_wheels or [])]
     for w in extra_wheels:
         if not w.is_file() or not w.name.endswith(".whl"):
@@ -425,6 +429,13 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
     if inside != stack_id:
         raise UserError(f"{tag}: the image computed stack id {inside}, the build computed {stack_id} (the Dockerfile "
                         "and imagebuild.py hash different files)", BUILD_FAILED)
+    if normalise:
+        # Reproducible image + SBOM: sorted/clamped layers, config at SOURCE_DATE_EPOCH, SBOM layer; image.json,
+        # layers.json and sbom.cdx.json land in <cache>/image/<tag>/repro (README "Reproducible image and SBOM").
+        from .reproducible import finish_build
+
+        norm = step("normalise", finish_build, st, tag, cache, extra_wheels)
+        say(f"normalised {tag}: {norm.image_id} (docker build gave {norm.source_image_id[:19]})")
     timings["total"] = round(time.monotonic() - t_start, 1)
     meta = image_inspect(tag) or {}
     result = BuildResult(tag=tag, image_id=meta.get("Id", "?"), size=int(meta.get("Size", 0)), stack_id=stack_id,

@@ -67,7 +67,7 @@ def _cmd_build(args) -> int:
 
     st = _stack(args)
     result = build_image(st, _cache(args), tag=args.tag, extra_wheels=[Path(w) for w in args.extra_wheel],
-                         base_from=args.base_from)
+                         base_from=args.base_from, normalise=not args.no_normalise)
     if args.json:
         print(json.dumps(result.__dict__, indent=2, sort_keys=True))
     else:
@@ -170,6 +170,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="derive both bases from this registry image with apt (e.g. "
                          "debian:bookworm-slim@sha256:...) instead of debootstrap")
     bd.add_argument("--json", action="store_true", help="print the result as JSON")
+    bd.add_argument("--no-normalise", action="store_true",
+                    help="keep docker build's own image: not reproducible, no SBOM (see `ucx-dask-gpu repro`)")
     bd.set_defaults(func=_cmd_build)
 
     d = s.add_parser("demo", help="scheduler + workers + client from the image on an internal network: run the "
