@@ -64,18 +64,14 @@ def test_gpu_transports_only_on_request_or_gpu(tmp_path, monkeypatch):
     assert entrypoint.transports_env({"UCX_DASK_GPU_TRANSPORTS": "gpu", "DASK_CONFIG": "/x"}) == {}
 
 
-def test_workers_add_quiet_close_after_the_configured_preloads(tmp_path, monkeypatch):
-    (tmp_path / "x.yaml").write_text("distributed:\n  worker:\n    preload: [ucx_dask_gpu.guard]\n")
-    monkeypatch.setenv("DASK_CONFIG", str(tmp_path))
+def test_workers_add_quiet_close_after_the_configured_preloads():
     import dask.config
 
-    dask.config.refresh()
-    try:
+    with dask.config.set({"distributed.worker.preload": ["ucx_dask_gpu.guard"]}):
         env = entrypoint.worker_preload_env(["dask", "worker", "tcp://s:8786"], dict(os.environ))
-    finally:
-        monkeypatch.delenv("DASK_CONFIG")
-        dask.config.refresh()  # leave dask's config as other tests expect it
     assert env == {entrypoint.WORKER_PRELOAD_ENV: repr(["ucx_dask_gpu.guard", entrypoint.QUIET_CLOSE])}
+    with dask.config.set({"distributed.worker.preload": ["ucx_dask_gpu.guard", entrypoint.QUIET_CLOSE]}):
+        assert entrypoint.worker_preload_env(["dask", "worker", "x"], dict(os.environ)) == {}
     # Not for other roles, and never over an explicit choice.
     assert entrypoint.worker_preload_env(["dask", "scheduler"], dict(os.environ)) == {}
     assert entrypoint.worker_preload_env(["dask", "worker", "x"], {entrypoint.WORKER_PRELOAD_ENV: "[]"}) == {}
