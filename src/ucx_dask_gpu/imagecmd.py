@@ -92,9 +92,20 @@ def run_demo(image: str, protocols: list[str], workers: int = 2) -> list[dict]:
             from_map = cluster.workload("from-map", "/data/from-map")
         finally:
             stopped = cluster.stop()
+        logs = keep_logs(stopped, cluster.name) if stopped["tracebacks"] else None
         rows.append({"protocol": proto, "transpose": transpose, "from_map": from_map,
-                     "tracebacks": stopped["tracebacks"], "exit_codes": stopped["exit_codes"]})
+                     "tracebacks": stopped["tracebacks"], "exit_codes": stopped["exit_codes"], "logs": logs})
     return rows
+
+
+def keep_logs(stopped: dict, name: str) -> str:
+    """Write every container log of a cluster that logged a traceback (they are gone with the containers)."""
+    from .fsutil import atomic_write_text
+
+    where = default_cache().parent / "cluster-logs" / name
+    for container, log in stopped["logs"].items():
+        atomic_write_text(where / f"{container}.log", log)
+    return str(where)
 
 
 def render_demo(rows: list[dict]) -> str:
@@ -120,6 +131,9 @@ def _cmd_demo(args) -> int:
     image = args.image or f"{st.image.name}:{st.version}"
     rows = run_demo(image, args.protocol or ["ucx", "tcp"], args.workers)
     print(render_demo(rows))
+    for r in rows:
+        if r["logs"]:
+            print(f"{r['protocol']}: container logs kept in {r['logs']}")
     ok = all(r["transpose"]["ok"] and r["from_map"]["ok"] and r["transpose"]["versions_identical"]
              and not r["tracebacks"] for r in rows)
     if args.json:

@@ -11,6 +11,7 @@ Load it on workers (dask config `distributed.worker.preload`, next to the guard)
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 
 from distributed import WorkerPlugin
@@ -18,6 +19,9 @@ from distributed import WorkerPlugin
 logger = logging.getLogger("distributed.ucx_dask_gpu.quietclose")
 NAME = "ucx-dask-gpu-quiet-close"
 WAIT_S = 10.0
+# True inside a heartbeat, and inside every task it starts (tasks copy the context): a close the heartbeat itself
+# began ("Scheduler was unaware of this worker") must not wait for that heartbeat, which is waiting for the close.
+_in_heartbeat: contextvars.ContextVar[bool] = contextvars.ContextVar("ucx_dask_gpu_in_heartbeat", default=False)
 
 
 class QuietClose(WorkerPlugin):
@@ -36,9 +40,11 @@ class QuietClose(WorkerPlugin):
 
         async def heartbeat() -> None:
             self._idle.clear()
+            token = _in_heartbeat.set(True)
             try:
                 await beat()
             finally:
+                _in_heartbeat.reset(token)
                 self._idle.set()
 
         pc.callback = heartbeat
@@ -47,7 +53,7 @@ class QuietClose(WorkerPlugin):
         pc = worker.periodic_callbacks.get("heartbeat")
         if pc is not None:
             pc.stop()
-        if self._idle is not None:
+        if self._idle is not None and not _in_heartbeat.get():
             try:
                 await asyncio.wait_for(self._idle.wait(), WAIT_S)
             except asyncio.TimeoutError:
