@@ -21,7 +21,6 @@ import argparse
 import email.parser
 import hashlib
 import json
-import re
 import sys
 import uuid
 from datetime import datetime, timezone

@@ -14,7 +14,7 @@ import pytest
 
 from test_tarnorm import EARLIER, EPOCH, LATER, make_tar
 
-from ucx_dask_gpu import cli, reproducible, tarnorm
+from ucx_dask_gpu import cli, reproducible
 from ucx_dask_gpu.errors import BAD_ARCHIVE, NOT_REPRODUCIBLE, UserError
 
 
