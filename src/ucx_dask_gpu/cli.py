@@ -9,7 +9,7 @@ import importlib
 import sys
 
 from . import __version__
-from .errors import UserError
+from .cliutil import Parser, run_parsed
 
 # module name -> registers one or more subcommands
 COMMAND_MODULES = [
@@ -29,12 +29,6 @@ COMMAND_MODULES = [
 ]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2, like every other bad input
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ucx-dask-gpu", description="Run Dask on GPUs over UCX: build, verify, benchmark.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -46,18 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        rc = args.func(args)
-    except UserError as e:
-        print(f"ucx-dask-gpu {args.command}: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print(f"ucx-dask-gpu {args.command}: interrupted", file=sys.stderr)
-        return 130
-    return int(rc or 0)
-
+    args = build_parser().parse_args(argv)
+    return run_parsed(args, f"ucx-dask-gpu {args.command}")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1028,20 +1028,9 @@ def recorded_command(cli_line: str, argv0: str | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`python -m ucx_dask_gpu.verify_nvlink ...`: the same command without loading the other subcommands (a bare GPU
     host needs only this module's dependencies)."""
-    from .cli import _Parser
+    from .cliutil import standalone_main
 
-    parser = _Parser(prog="ucx-dask-gpu")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    register(sub)
-    args = parser.parse_args(["verify-nvlink", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except UserError as e:
-        print(f"ucx-dask-gpu verify-nvlink: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("ucx-dask-gpu verify-nvlink: interrupted", file=sys.stderr)
-        return 130
+    return standalone_main("verify-nvlink", register, argv)
 
 
 if __name__ == "__main__":

@@ -124,17 +124,9 @@ def add_actions(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point that needs only this subpackage (no other command modules are imported)."""
-    from ..cli import _Parser
-    from ..errors import UserError
+    from ..cliutil import Parser, run_parsed
 
-    parser = _Parser(prog="ucx-src-build", description="Fetch, build and verify UCX from pinned, verified source.")
+    parser = Parser(prog="ucx-src-build", description="Fetch, build and verify UCX from pinned, verified source.")
     add_actions(parser)
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except UserError as e:
-        print(f"ucx-src-build {args.ucx_command}: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print(f"ucx-src-build {args.ucx_command}: interrupted", file=sys.stderr)
-        return 130
+    return run_parsed(args, f"ucx-src-build {args.ucx_command}")
