@@ -30,9 +30,9 @@ COMMAND_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="ucx-dask-gpu", description="Run Dask on GPUs over UCX: build, verify, benchmark.")
+    parser = Parser(prog="ucx-dask-gpu", description="Run Dask on GPUs over UCX: build, verify, benchmark.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
