@@ -7,10 +7,20 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 CLI := $(VENV)/bin/ucx-dask-gpu
 
-.PHONY: all test prereqs venv regen check-generated unit ucx
+.PHONY: all test prereqs venv regen check-generated unit ucx doctor gpu-verify
 
-all: prereqs venv ucx
-	$(CLI) stack validate
+# `make`: prerequisites, UCX from verified source, what this machine runs on, the one image, the 3-role cluster
+# (scheduler + 2 workers + client) running the workloads over ucx and tcp with a report; on a GPU host also NVLink.
+all: prereqs venv ucx doctor cluster-demo gpu-verify
+
+doctor: venv ucx
+	$(CLI) doctor --ucx-prefix $(UCX_PREFIX)
+
+# Pair by pair, from our UCX and the pip libucx side by side (scripts/verify_nvlink.sh); skipped, saying so, without GPUs.
+gpu-verify: venv ucx
+	@if nvidia-smi -L >/dev/null 2>&1; then \
+	  scripts/verify_nvlink.sh --ucx-prefix $(UCX_PREFIX) --ucx-prefix pip --out build/verify-nvlink; \
+	else echo "gpu-verify: no NVIDIA GPU here, NVLink not verified (run scripts/verify_nvlink.sh on a GPU host)"; fi
 
 prereqs:
 	ci/install_prereqs.sh
