@@ -792,6 +792,17 @@ def _cmd_rootfs(args) -> int:
     return 0
 
 
+def _report_compare(r: dict, json_path: str | None) -> int:
+    """Print the comparison, write it as JSON when asked, and fail (exit 30) unless the two builds are identical."""
+    print(render_compare(r))
+    if json_path:
+        atomic_write_text(json_path, json.dumps(r, indent=2, sort_keys=True) + "\n")
+    if not r["identical"]:
+        raise UserError(f"not reproducible: {r['a']['image_id']} != {r['b']['image_id']} (first differences above)",
+                        NOT_REPRODUCIBLE)
+    return 0
+
+
 def _cmd_check(args) -> int:
     from .imagecmd import default_cache
     from .stack import load
@@ -801,24 +812,12 @@ def _cmd_check(args) -> int:
     for b in r["builds"]:
         took = f"clean build + normalise {b['seconds']:.0f} s" if b["seconds"] is not None else "built before"
         print(f"{b['tag']}: {b['image_id']}  (docker build gave {b['docker_build_id'][:19]}; {took})")
-    print(render_compare(r))
-    if args.json:
-        atomic_write_text(args.json, json.dumps(r, indent=2, sort_keys=True) + "\n")
-    if not r["identical"]:
-        raise UserError(f"not reproducible: {r['a']['image_id']} != {r['b']['image_id']} (first differences above)",
-                        NOT_REPRODUCIBLE)
-    return 0
+    return _report_compare(r, args.json)
 
 
 def _cmd_compare(args) -> int:
     r = compare(Path(args.a), Path(args.b), limit=args.limit)
-    print(render_compare(r))
-    if args.json:
-        atomic_write_text(args.json, json.dumps(r, indent=2, sort_keys=True) + "\n")
-    if not r["identical"]:
-        raise UserError(f"not reproducible: {r['a']['image_id']} != {r['b']['image_id']} (first differences above)",
-                        NOT_REPRODUCIBLE)
-    return 0
+    return _report_compare(r, args.json)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
