@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -25,3 +27,14 @@ def make_wheel(directory: Path, name: str, version: str, payload: str = "") -> P
 
 def sha(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_image(*args: str, timeout: int = 3600) -> dict:
+    """scripts/build_image.sh --json ARGS (the way a user builds the image); its JSON summary."""
+    proc = subprocess.run([str(ROOT / "scripts" / "build_image.sh"), "--json", *args], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"build_image.sh {' '.join(args)} failed (exit {proc.returncode})"
+    return json.loads(proc.stdout)

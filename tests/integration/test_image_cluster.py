@@ -21,17 +21,10 @@ from ucx_dask_gpu.dockerutil import container_logs, container_state, docker_bin,
 from ucx_dask_gpu.errors import ENV_MISMATCH, SCHEDULER_UNREACHABLE, UNKNOWN_ROLE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from image_helpers import make_wheel  # noqa: E402
+from image_helpers import build_image as build, make_wheel  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def build(*args: str) -> dict:
-    proc = subprocess.run([str(ROOT / "scripts" / "build_image.sh"), "--json", *args], cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=None, text=True, timeout=3000)
-    assert proc.returncode == 0, f"build_image.sh {' '.join(args)} failed (exit {proc.returncode})"
-    return json.loads(proc.stdout)
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,9 @@ from ucx_dask_gpu.errors import NOT_REPRODUCIBLE
 from ucx_dask_gpu.imagecmd import default_cache
 from ucx_dask_gpu.lockfile import load_lock
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from image_helpers import build_image  # noqa: E402
+
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -241,17 +244,10 @@ def test_a_build_that_records_its_own_time_is_caught_and_the_file_named(st, base
 
 # --- the image -------------------------------------------------------------------------------------------------
 
-def build_image_sh(*args: str) -> dict:
-    proc = subprocess.run([str(ROOT / "scripts" / "build_image.sh"), "--json", *args], cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=None, text=True, timeout=3600)
-    assert proc.returncode == 0, f"build_image.sh {' '.join(args)} failed (exit {proc.returncode})"
-    return json.loads(proc.stdout)
-
-
 @pytest.fixture(scope="module")
 def image(st, cache) -> dict:
     """The suite's image (built by the cluster tests already: warm, cheap), normalised: the FIRST build."""
-    built = build_image_sh()
+    built = build_image()
     res = reproducible.finish_build(st, built["tag"], cache)
     return {"tag": built["tag"], "result": res, "stack_id": built["stack_id"]}
 
