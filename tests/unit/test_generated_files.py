@@ -1,0 +1,46 @@
+"""Files generated from stack.toml must not drift from it: environment.yml and the Python lock."""
+import shutil
+import subprocess
+import sys
+
+from ucx_dask_gpu import stack
+from ucx_dask_gpu.stackcmd import check_lock_matches, render_environment_yml
+
+
+def _copy_repo_inputs(tmp_path, edit):
+    """stack.toml (edited) + the lock in a scratch tree, so a drift can be provoked without touching the repo."""
+    st = stack.load()
+    (tmp_path / st.python_lock).parent.mkdir(parents=True)
+    shutil.copy(st.lock_path(), tmp_path / st.python_lock)
+    (tmp_path / "stack.toml").write_text(edit(st.path.read_text()))
+    return stack.load(tmp_path / "stack.toml")
+
+
+def test_committed_environment_yml_is_what_stack_toml_generates():
+    st = stack.load()
+    assert (st.root / "environment.yml").read_text() == render_environment_yml(st)
+
+
+def test_committed_lock_satisfies_stack_toml():
+    assert check_lock_matches(stack.load()) == []
+
+
+def test_a_requirement_edit_is_caught_as_drift(tmp_path):
+    st = _copy_repo_inputs(tmp_path, lambda s: s.replace('"cupy-cuda13x==14.2.0"', '"cupy-cuda13x==13.6.0"'))
+    problems = check_lock_matches(st)
+    assert len(problems) == 1 and "cupy-cuda13x" in problems[0] and "14.2.0" in problems[0]
+
+
+def test_a_dev_tool_edit_changes_environment_yml(tmp_path):
+    st = _copy_repo_inputs(tmp_path, lambda s: s.replace('"cython", ', '"cython", "ninja", '))
+    rendered = render_environment_yml(st)
+    assert "  - ninja\n" in rendered
+    assert rendered != (stack.load().root / "environment.yml").read_text()
+
+
+def test_env_yml_check_command_fails_on_drift(tmp_path):
+    st = _copy_repo_inputs(tmp_path, lambda s: s.replace('"cython", ', '"cython", "ninja", '))
+    shutil.copy(stack.load().root / "environment.yml", tmp_path / "environment.yml")
+    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "stack", "--file", str(st.path), "env-yml", "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "out of date" in proc.stderr
