@@ -50,9 +50,9 @@ SCRUB = [
 
 def packages_for(st: Stack, kind: str) -> list[str]:
     if kind == "runtime":
-        pkgs = list(st.debian_base_packages)
+        pkgs = list(st.debian.base_packages)
     elif kind == "builder":
-        pkgs = [*st.debian_base_packages, *st.ucx_build_packages, *st.debian_builder_packages]
+        pkgs = [*st.debian.base_packages, *st.debian.ucx_build_packages, *st.debian.builder_packages]
     else:
         raise UserError(f"unknown base kind {kind!r} (expected {' or '.join(KINDS)})", USAGE)
     return sorted(set(pkgs))
@@ -64,7 +64,7 @@ def image_tag(st: Stack, kind: str) -> str:
 
 
 def base_key(st: Stack, kind: str) -> str:
-    spec = {"recipe": RECIPE, "kind": kind, "suite": st.debian_suite, "mirror": st.debian_mirror,
+    spec = {"recipe": RECIPE, "kind": kind, "suite": st.debian.suite, "mirror": st.debian.mirror,
             "packages": packages_for(st, kind), "epoch": st.source_date_epoch, "scrub": SCRUB}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -135,11 +135,11 @@ def build_rootfs_tar(st: Stack, kind: str, out: Path, cache: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix=f"rootfs-{kind}.", dir=out.parent) as tmp:
         root = Path(tmp) / "root"
         log = out.parent / f"debootstrap-{kind}.log"
-        say(f"debootstrap {st.debian_suite} ({kind}: {len(pkgs)} packages) from {st.debian_mirror}")
+        say(f"debootstrap {st.debian.suite} ({kind}: {len(pkgs)} packages) from {st.debian.mirror}")
         start = time.monotonic()
         try:
             _run(["debootstrap", "--variant=minbase", f"--include={','.join(pkgs)}", f"--cache-dir={debs}",
-                  st.debian_suite, str(root), st.debian_mirror], f"debootstrap {st.debian_suite} ({kind})",
+                  st.debian.suite, str(root), st.debian.mirror], f"debootstrap {st.debian.suite} ({kind})",
                  SOURCE_UNREACHABLE, log=log,
                  # pwconv/useradd in maintainer scripts date /etc/shadow by it, not by today
                  env={**os.environ, "SOURCE_DATE_EPOCH": str(st.source_date_epoch)})
@@ -170,7 +170,7 @@ def ensure_base(st: Stack, kind: str, cache: Path, force: bool = False) -> str:
     tar = build_rootfs_tar(st, kind, work / f"{kind}-{key}.tar", cache)
     changes = [f"LABEL {KEY_LABEL}={key}",
                f"LABEL {LABEL_PREFIX}base.kind={kind}",
-               f"LABEL {LABEL_PREFIX}base.suite={st.debian_suite}",
+               f"LABEL {LABEL_PREFIX}base.suite={st.debian.suite}",
                "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                "ENV LANG=C.UTF-8",
                'CMD ["/bin/bash"]']

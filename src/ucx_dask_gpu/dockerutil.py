@@ -117,7 +117,7 @@ def install_host_packages() -> None:
 
     if not shutil.which("dpkg-query"):
         return
-    missing = [p for p in load().debian_image_host_packages if not _installed(p)]
+    missing = [p for p in load().debian.image_host_packages if not _installed(p)]
     if not missing:
         return
     print(f"installing {' '.join(missing)} (apt-get)", flush=True)

@@ -114,7 +114,7 @@ def stack_id() -> dict:
         from .stack import load
 
         st = load()
-        return {"id": st.stack_id(), "source": f"computed from {st.path.name} + {st.python_lock}"}
+        return {"id": st.stack_id(), "source": f"computed from {st.path.name} + {st.python.lock}"}
     except UserError as e:
         return {"id": None, "source": f"unavailable: {e}"}
 

@@ -33,7 +33,7 @@ from . import baseimage, wheelhouse
 from .dockerutil import LABEL_PREFIX, docker, docker_bin, engine_version, human_size, image_inspect
 from .errors import BUILD_FAILED, UserError
 from .fsutil import atomic_write_text, sha256_file
-from .lockfile import load_lock
+from .stack.lock import load_lock
 from .stack import Stack
 
 BUILD_INFO_IN_PREFIX = "share/ucx-dask-gpu/build-info.json"
@@ -186,7 +186,7 @@ def stage_full_context(st: Stack, ctx: Path, ucx_sources: Path, wheels: Path, ow
     _copy(own_wheel, ctx / "pkg" / own_wheel.name)
     (ctx / "pkg" / "requirements.txt").write_text(wheelhouse.hashed_requirements([own_wheel], "/build/pkg"))
     _copy(st.path, ctx / "etc" / "stack.toml")
-    _copy(st.lock_path(), ctx / "etc" / st.python_lock)
+    _copy(st.lock_path(), ctx / "etc" / st.python.lock)
 
 
 # --- docker build ------------------------------------------------------------------------------------------------
@@ -194,7 +194,7 @@ def stage_full_context(st: Stack, ctx: Path, ucx_sources: Path, wheels: Path, ow
 def build_args(st: Stack, base: str, builder: str, prefer_system: bool | None = None) -> dict[str, str]:
     args = {
         "BASE_IMAGE": base, "BUILDER_IMAGE": builder, "UCX_PREFIX": st.image.ucx_prefix, "VENV": st.image.venv,
-        "IMAGE_USER": st.image.user, "IMAGE_UID": str(st.image.uid), "PYTHON_VERSION": st.python_version,
+        "IMAGE_USER": st.image.user, "IMAGE_UID": str(st.image.uid), "PYTHON_VERSION": st.python.version,
         "CUDA_MAJOR": str(st.cuda_major),
         "SOURCE_DATE_EPOCH": str(st.source_date_epoch),
     }
@@ -330,8 +330,8 @@ def image_labels(st: Stack, stack_id: str, info: dict, prefer_system: bool, base
         LABEL_PREFIX + "stack-id": stack_id,
         LABEL_PREFIX + "stack-toml.sha256": sha256_file(st.path),
         LABEL_PREFIX + "python.lock.sha256": sha256_file(st.lock_path()),
-        LABEL_PREFIX + "python.version": st.python_version,
-        LABEL_PREFIX + "debian.suite": st.debian_suite,
+        LABEL_PREFIX + "python.version": st.python.version,
+        LABEL_PREFIX + "debian.suite": st.debian.suite,
         LABEL_PREFIX + "cuda.major": str(st.cuda_major),
         LABEL_PREFIX + "ucx.version": str(info.get("ucx_version", "unknown")),
         LABEL_PREFIX + "ucx.prefix": st.image.ucx_prefix,

@@ -388,9 +388,8 @@ def default_out_dir(cache: Path, tag: str) -> Path:
 
 def source_url(st) -> str | None:
     """Where the image's sources live: stack.toml [stack].source if written there, else git's `origin` remote."""
-    url = (st.raw.get("stack") or {}).get("source")
-    if isinstance(url, str) and url:
-        return url
+    if st.source:
+        return st.source
     try:
         proc = subprocess.run(["git", "-C", str(st.root), "remote", "get-url", "origin"], capture_output=True,
                               text=True, timeout=10)
@@ -746,7 +745,7 @@ def render_compare(r: dict) -> str:
 
 def wheels_from(paths: list[Path]) -> dict[str, tuple[str, str]]:
     """canonical name -> (file, sha256) from wheel files and wheelhouse directories (their wheelhouse.json)."""
-    from .lockfile import canonical
+    from .stack.lock import canonical
 
     found: dict[str, tuple[str, str]] = {}
     for p in paths:

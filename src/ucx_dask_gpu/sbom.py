@@ -26,9 +26,9 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .errors import BAD_STACK, SBOM_GENERATOR, SBOM_INVALID, SBOM_MISMATCH, USAGE, UserError
+from .errors import SBOM_GENERATOR, SBOM_INVALID, SBOM_MISMATCH, USAGE, UserError
 from .fsutil import atomic_write_text
-from .lockfile import Pin, canonical, load_lock
+from .stack.lock import Pin, canonical, load_lock
 
 PROP = "ucx-dask-gpu:"
 # A fixed namespace for serial numbers derived from content (uuid5 of the content's sha256).
@@ -42,11 +42,7 @@ def generator(st) -> tuple[str, str]:
     because the SBOM's bytes (part of the image) depend on it."""
     from importlib.metadata import PackageNotFoundError, version
 
-    table = st.raw.get("sbom")
-    name = table.get("generator") if isinstance(table, dict) else None
-    pinned = table.get("generator_version") if isinstance(table, dict) else None
-    if not isinstance(name, str) or not isinstance(pinned, str) or not name or not pinned:
-        raise UserError(f"{st.path.name}: [sbom] needs generator and generator_version (strings)", BAD_STACK)
+    name, pinned = st.sbom.generator, st.sbom.generator_version
     try:
         installed = version(name)
     except PackageNotFoundError:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .errors import BAD_STACK, BUILD_FAILED, HASH_MISMATCH, SOURCE_UNREACHABLE, UserError
 from .fsutil import atomic_path, atomic_write_text, sha256_file
-from .lockfile import Pin, canonical, load_lock
+from .stack.lock import Pin, canonical, load_lock
 from .stack import Stack
 
 MANIFEST = "wheelhouse.json"
@@ -127,24 +127,24 @@ def ensure_wheelhouse(st: Stack, cache: Path, lock_path: Path | None = None, fin
             if files == manifest.get("files"):
                 say(f"{dest}: {len(files)} wheels, verified against {lock_path.name} (cached)")
                 return dest
-    platforms = pip_platforms(st.python_platform)
+    platforms = pip_platforms(st.python.platform)
     with atomic_path(dest) as tmp:
         tmp.mkdir()
         cmd = [python or sys.executable, "-m", "pip", "download", "--require-hashes", "--no-deps",
-               "--only-binary=:all:", "--python-version", st.python_version, "--implementation", "cp",
+               "--only-binary=:all:", "--python-version", st.python.version, "--implementation", "cp",
                *[arg for p in platforms for arg in ("--platform", p)],
                "--disable-pip-version-check", "--progress-bar", "off", "--no-input", "-r", str(lock_path),
                "-d", str(tmp)]
         if find_links is not None:
             cmd += ["--no-index", "--find-links", str(find_links)]
-        say(f"downloading {len(pins)} wheels of {lock_path.name} (python {st.python_version}, {platforms[0]})")
+        say(f"downloading {len(pins)} wheels of {lock_path.name} (python {st.python.version}, {platforms[0]})")
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PIP_NO_INPUT": "1"})
         if proc.returncode != 0:
             raise _pip_failure(proc.stdout + "\n" + proc.stderr)
         files = verify_wheels(tmp, pins)
         shutil.copyfile(lock_path, tmp / LOCK_NAME)
         manifest = {"lock": lock_path.name, "lock_sha256": sha256_file(lock_path),
-                    "python": st.python_version, "platforms": platforms, "files": files}
+                    "python": st.python.version, "platforms": platforms, "files": files}
         atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     total = sum((dest / f).stat().st_size for f in files)
     say(f"{dest}: {len(files)} wheels ({total / 1e9:.2f} GB), every sha256 verified against {lock_path.name}")

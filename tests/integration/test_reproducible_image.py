@@ -21,7 +21,7 @@ from ucx_dask_gpu import baseimage, reproducible, sbom, stack
 from ucx_dask_gpu.dockerutil import docker_bin, ensure_engine, image_inspect
 from ucx_dask_gpu.errors import NOT_REPRODUCIBLE
 from ucx_dask_gpu.imagecmd import default_cache
-from ucx_dask_gpu.lockfile import load_lock
+from ucx_dask_gpu.stack.lock import load_lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from image_helpers import build_image  # noqa: E402

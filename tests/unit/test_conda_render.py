@@ -78,12 +78,12 @@ def test_conda_build_config_is_generated_from_stack_toml(st):
     text = (RECIPES / "conda_build_config.yaml").read_text()
     assert text == render_conda_build_config(st)
     assert R.load_variant_config(RECIPES / "conda_build_config.yaml")["cuda_compiler_version"] == \
-        list(st.conda_cuda_versions)
+        list(st.conda.cuda_versions)
 
 
 def test_ucx_recipe_renders_the_production_pin_from_stack_toml(st, cbc):
     variants = R.render_variants(RECIPES / "ucx", cbc, environ={})
-    assert [r.variant["cuda_compiler_version"] for r in variants] == list(st.conda_cuda_versions)
+    assert [r.variant["cuda_compiler_version"] for r in variants] == list(st.conda.cuda_versions)
     pin = st.ucx_sources[0]
     for r in variants:
         assert r.name == "ucx" and r.version == pin.version
@@ -112,7 +112,7 @@ def test_ucx_recipe_names_the_fallback_source_when_asked(st, cbc):
 
 def test_metapackage_is_one_noarch_variant(st, cbc):
     (r,) = R.render_variants(RECIPES / "ucx-dask-gpu", cbc, environ={})
-    assert r.noarch == "python" and r.subdir == "noarch" and r.variant == {"python_min": st.python_version}
+    assert r.noarch == "python" and r.subdir == "noarch" and r.variant == {"python_min": st.python.version}
     assert r.name == st.name and r.version == st.version
     assert f"ucx {st.ucx.version} *_udg_*" in r.requirements("run")
 

@@ -4,14 +4,14 @@ import subprocess
 import sys
 
 from ucx_dask_gpu import stack
-from ucx_dask_gpu.stackcmd import check_lock_matches, render_environment_yml
+from ucx_dask_gpu.stack.generate import check_lock_matches, render_environment_yml
 
 
 def _copy_repo_inputs(tmp_path, edit):
     """stack.toml (edited) + the lock in a scratch tree, so a drift can be provoked without touching the repo."""
     st = stack.load()
-    (tmp_path / st.python_lock).parent.mkdir(parents=True)
-    shutil.copy(st.lock_path(), tmp_path / st.python_lock)
+    (tmp_path / st.python.lock).parent.mkdir(parents=True)
+    shutil.copy(st.lock_path(), tmp_path / st.python.lock)
     (tmp_path / "stack.toml").write_text(edit(st.path.read_text()))
     return stack.load(tmp_path / "stack.toml")
 

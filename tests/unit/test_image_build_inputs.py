@@ -48,7 +48,7 @@ def test_ucxx_uses_our_ucx_only_from_the_minimum_version(st, version, expected):
 
 def test_ucx_stage_gets_the_import_closure_of_the_ucx_build_only():
     files = {str(p) for p in imagebuild.ucx_build_files(ROOT)}
-    for needed in ("src/ucx_dask_gpu/__init__.py", "src/ucx_dask_gpu/stack.py", "src/ucx_dask_gpu/errors.py",
+    for needed in ("src/ucx_dask_gpu/__init__.py", "src/ucx_dask_gpu/stack/model.py", "src/ucx_dask_gpu/errors.py",
                    "src/ucx_dask_gpu/ucxbuild/build.py", "src/ucx_dask_gpu/ucxbuild/__main__.py"):
         assert needed in files
     # Editing the cluster or image code must not rebuild UCX in the image.
@@ -95,7 +95,7 @@ def test_full_context_layout(tmp_path, st):
     assert (ctx / "wheelhouse" / "requirements.txt").read_text() == "alpha==1.0\n"
     assert (ctx / "pkg" / "requirements.txt").read_text().startswith(f"/build/pkg/{own.name} --hash=sha256:")
     assert (ctx / "etc" / "stack.toml").read_bytes() == st.path.read_bytes()
-    assert (ctx / "etc" / st.python_lock).read_bytes() == st.lock_path().read_bytes()
+    assert (ctx / "etc" / st.python.lock).read_bytes() == st.lock_path().read_bytes()
     assert (ctx / "etc" / imagebuild.EXTRA_LOCK_NAME).read_text() == (ctx / "extra" / "requirements.txt").read_text()
     # Without extra wheels: an empty extra requirements file and no extra lock in /etc (the stack id is unchanged).
     ctx2 = tmp_path / "ctx2"

@@ -10,7 +10,7 @@ import pytest
 
 from ucx_dask_gpu import stack, wheelhouse
 from ucx_dask_gpu.errors import HASH_MISMATCH, SOURCE_UNREACHABLE, UserError
-from ucx_dask_gpu.lockfile import parse_lock_text
+from ucx_dask_gpu.stack.lock import parse_lock_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from image_helpers import make_wheel, sha  # noqa: E402

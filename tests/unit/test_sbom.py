@@ -7,7 +7,7 @@ import pytest
 
 from ucx_dask_gpu import cli, sbom, stack
 from ucx_dask_gpu.errors import SBOM_INVALID, SBOM_MISMATCH
-from ucx_dask_gpu.lockfile import Pin, load_lock
+from ucx_dask_gpu.stack.lock import Pin, load_lock
 
 EPOCH = 1764460800
 
@@ -186,6 +186,7 @@ def test_cli_check_exit_codes(tmp_path, capsys):
 
 def test_generator_is_pinned_in_stack_toml_and_checked(tmp_path):
     import dataclasses
+    import tomllib
     from importlib.metadata import version
 
     from ucx_dask_gpu.errors import BAD_STACK, SBOM_GENERATOR, UserError
@@ -193,12 +194,14 @@ def test_generator_is_pinned_in_stack_toml_and_checked(tmp_path):
     st = stack.load()
     name, pinned = sbom.generator(st)
     assert name == "cyclonedx-python-lib" and pinned == version(name)
-    other = dataclasses.replace(st, raw={**st.raw, "sbom": {"generator": name, "generator_version": "0.0.1"}})
+    other = dataclasses.replace(st, sbom=stack.SbomSpec(generator=name, generator_version="0.0.1"))
     with pytest.raises(UserError) as e:
         sbom.generator(other)
     assert e.value.exit_code == SBOM_GENERATOR and "pins 0.0.1" in str(e.value)
+    # Without [sbom] the stack itself is refused, before any SBOM is made.
+    raw = tomllib.loads(st.path.read_text())
     with pytest.raises(UserError) as e:
-        sbom.generator(dataclasses.replace(st, raw={k: v for k, v in st.raw.items() if k != "sbom"}))
+        stack.parse({k: v for k, v in raw.items() if k != "sbom"}, st.path)
     assert e.value.exit_code == BAD_STACK
 
 

@@ -16,7 +16,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from ..lockfile import canonical, load_lock
+from ..stack.lock import canonical, load_lock
 from ..stack import Stack
 from .render import SEL_RE, Rendered, load_variant_config, render, render_variants
 from .settings import CBC_PATH, UCX_VERSION_ENV, render_conda_build_config, settings
@@ -158,7 +158,7 @@ def _license_file_problems(r: Rendered, lf) -> list[str]:
 def lock_versions_by_conda_name(st: Stack) -> dict[str, str]:
     """conda name -> version in the lock, through [conda.names] (independently of environment.yml)."""
     pins = load_lock(st.lock_path())
-    to_conda = {canonical(k): v for k, v in st.conda_names.items()}
+    to_conda = {canonical(k): v for k, v in st.conda.names.items()}
     out = {}
     for pypi, pin in pins.items():
         conda = to_conda.get(pypi, pypi)
@@ -219,7 +219,7 @@ def check_metapackage(r: Rendered, st: Stack, ucx_version: str) -> list[str]:
     for name in settings(st).metapackage:
         want = f"{name} =={locked[name]}" if name in locked else None
         if want is None:
-            out.append(f"{where}: {name} (stack.toml [conda].metapackage) is not in the lock {st.python_lock}")
+            out.append(f"{where}: {name} (stack.toml [conda].metapackage) is not in the lock {st.python.lock}")
         elif by_name.get(name) != want:
             out.append(f"{where}: run requirement for {name} is {by_name.get(name)!r}, the lock says {want!r}")
     want_ucx = f"ucx {ucx_version} *{UCX_MARKER}*"

@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BAD_STACK, UserError
+from ..errors import BAD_STACK, UserError
 
 _REQ_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
 _HASH_RE = re.compile(r"--hash=sha256:([0-9a-f]{64})")

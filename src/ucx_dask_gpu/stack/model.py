@@ -1,7 +1,10 @@
-"""Load and validate `stack.toml`, the single place where versions, URLs and hashes are written.
+"""The typed model of `stack.toml`, the single place where versions, URLs and hashes are written.
 
-Every consumer (UCX build, recipes, Dockerfile inputs, environment.yml, doctor) goes through `load()`, so a typo in
-stack.toml fails once, here, with one line naming the key.
+Every consumer (UCX build, recipes, image, environment.yml, SBOM, doctor) goes through `load()`, which validates the
+whole file at once: a typo fails here, with one line naming the key, and nothing else reads the TOML tables.
+
+The [stack], [ucx] and [cuda] tables are fields of `Stack` itself (what the UCX build reads); every other table is
+one frozen section: `st.debian`, `st.image`, `st.sbom`, `st.python`, `st.conda`.
 """
 from __future__ import annotations
 
@@ -9,12 +12,13 @@ import hashlib
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 from urllib.parse import urlparse
 
-from .errors import BAD_STACK, UserError
+from ..errors import BAD_STACK, USAGE, UserError
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([-+~.][0-9A-Za-z.+~-]+)?$")
@@ -23,6 +27,9 @@ LAYOUTS = ("release", "debian-orig")
 BUILD_DETECTED_FLAGS = frozenset({"--prefix", "--with-cuda", "--without-cuda", "--with-verbs", "--without-verbs",
                                   "--with-rdmacm", "--without-rdmacm", "--with-gdrcopy", "--without-gdrcopy"})
 STACK_ENV = "UCX_DASK_GPU_STACK"
+# Where an installed environment keeps its stack id: the environment variable wins over the file the image writes.
+STACK_ID_ENV = "UCX_DASK_GPU_STACK_ID"
+STACK_ID_FILE = Path("/etc/ucx-dask-gpu/stack-id")
 
 
 class StackError(UserError):
@@ -55,6 +62,18 @@ class UcxSource:
 
 
 @dataclass(frozen=True)
+class DebianSpec:
+    """[debian]: the mirror the bases and the build machines use, and the package lists."""
+
+    suite: str
+    mirror: str
+    ucx_build_packages: tuple[str, ...]
+    base_packages: tuple[str, ...]
+    builder_packages: tuple[str, ...]
+    image_host_packages: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ImageSpec:
     """[image]: names, the fixed user, and the paths the Dockerfile installs UCX and the venv at."""
 
@@ -69,34 +88,62 @@ class ImageSpec:
 
 
 @dataclass(frozen=True)
+class SbomSpec:
+    """[sbom]: the SBOM generator, pinned (its output is part of the image's bytes)."""
+
+    generator: str
+    generator_version: str
+
+
+@dataclass(frozen=True)
+class PythonSpec:
+    """[python]: the interpreter the image runs, and the hash-pinned lock resolved for it."""
+
+    version: str
+    platform: str
+    lock: Path
+    requirements: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CondaAbout:
+    ucx_home: str
+    ucx_dev_url: str
+    home: str
+
+
+@dataclass(frozen=True)
+class CondaSpec:
+    """[conda]: the development environment and the recipes' settings."""
+
+    channels: tuple[str, ...]
+    cuda_versions: tuple[str, ...]
+    dev_tools: tuple[str, ...]
+    cuda_managed: tuple[str, ...]
+    names: Mapping[str, str]          # PyPI name -> conda-forge name ("" = not a conda package)
+    c_stdlib_version: str
+    metapackage: tuple[str, ...]
+    about: CondaAbout
+
+
+@dataclass(frozen=True)
 class Stack:
     path: Path
-    raw: dict[str, Any] = field(repr=False)
     name: str
     version: str
     cuda_major: int
     source_date_epoch: int
+    source: str | None                # [stack].source: where the image's sources live (else git's origin)
     ucx_sources: tuple[UcxSource, ...]
     configure_flags: tuple[str, ...]
     required_modules: tuple[str, ...]
     cuda_header_wheels: tuple[Artifact, ...]
     cuda_link_debs: tuple[Artifact, ...]
-    debian_suite: str
-    debian_mirror: str
-    ucx_build_packages: tuple[str, ...]
-    debian_base_packages: tuple[str, ...]
-    debian_builder_packages: tuple[str, ...]
-    debian_image_host_packages: tuple[str, ...]
+    debian: DebianSpec
     image: ImageSpec
-    python_lock: Path
-    python_version: str
-    python_platform: str
-    python_requirements: tuple[str, ...]
-    conda_channels: tuple[str, ...]
-    conda_cuda_versions: tuple[str, ...]
-    conda_dev_tools: tuple[str, ...]
-    conda_names: dict[str, str]
-    conda_cuda_managed: tuple[str, ...]
+    sbom: SbomSpec
+    python: PythonSpec
+    conda: CondaSpec
 
     @property
     def ucx(self) -> UcxSource:
@@ -108,14 +155,14 @@ class Stack:
         return self.path.parent
 
     def lock_path(self) -> Path:
-        return self.root / self.python_lock
+        return self.root / self.python.lock
 
     def stack_id(self, build_info: Path | None = None, extra_locks: tuple[Path, ...] = ()) -> str:
         """Hash of stack.toml + the Python lock (+ any extra hashed requirements installed on top, + the UCX
         build-info.json): two environments with the same id were built from the same inputs.
 
-        The image's id (/etc/ucx-dask-gpu/stack-id, its label) is this with the build info of the UCX inside it;
-        files are hashed with their base names, so the checkout and the image's copies give the same id.
+        The image's id (STACK_ID_FILE, its label) is this with the build info of the UCX inside it; files are hashed
+        with their base names, so the checkout and the image's copies give the same id.
         """
         return stack_id_of([self.path, self.lock_path(), *extra_locks, *([build_info] if build_info else [])])
 
@@ -244,6 +291,75 @@ def _image(t: dict, where: str) -> ImageSpec:
     return ImageSpec(uid=uid, ucxx_min_system_ucx=min_ucx, **names, **paths)
 
 
+def _http_url(t: dict, key: str, where: str) -> str:
+    value = _get(t, key, where, str)
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise StackError(f"{where}.{key}", f"expected an http(s) URL, got {value!r}")
+    return value
+
+
+def _debian(t: dict, where: str) -> DebianSpec:
+    return DebianSpec(
+        suite=_get(t, "suite", where, str),
+        mirror=_url(_get(t, "mirror", where, str) + "/x", f"{where}.mirror")[:-2],
+        ucx_build_packages=_str_list(t, "ucx_build_packages", where),
+        base_packages=_str_list(t, "base_packages", where),
+        builder_packages=_str_list(t, "builder_packages", where),
+        image_host_packages=_str_list(t, "image_host_packages", where),
+    )
+
+
+def _sbom(t: dict, where: str) -> SbomSpec:
+    generator = _get(t, "generator", where, str)
+    pinned = _get(t, "generator_version", where, str)
+    if not generator or not pinned:
+        raise StackError(where, "needs generator and generator_version (non-empty strings)")
+    return SbomSpec(generator=generator, generator_version=pinned)
+
+
+def _python(t: dict, where: str) -> PythonSpec:
+    version = _get(t, "version", where, str)
+    if not re.match(r"^3\.\d+$", version):
+        raise StackError(f"{where}.version", f"expected 3.N, got {version!r}")
+    lock = _get(t, "lock", where, str)
+    if os.path.isabs(lock) or ".." in Path(lock).parts:
+        raise StackError(f"{where}.lock", f"must be a path inside the repository, got {lock!r}")
+    return PythonSpec(version=version, platform=_get(t, "platform", where, str), lock=Path(lock),
+                      requirements=_str_list(t, "requirements", where))
+
+
+def _conda(t: dict, where: str) -> CondaSpec:
+    names = _get(t, "names", where, dict)
+    for k, v in names.items():
+        if not isinstance(v, str):
+            raise StackError(f"{where}.names.{k}", f"expected a string, got {v!r}")
+    cuda_versions = _str_list(t, "cuda_versions", where)
+    for i, v in enumerate(cuda_versions):
+        if not re.match(r"^\d+\.\d+$", v):
+            raise StackError(f"{where}.cuda_versions[{i}]", f"expected MAJOR.MINOR, got {v!r}")
+    glibc = t.get("c_stdlib_version")
+    if not isinstance(glibc, str) or not re.match(r"^2\.\d+$", glibc):
+        raise StackError(f"{where}.c_stdlib_version", f"expected a glibc version like \"2.28\", got {glibc!r}")
+    meta = t.get("metapackage")
+    if not isinstance(meta, list) or not meta or not all(isinstance(n, str) and re.match(r"^[a-z0-9][a-z0-9._-]*$", n)
+                                                         for n in meta):
+        raise StackError(f"{where}.metapackage", f"expected a non-empty list of conda package names, got {meta!r}")
+    about = t.get("about")
+    if not isinstance(about, dict):
+        raise StackError(f"{where}.about", "missing (a table with ucx_home, ucx_dev_url, home)")
+    return CondaSpec(
+        channels=_str_list(t, "channels", where),
+        cuda_versions=cuda_versions,
+        dev_tools=_str_list(t, "dev_tools", where),
+        cuda_managed=_str_list(t, "cuda_managed", where),
+        names=MappingProxyType(dict(names)),
+        c_stdlib_version=glibc,
+        metapackage=tuple(meta),
+        about=CondaAbout(**{k: _http_url(about, k, f"{where}.about") for k in ("ucx_home", "ucx_dev_url", "home")}),
+    )
+
+
 def parse(data: dict[str, Any], path: Path) -> Stack:
     w = path.name
     if _get(data, "schema", w, int) != 1:
@@ -252,20 +368,6 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
     ucx = _get(data, "ucx", w, dict)
     conf = _get(ucx, "configure", f"{w}.ucx", dict)
     cuda = _get(data, "cuda", w, dict)
-    deb = _get(data, "debian", w, dict)
-    py = _get(data, "python", w, dict)
-    conda = _get(data, "conda", w, dict)
-    names = _get(conda, "names", f"{w}.conda", dict)
-    for k, v in names.items():
-        if not isinstance(v, str):
-            raise StackError(f"{w}.conda.names.{k}", f"expected a string, got {v!r}")
-    cuda_versions = _str_list(conda, "cuda_versions", f"{w}.conda")
-    for i, v in enumerate(cuda_versions):
-        if not re.match(r"^\d+\.\d+$", v):
-            raise StackError(f"{w}.conda.cuda_versions[{i}]", f"expected MAJOR.MINOR, got {v!r}")
-    py_version = _get(py, "version", f"{w}.python", str)
-    if not re.match(r"^3\.\d+$", py_version):
-        raise StackError(f"{w}.python.version", f"expected 3.N, got {py_version!r}")
 
     cuda_major = _get(st, "cuda_major", f"{w}.stack", int)
     if cuda_major not in (12, 13):
@@ -273,10 +375,7 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
     epoch = _get(st, "source_date_epoch", f"{w}.stack", int)
     if epoch <= 0:
         raise StackError(f"{w}.stack.source_date_epoch", f"must be a positive Unix time, got {epoch}")
-    lock = _get(py, "lock", f"{w}.python", str)
-    if os.path.isabs(lock) or ".." in Path(lock).parts:
-        raise StackError(f"{w}.python.lock", f"must be a path inside the repository, got {lock!r}")
-    mirror = _url(_get(deb, "mirror", f"{w}.debian", str) + "/x", f"{w}.debian.mirror")[:-2]
+    source = _get(st, "source", f"{w}.stack", str, required=False) or None
 
     sources = tuple(_ucx_source(t, f"{w}.ucx.sources[{i}]") for i, t in enumerate(_table_list(ucx, "sources", f"{w}.ucx")))
     flags = _str_list(conf, "flags", f"{w}.ucx.configure")
@@ -294,11 +393,11 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
             raise StackError(f"{w}.ucx.configure.required_modules[{i}]", f"expected a lib/ucx/*.so name, got {m!r}")
     return Stack(
         path=path,
-        raw=data,
         name=_get(st, "name", f"{w}.stack", str),
         version=_version(st, f"{w}.stack"),
         cuda_major=cuda_major,
         source_date_epoch=epoch,
+        source=source,
         ucx_sources=sources,
         configure_flags=flags,
         required_modules=required_modules,
@@ -306,22 +405,11 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
                                  for i, t in enumerate(_table_list(cuda, "header_wheels", f"{w}.cuda"))),
         cuda_link_debs=tuple(_artifact(t, f"{w}.cuda.link_debs[{i}]")
                              for i, t in enumerate(_table_list(cuda, "link_debs", f"{w}.cuda"))),
-        debian_suite=_get(deb, "suite", f"{w}.debian", str),
-        debian_mirror=mirror,
-        ucx_build_packages=_str_list(deb, "ucx_build_packages", f"{w}.debian"),
-        debian_base_packages=_str_list(deb, "base_packages", f"{w}.debian"),
-        debian_builder_packages=_str_list(deb, "builder_packages", f"{w}.debian"),
-        debian_image_host_packages=_str_list(deb, "image_host_packages", f"{w}.debian"),
+        debian=_debian(_get(data, "debian", w, dict), f"{w}.debian"),
         image=_image(_get(data, "image", w, dict), f"{w}.image"),
-        python_lock=Path(lock),
-        python_version=py_version,
-        python_platform=_get(py, "platform", f"{w}.python", str),
-        python_requirements=_str_list(py, "requirements", f"{w}.python"),
-        conda_channels=_str_list(conda, "channels", f"{w}.conda"),
-        conda_cuda_versions=cuda_versions,
-        conda_dev_tools=_str_list(conda, "dev_tools", f"{w}.conda"),
-        conda_names=dict(names),
-        conda_cuda_managed=_str_list(conda, "cuda_managed", f"{w}.conda"),
+        sbom=_sbom(_get(data, "sbom", w, dict), f"{w}.sbom"),
+        python=_python(_get(data, "python", w, dict), f"{w}.python"),
+        conda=_conda(_get(data, "conda", w, dict), f"{w}.conda"),
     )
 
 
@@ -330,21 +418,42 @@ def find_stack_file() -> Path:
     env = os.environ.get(STACK_ENV)
     if env:
         return Path(env)
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent.parent / "stack.toml", here / "_data" / "stack.toml"):
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package.parent.parent / "stack.toml", package / "_data" / "stack.toml"):
         if candidate.is_file():
             return candidate
     raise UserError(f"no stack.toml found (set {STACK_ENV}=/path/to/stack.toml)", BAD_STACK)
 
 
-def load(path: str | os.PathLike | None = None) -> Stack:
-    path = Path(path) if path is not None else find_stack_file()
+def _read(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}", BAD_STACK) from None
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path.name}: not valid TOML: {e}", BAD_STACK) from None
-    return parse(data, path.resolve())
+
+
+def load(path: str | os.PathLike | None = None) -> Stack:
+    path = Path(path) if path is not None else find_stack_file()
+    return parse(_read(path), path.resolve())
+
+
+def value(dotted: str, path: str | os.PathLike | None = None):
+    """One value as written in stack.toml (`ucx.sources.0.version`), for shell scripts; the whole file is validated
+    first, so a script never reads a value from a file the model refuses."""
+    path = Path(path) if path is not None else find_stack_file()
+    cur: Any = _read(path)
+    parse(cur, path.resolve())
+    for part in dotted.split("."):
+        if isinstance(cur, list):
+            if not part.isdigit() or int(part) >= len(cur):
+                raise UserError(f"{dotted!r}: {part!r} is not an index of a {len(cur)}-item list", USAGE)
+            cur = cur[int(part)]
+        elif isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        else:
+            raise UserError(f"no key {dotted!r} in stack.toml", USAGE)
+    return cur
