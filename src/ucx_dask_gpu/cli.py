@@ -16,7 +16,7 @@ COMMAND_MODULES = [
     "ucx_dask_gpu.stack.cli",
     "ucx_dask_gpu.conda.cmd",
     "ucx_dask_gpu.ucxbuild.cli",
-    "ucx_dask_gpu.doctor",
+    "ucx_dask_gpu.ucx.cli",
     "ucx_dask_gpu.topologycmd",
     "ucx_dask_gpu.imagecmd",
     "ucx_dask_gpu.reproducible",

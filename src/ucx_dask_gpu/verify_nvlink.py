@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import perftest as pt
+from .ucx import info as ucxinfo
+from .ucx import perftest as pt
+from .ucx.install import UcxInstall, locate
 from .errors import (NO_GPU, NO_NVLINK, ONE_GPU, PERFTEST_FAILED, PERFTEST_MISSING, USAGE, VERDICT_FAILED,
                      UserError)
 from .nvlink_verdict import (FAIL, INVALID, PASS, PairInput, SizeMeasurement, Thresholds,
@@ -46,7 +48,6 @@ DEFAULT_SIZES = "1MiB,64MiB,256MiB"
 DEFAULT_GOALS = "256MiB=0.97,1MiB=0.50"
 # Never settable by --ucx-env/--variant: they are what makes the measurement honest.
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LD_LIBRARY_PATH"}
-BUILD_INFO = Path("share/ucx-dask-gpu/build-info.json")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
           "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
@@ -143,23 +144,47 @@ def select_pairs(gpus: list, all_pairs: bool = False, only: list[int] | None = N
     return pairs if all_pairs else linked
 
 
-# --- UCX installations -----------------------------------------------------------------------------------------------
+# --- UCX under test -------------------------------------------------------------------------------------------------
 
 @dataclass
-class UcxInstall:
-    spec: str
-    kind: str             # source | pip | path | prefix
-    prefix: Path
-    perftest: Path
-    ucx_info: Path | None
-    lib_dirs: list[Path]
-    build_info: dict | None = None
+class UcxUnderTest:
+    """One UCX installation and what its own ucx_info says about it (filled in by `preflight`)."""
+
+    install: UcxInstall
     version: str | None = None
     proto_used: bool = False        # accepts UCX_PROTO_INFO=used
     proto_v2_default: bool = False  # UCX_PROTO_ENABLE default
     transports: list[str] = field(default_factory=list)
     configure_line: str | None = None
     preflight_error: str | None = None  # --keep-going: this UCX could not start; its runs are reported as errors
+
+    @property
+    def spec(self) -> str:
+        return self.install.spec
+
+    @property
+    def kind(self) -> str:
+        return self.install.kind
+
+    @property
+    def prefix(self) -> Path:
+        return self.install.prefix
+
+    @property
+    def perftest(self) -> Path:
+        return self.install.perftest
+
+    @property
+    def ucx_info(self) -> Path | None:
+        return self.install.ucx_info
+
+    @property
+    def lib_dirs(self) -> list[Path]:
+        return self.install.lib_dirs
+
+    @property
+    def build_info(self) -> dict | None:
+        return self.install.build_info
 
     @property
     def label(self) -> str:
@@ -178,17 +203,8 @@ class UcxInstall:
                 if self.build_info else None}
 
 
-def _pip_libucx_dir() -> Path | None:
-    import importlib.util
-
-    spec = importlib.util.find_spec("libucx")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def resolve_install(spec: str) -> UcxInstall:
-    """--ucx-prefix value -> where ucx_perftest is. `pip`: the libucx wheel of this Python; `path`: ucx_perftest on
+def resolve_install(spec: str) -> UcxUnderTest:
+    """--ucx-prefix value -> a UCX with ucx_perftest. `pip`: the libucx wheel of this Python; `path`: ucx_perftest on
     PATH; `auto`: PATH, then the wheel; anything else: a UCX prefix directory."""
     if spec == "auto":
         for alt in ("path", "pip"):
@@ -198,40 +214,11 @@ def resolve_install(spec: str) -> UcxInstall:
                 continue
         raise UserError("ucx_perftest not found: not on PATH and no libucx wheel in this Python; pass --ucx-prefix "
                         "DIR (a UCX install prefix) or --ucx-prefix pip", PERFTEST_MISSING)
-    if spec == "pip":
-        d = _pip_libucx_dir()
-        if d is None:
-            raise UserError("--ucx-prefix pip: the libucx wheel (libucx-cu13) is not installed in this Python",
-                            PERFTEST_MISSING)
-        inst = _install_at(d, "pip", spec)
-    elif spec == "path":
-        exe = shutil.which("ucx_perftest")
-        if exe is None:
-            raise UserError("--ucx-prefix path: no ucx_perftest on PATH", PERFTEST_MISSING)
-        inst = _install_at(Path(exe).resolve().parent.parent, "path", spec)
-    else:
-        d = Path(spec).expanduser()
-        if not d.is_dir():
-            raise UserError(f"--ucx-prefix {spec}: no such directory", PERFTEST_MISSING)
-        inst = _install_at(d.resolve(), "prefix", spec)
-    return inst
-
-
-def _install_at(prefix: Path, kind: str, spec: str) -> UcxInstall:
-    exe = prefix / "bin" / "ucx_perftest"
-    if not exe.is_file() or not os.access(exe, os.X_OK):
-        raise UserError(f"no executable bin/ucx_perftest in {prefix} ({'the libucx wheel' if kind == 'pip' else spec})",
-                        PERFTEST_MISSING)
-    info = prefix / "bin" / "ucx_info"
-    libs = [d for d in (prefix / "lib", prefix / "lib64") if d.is_dir()]
-    build_info = None
-    if (prefix / BUILD_INFO).is_file():
-        try:
-            build_info = json.loads((prefix / BUILD_INFO).read_text())
-            kind = "source" if kind != "pip" else kind
-        except (OSError, ValueError):
-            build_info = None
-    return UcxInstall(spec, kind, prefix, exe, info if info.is_file() else None, libs, build_info)
+    inst = locate(spec, PERFTEST_MISSING)
+    if inst.perftest is None:
+        raise UserError(f"no executable bin/ucx_perftest in {inst.prefix} "
+                        f"({'the libucx wheel' if inst.kind == 'pip' else spec})", PERFTEST_MISSING)
+    return UcxUnderTest(inst)
 
 
 def cuda_runtime_dirs(extra: list[str]) -> list[Path]:
@@ -256,7 +243,7 @@ def cuda_runtime_dirs(extra: list[str]) -> list[Path]:
     return out
 
 
-def child_env(inst: UcxInstall, cuda_dirs: list[Path], ucx_env: dict[str, str]) -> dict[str, str]:
+def child_env(inst: UcxUnderTest, cuda_dirs: list[Path], ucx_env: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     ld = [str(d) for d in inst.lib_dirs] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
     ld += [str(d) for d in cuda_dirs]
@@ -274,11 +261,9 @@ def _run_tool(cmd: list[str], env: dict, timeout: float = 120) -> subprocess.Com
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def preflight(inst: UcxInstall, env: dict[str, str]) -> None:
+def preflight(inst: UcxUnderTest, env: dict[str, str]) -> None:
     """Version, protocol-info capability and transports of one UCX, through its own ucx_info, under the environment
     perftest will get. A UCX that cannot start or has no CUDA transport ends the run here (PERFTEST_FAILED)."""
-    from . import ucxinfo
-
     if inst.ucx_info is None:
         return
     r = _run_tool([str(inst.ucx_info), "-v"], env)
@@ -304,7 +289,7 @@ def preflight(inst: UcxInstall, env: dict[str, str]) -> None:
                         f"(transports: {', '.join(inst.transports) or 'none'}): {why}", PERFTEST_FAILED)
 
 
-def evidence_mode(inst: UcxInstall, env: dict[str, str], forced: str = "auto") -> str:
+def evidence_mode(inst: UcxUnderTest, env: dict[str, str], forced: str = "auto") -> str:
     if forced == "lanes":
         return "lanes"
     v2 = pt.truthy(env["UCX_PROTO_ENABLE"]) if "UCX_PROTO_ENABLE" in env else inst.proto_v2_default
@@ -434,7 +419,7 @@ def _data_key(snap: dict) -> tuple:
 
 @dataclass
 class RunSpec:
-    inst: UcxInstall
+    inst: UcxUnderTest
     variant: dict[str, str] | None
     label: str = ""
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import stack, ucxinfo
+from ucx_dask_gpu import stack
+from ucx_dask_gpu.ucx import info as ucxinfo
 from ucx_dask_gpu.ucxbuild import relocate, verify
-from ucx_dask_gpu.ucxbuild.build import BUILD_INFO
+from ucx_dask_gpu.ucx.install import BUILD_INFO
 
 pytestmark = pytest.mark.integration
 

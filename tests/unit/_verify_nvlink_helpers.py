@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from ucx_dask_gpu import nvml
-from ucx_dask_gpu import perftest as pt
+from ucx_dask_gpu.ucx import perftest as pt
 from ucx_dask_gpu.nvlink_verdict import counter_deltas
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"

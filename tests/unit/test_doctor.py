@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import doctor, envgate, stack
+from ucx_dask_gpu import envgate, stack
+from ucx_dask_gpu.ucx import install
 from ucx_dask_gpu.errors import UCX_NOT_FOUND
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    e = {k: v for k, v in os.environ.items() if k not in (envgate.STACK_ID_ENV, doctor.PREFIX_ENV)}
+    e = {k: v for k, v in os.environ.items() if k not in (envgate.STACK_ID_ENV, install.PREFIX_ENV)}
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "doctor", *args], capture_output=True, text=True,
                           env=e, timeout=300)
@@ -86,6 +87,6 @@ def test_bad_prefix_is_one_line_and_exit_code(tmp_path):
 
 
 def test_prefix_of_library():
-    assert doctor.prefix_of_library("/opt/ucx/lib/libucp.so.0.0.0") == Path("/opt/ucx")
-    assert doctor.prefix_of_library("/usr/lib/x86_64-linux-gnu/libucp.so.0") is None
-    assert doctor.prefix_of_library(None) is None
+    assert install.prefix_of_library("/opt/ucx/lib/libucp.so.0.0.0") == Path("/opt/ucx")
+    assert install.prefix_of_library("/usr/lib/x86_64-linux-gnu/libucp.so.0") is None
+    assert install.prefix_of_library(None) is None

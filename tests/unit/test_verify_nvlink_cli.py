@@ -10,8 +10,9 @@ import pytest
 
 from _verify_nvlink_helpers import FIX, h200_gpus
 from ucx_dask_gpu import nvml
-from ucx_dask_gpu import perftest as pt
+from ucx_dask_gpu.ucx import perftest as pt
 from ucx_dask_gpu import verify_nvlink as vn
+from ucx_dask_gpu.ucx.install import pip_wheel_prefix
 from ucx_dask_gpu.errors import (NO_GPU, NO_NVLINK, NVML_UNAVAILABLE, ONE_GPU, PERFTEST_FAILED, PERFTEST_MISSING,
                                  USAGE, UserError)
 
@@ -29,7 +30,7 @@ def _nvml_works() -> bool:
 
 
 NVML_WORKS = _nvml_works()
-PIP = vn._pip_libucx_dir()
+PIP = pip_wheel_prefix()
 needs_pip_ucx = pytest.mark.skipif(PIP is None or not (PIP / "bin" / "ucx_perftest").is_file(),
                                    reason="the libucx wheel (libucx-cu13) is not installed in this Python")
 no_gpu_here = pytest.mark.skipif(NVML_WORKS, reason="this machine has an NVIDIA driver: the no-GPU paths are not real")

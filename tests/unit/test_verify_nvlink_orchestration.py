@@ -11,10 +11,11 @@ import pytest
 
 from _verify_nvlink_helpers import h200_gpus, snapshot
 from ucx_dask_gpu import verify_nvlink as vn
+from ucx_dask_gpu.ucx.install import pip_wheel_prefix
 from ucx_dask_gpu.cli import build_parser
 from ucx_dask_gpu.report import write_report
 
-PIP = vn._pip_libucx_dir()
+PIP = pip_wheel_prefix()
 pytestmark = pytest.mark.skipif(PIP is None or not (PIP / "bin" / "ucx_perftest").is_file(),
                                 reason="the libucx wheel (libucx-cu13) is not installed in this Python")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import perftest as pt
+from ucx_dask_gpu.ucx import perftest as pt
 from ucx_dask_gpu import verify_nvlink as vn
 from ucx_dask_gpu.errors import USAGE, UserError
 from ucx_dask_gpu.nvlink_verdict import transport_from_tables

@@ -10,7 +10,7 @@ from _verify_nvlink_helpers import (MIB, OURS, OURS_V2, PIP, PIP_BACK, TRAP_OURS
                                     evidence, h200_gpus, isolated_visibility, measured, output, recorded_gpus,
                                     replay, snapshot)
 from ucx_dask_gpu import nvml
-from ucx_dask_gpu import perftest as pt
+from ucx_dask_gpu.ucx import perftest as pt
 from ucx_dask_gpu.nvlink_verdict import (FAIL, INVALID, NO_NVLINK, PASS, PairInput, SizeMeasurement, Thresholds,
                                          TransportEvidence, Visibility, counter_deltas, evaluate_pair,
                                          transport_from_lanes, visibility_problems)

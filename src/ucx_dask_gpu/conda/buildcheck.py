@@ -7,30 +7,22 @@ otherwise be packaged under the pinned version's name. One line and exit PACKAGE
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 from ..errors import PACKAGE_INVALID, UserError
 from ..stack import load
-
-BUILD_INFO = Path("share/ucx-dask-gpu/build-info.json")
-
-
-def read_build_info(prefix: Path) -> dict:
-    path = prefix / BUILD_INFO
-    try:
-        return json.loads(path.read_text())
-    except OSError:
-        raise UserError(f"{path} missing: the build did not go through ucx-src-build", PACKAGE_INVALID) from None
-    except ValueError as e:
-        raise UserError(f"{path}: not JSON ({e})", PACKAGE_INVALID) from None
+from ..ucx.install import BUILD_INFO, read_build_info
 
 
 def check(prefix: Path, pkg_version: str | None, cuda_variant: str | None, stack_path: Path | None = None) -> dict:
     st = load(stack_path)
     info = read_build_info(prefix)
+    if info is None:
+        path = prefix / BUILD_INFO
+        why = "not JSON" if path.is_file() else "missing: the build did not go through ucx-src-build"
+        raise UserError(f"{path} {why}", PACKAGE_INVALID)
     built = info.get("ucx_version")
     src = info.get("source") or {}
     if pkg_version and built != pkg_version:

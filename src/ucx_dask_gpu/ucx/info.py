@@ -1,6 +1,6 @@
 """Run and parse `ucx_info`: `-v` (version, configure line) and `-d` (memory domains, transports, devices).
 
-Shared by `ucx verify`, `doctor` and verify-nvlink. Stdlib only: the UCX build runs it with a bare python3.
+Shared by `ucx verify`, `doctor` and verify-nvlink. Standard library only: the UCX build runs it with a bare python3.
 The parsers take text so they are tested on recorded output (tests/fixtures/ucx_info/).
 """
 from __future__ import annotations
@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UCX_NOT_FOUND, UserError
+from ..errors import UCX_NOT_FOUND, UserError
+from . import install
 
 # 1.13: "# Version 1.13.1"; 1.15+: "# Library version: 1.21.0" (+ "# Library path: ...", "# API headers version: ...")
 _VERSION_RES = (re.compile(r"^#\s*Library version:\s*(\S+)", re.M), re.compile(r"^#\s*Version\s+(\S+)", re.M))
@@ -136,15 +138,14 @@ def parse_devices(text: str) -> UcxDevices:
 def find_ucx_info(prefix: str | os.PathLike | None = None) -> Path:
     """<prefix>/bin/ucx_info, or the one on PATH when no prefix is given."""
     if prefix is not None:
-        exe = Path(prefix) / "bin" / "ucx_info"
-        if not exe.is_file():
+        exe = install.at(prefix).ucx_info
+        if exe is None:
             raise UserError(f"no ucx_info in {Path(prefix) / 'bin'} (is {prefix} a UCX prefix?)", UCX_NOT_FOUND)
         return exe
-    for d in os.environ.get("PATH", "").split(os.pathsep):
-        exe = Path(d or ".") / "ucx_info"
-        if exe.is_file() and os.access(exe, os.X_OK):
-            return exe
-    raise UserError("ucx_info not found on PATH", UCX_NOT_FOUND)
+    found = shutil.which("ucx_info")
+    if found is None:
+        raise UserError("ucx_info not found on PATH", UCX_NOT_FOUND)
+    return Path(found)
 
 
 def run_ucx_info(exe: str | os.PathLike, *args: str, env: dict | None = None, timeout: float = 60) -> str:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..errors import PERFTEST_FAILED, UserError
+
 MIB = 1 << 20
 PERFTEST_MB = 1 << 20  # ucx_perftest's "MB/s" is MiB/s
 
@@ -282,8 +284,6 @@ class PairOutput:
 def result_or_raise(out: PairOutput, what: str) -> PerftestResult:
     """The client's result, or UserError(PERFTEST_FAILED) with one line saying why (exit codes + the telling line
     of the output: a UCX ERROR, a loader 'symbol lookup error', ...)."""
-    from .errors import PERFTEST_FAILED, UserError
-
     res = parse_result(out.client_out) if out.ok else None
     if res is not None:
         return res

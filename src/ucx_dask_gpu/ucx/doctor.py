@@ -1,33 +1,34 @@
 """`ucx-dask-gpu doctor`: what this environment really uses.
 
-- UCX: the libucp.so actually loaded (by path, from --ucx-prefix / $UCX_DASK_GPU_UCX_PREFIX / /opt/ucx / the loader's
-  search path) and its version from ucp_get_version_string(); transports from `ucx_info -d`; lib/ucx modules; whether
+- UCX: the libucp.so actually loaded (by path, from --ucx-prefix / $UCX_DASK_GPU_UCX_PREFIX / the image's prefix
+  (stack.toml [image].ucx_prefix) / the loader's search path) and its version from ucp_get_version_string(); transports from `ucx_info -d`; lib/ucx modules; whether
   it is OUR build (share/ucx-dask-gpu/build-info.json next to it).
 - UCXX: which UCX the `libucx` wheel's loader picks (it honours RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY), said plainly.
 - CUDA driver/runtime versions, GPUs and NVLink link counts (NVML) when present; "no GPU" otherwise (exit 0).
-- The stack id: baked into an image ($UCX_DASK_GPU_STACK_ID, /etc/ucx-dask-gpu/stack-id), else computed.
+- The stack id: baked into an image ($UCX_DASK_GPU_STACK_ID, the image's stack-id file), else computed.
 
 Library probes run in child processes: loading two UCX builds into one process would let the first libucs.so.0
 satisfy the second's dependency and report a mix.
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import os
 import socket
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
-from .errors import UCX_NOT_FOUND, UserError
+from .. import envgate, nvml
+from ..errors import UserError
+from ..report import format_table
+from ..stack import Stack, load
+from . import info as ucxinfo
+from .install import BUILD_INFO, at, choose, prefix_of_library, read_build_info, ucxx_can_use
 
-PREFIX_ENV = "UCX_DASK_GPU_UCX_PREFIX"
-DEFAULT_PREFIX = Path("/opt/ucx")
 PREFER_SYSTEM_ENV = "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"
-UCXX_MIN_UCX = (1, 19, 0)
-BUILD_INFO = Path("share/ucx-dask-gpu/build-info.json")
 
 # Runs in a child: load UCX (a path/soname, or the way UCXX does it through the libucx wheel), then report which
 # files the loader mapped and the version libucp itself reports.
@@ -77,60 +78,23 @@ def _probe(mode: str, target: str, env: dict | None = None) -> dict:
         return {"error": f"probe failed: {last}"}
 
 
-def _version_tuple(v: str | None) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in (v or "").split(".")[:3])
-    except ValueError:
-        return ()
-
-
-def prefix_of_library(path: str | None) -> Path | None:
-    """<prefix>/lib/libucp.so.0 -> <prefix> (None when not in a lib/ directory)."""
-    if not path:
-        return None
-    lib = Path(path).parent
-    return lib.parent if lib.name in ("lib", "lib64") else None
-
-
-def read_build_info(prefix: Path | None) -> dict | None:
-    if prefix is None:
-        return None
-    try:
-        return json.loads((prefix / BUILD_INFO).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 # --- sections --------------------------------------------------------------------------------------------------
 
-def stack_id() -> dict:
-    """The image's baked id (envgate: $UCX_DASK_GPU_STACK_ID, /etc/ucx-dask-gpu/stack-id) else computed here."""
-    from . import envgate
+def _stack() -> tuple[Stack | None, str | None]:
+    try:
+        return load(), None
+    except UserError as e:
+        return None, str(e)
 
+
+def stack_id(st: Stack | None, why: str | None = None) -> dict:
+    """The image's baked id (envgate: $UCX_DASK_GPU_STACK_ID, the image's stack-id file) else computed here."""
     baked, source = envgate.stack_id()
     if baked:
         return {"id": baked, "source": source}
-    try:
-        from .stack import load
-
-        st = load()
-        return {"id": st.stack_id(), "source": f"computed from {st.path.name} + {st.python.lock}"}
-    except UserError as e:
-        return {"id": None, "source": f"unavailable: {e}"}
-
-
-def choose_prefix(arg: str | None) -> tuple[Path | None, str]:
-    if arg:
-        p = Path(arg)
-        if not (p / "lib").is_dir():
-            raise UserError(f"--ucx-prefix {arg}: no lib/ directory there", UCX_NOT_FOUND)
-        return p.resolve(), "--ucx-prefix"
-    env = os.environ.get(PREFIX_ENV)
-    if env:
-        return Path(env).resolve(), f"${PREFIX_ENV}"
-    if (DEFAULT_PREFIX / "lib").is_dir():
-        return DEFAULT_PREFIX.resolve(), f"default {DEFAULT_PREFIX}"
-    return None, "loader search path (no --ucx-prefix, no $UCX_DASK_GPU_UCX_PREFIX, no /opt/ucx)"
+    if st is None:
+        return {"id": None, "source": f"unavailable: {why}"}
+    return {"id": st.stack_id(), "source": f"computed from {st.path.name} + {st.python.lock}"}
 
 
 def unresolved_libraries(path: Path) -> list[str]:
@@ -142,10 +106,9 @@ def unresolved_libraries(path: Path) -> list[str]:
     return sorted({line.split("=>")[0].strip() for line in proc.stdout.splitlines() if "=> not found" in line})
 
 
-def ucx_section(prefix_arg: str | None) -> dict:
-    from . import ucxinfo
-
-    prefix, how = choose_prefix(prefix_arg)
+def ucx_section(prefix_arg: str | None, st: Stack | None) -> dict:
+    inst, how = choose(prefix_arg, st.image.ucx_prefix if st else None)
+    prefix = inst.prefix if inst else None
     target = str(prefix / "lib" / "libucp.so.0") if prefix else "libucp.so.0"
     probe = _probe("load", target)
     libs = probe.get("libraries", {})
@@ -171,8 +134,7 @@ def ucx_section(prefix_arg: str | None) -> dict:
     out["modules_unloadable"] = {m: missing for m in out["modules"]
                                  if (missing := unresolved_libraries(moddir / m))}  # type: ignore[operator]
     try:
-        exe = ucxinfo.find_ucx_info(base) if base and (base / "bin" / "ucx_info").is_file() \
-            else ucxinfo.find_ucx_info()
+        exe = (at(base).ucx_info if base else None) or ucxinfo.find_ucx_info()
         d = ucxinfo.devices(exe)
         out["ucx_info"] = str(exe)
         out["transports"] = d.transports
@@ -183,9 +145,7 @@ def ucx_section(prefix_arg: str | None) -> dict:
     return out
 
 
-def ucxx_section(ours: dict) -> dict:
-    from importlib import metadata
-
+def ucxx_section(ours: dict, st: Stack | None) -> dict:
     def dist_version(*names):
         for n in names:
             try:
@@ -229,8 +189,8 @@ def ucxx_section(ours: dict) -> dict:
     else:
         out["runs_on"] = "other"
         statement = f"UCXX runs on a UCX that is neither ours nor the wheel's: {v} ({ucp})"
-    if v and _version_tuple(v) < UCXX_MIN_UCX:
-        statement += f"; UCXX refuses UCX < {'.'.join(map(str, UCXX_MIN_UCX))} at import, so `import ucxx` fails"
+    if v and st is not None and not ucxx_can_use(st, v):
+        statement += f"; UCXX refuses UCX < {st.image.ucxx_min_system_ucx} at import, so `import ucxx` fails"
     out["statement"] = statement
     return out
 
@@ -268,7 +228,7 @@ def _find_cudart() -> str | None:
         except OSError:
             continue
     try:
-        import nvidia  # namespace package of the nvidia-* wheels
+        import nvidia  # optional: the namespace package of the nvidia-* wheels, only to find their files
 
         for base in getattr(nvidia, "__path__", []):
             for p in sorted(Path(base).glob("cu*/lib/libcudart.so.*")) + sorted(Path(base).glob("cuda_runtime/lib/libcudart.so.*")):
@@ -279,8 +239,6 @@ def _find_cudart() -> str | None:
 
 
 def gpu_section() -> dict:
-    from . import nvml
-
     try:
         gpus = nvml.discover()
         driver = nvml.driver_version()
@@ -298,16 +256,15 @@ def gpu_section() -> dict:
 
 
 def collect(prefix_arg: str | None) -> dict:
-    ucx = ucx_section(prefix_arg)
-    return {"host": socket.gethostname(), "stack": stack_id(), "ucx": ucx, "ucxx": ucxx_section(ucx),
+    st, why = _stack()
+    ucx = ucx_section(prefix_arg, st)
+    return {"host": socket.gethostname(), "stack": stack_id(st, why), "ucx": ucx, "ucxx": ucxx_section(ucx, st),
             "cuda": cuda_section(), "gpu": gpu_section()}
 
 
 # --- output --------------------------------------------------------------------------------------------------------
 
 def render(r: dict) -> str:
-    from .report import format_table
-
     u, x, c, g = r["ucx"], r["ucxx"], r["cuda"], r["gpu"]
     if u.get("version"):
         ucx_line = f"{u['version']} — {u['libraries'].get('libucp.so')}"
@@ -318,7 +275,7 @@ def render(r: dict) -> str:
         b = u["build_info"]
         built = f"ours: UCX {b['ucx_version']} from {b['source']}" + (" (FALLBACK source)" if b["fallback"] else "")
     elif u.get("version"):
-        built = "not ours (no share/ucx-dask-gpu/build-info.json next to it)"
+        built = f"not ours (no {BUILD_INFO} next to it)"
     rows = [
         ("stack id", f"{r['stack']['id']}  ({r['stack']['source']})"),
         ("UCX loaded", ucx_line),
@@ -343,20 +300,3 @@ def render(r: dict) -> str:
         rows.append((f"  GPU{gpu['index']}", f"{gpu['name']} {gpu['pci_bus_id']}: {gpu['nvlink_links']} NVLinks "
                                              f"({peers})"))
     return format_table(["item", "value"], rows)
-
-
-def _cmd_doctor(args) -> int:
-    report = collect(args.ucx_prefix)
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        print(render(report))
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="what this environment really uses: UCX, UCXX, CUDA, GPUs, NVLink, stack id")
-    p.add_argument("--ucx-prefix", help=f"UCX prefix to load (default: ${PREFIX_ENV}, {DEFAULT_PREFIX}, "
-                                        f"else the loader's search path)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_cmd_doctor)
