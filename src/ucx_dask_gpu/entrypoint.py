@@ -14,7 +14,7 @@ file or a job script must not turn into a container that runs the wrong thing or
 Transports: the image's /etc/dask holds the CPU transports (works on every host); on a host where NVML sees a GPU
 (or with UCX_DASK_GPU_TRANSPORTS=gpu) DASK_CONFIG points at the GPU transports, which dask reads after /etc/dask.
 
-Workers also preload `ucx_dask_gpu.quietclose` (after the configured preloads), so `docker stop` shuts them down
+Workers also preload `ucx_dask_gpu.gate.quietclose` (after the configured preloads), so `docker stop` shuts them down
 without a heartbeat traceback (see that module).
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import sys
 
 from .errors import UNKNOWN_ROLE, UserError
+from .gate.daskconfig import QUIET_CLOSE, detect_transports
 
 # first word -> allowed second words (None: anything may follow)
 ROLES: dict[str, tuple[str, ...] | None] = {
@@ -38,7 +39,6 @@ ROLES: dict[str, tuple[str, ...] | None] = {
 USAGE_LINE = ("dask scheduler | dask worker ADDRESS | dask cuda worker ADDRESS | ucx-dask-gpu COMMAND | "
               "python ... | ucx_info | ucx_perftest | bash")
 GPU_CONFIG_DIR = "/etc/ucx-dask-gpu/dask-gpu"
-QUIET_CLOSE = "ucx_dask_gpu.quietclose"
 WORKER_PRELOAD_ENV = "DASK_DISTRIBUTED__WORKER__PRELOAD"
 TRANSPORTS_ENV = "UCX_DASK_GPU_TRANSPORTS"
 
@@ -67,8 +67,6 @@ def transports_env(environ: dict) -> dict:
         return {}
     kind = environ.get(TRANSPORTS_ENV, "auto")
     if kind == "auto":
-        from .daskconfig import detect_transports
-
         kind = detect_transports()
     return {"DASK_CONFIG": GPU_CONFIG_DIR} if kind == "gpu" else {}
 

@@ -13,18 +13,18 @@ import sys
 import time
 from pathlib import Path
 
-from ucx_dask_gpu import envgate
+from ucx_dask_gpu.gate import identity
 
 
 def env_for(tmp: Path, config_dir: Path | None, stack_id: str | None = None,
             extra_path: Path | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_") and k != envgate.STACK_ID_ENV}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_") and k != identity.STACK_ID_ENV}
     empty = tmp / "empty-dask-config"
     empty.mkdir(exist_ok=True)
     env["DASK_ROOT_CONFIG"] = str(empty)
     env["DASK_CONFIG"] = str(config_dir or empty)
     if stack_id is not None:
-        env[envgate.STACK_ID_ENV] = stack_id
+        env[identity.STACK_ID_ENV] = stack_id
     if extra_path is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH")]))
     return env

@@ -1,6 +1,6 @@
 """The environment gate on real processes: a scheduler with stack id A, and workers / clients whose stack id (and
 installed packages) differ, each in its own process with its own UCX_DASK_GPU_STACK_ID, all using the shipped
-dask config (which loads ucx_dask_gpu.guard on every role)."""
+dask config (which loads ucx_dask_gpu.gate.guard on every role)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from ucx_dask_gpu import daskconfig, envgate
+from ucx_dask_gpu.gate import daskconfig, identity
 
 from _dask_procs import env_for, fake_distribution, run_python, start_scheduler, start_worker
 
@@ -83,7 +83,7 @@ def test_client_without_the_guard_is_refused(scheduler_a, tmp_path):
     _, address, _ = scheduler_a
     out = client_in_own_env(address, env_for(tmp_path, None, ID_A))  # no dask config: no preload
     assert out["connected"] is False and out["type"] == "ImportError"
-    assert f"scheduler {ID_A} vs client none" in out["message"] and "ucx_dask_gpu.guard" in out["message"]
+    assert f"scheduler {ID_A} vs client none" in out["message"] and "ucx_dask_gpu.gate.guard" in out["message"]
 
 
 def test_matching_stack_ids_are_accepted(scheduler_a, shipped_config, tmp_path):
@@ -99,8 +99,8 @@ def test_matching_stack_ids_are_accepted(scheduler_a, shipped_config, tmp_path):
 
 
 def test_scheduler_without_stack_id_warns_once_and_accepts_everyone(shipped_config, tmp_path):
-    if envgate.STACK_ID_FILE.exists():
-        pytest.skip(f"{envgate.STACK_ID_FILE} exists here, so no process is without a stack id")
+    if identity.STACK_ID_FILE.exists():
+        pytest.skip(f"{identity.STACK_ID_FILE} exists here, so no process is without a stack id")
     sched, address = start_scheduler(tmp_path, env_for(tmp_path, shipped_config, None))
     worker = start_worker(tmp_path, env_for(tmp_path, shipped_config, ID_B), address, "any-worker")
     try:
@@ -139,5 +139,5 @@ def test_local_cuda_cluster_workers_carry_the_stack_id(shipped_config, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["sum"] == 45
-    assert out["preloads"] == [["dask_cuda.initialize", "ucx_dask_gpu.guard"]]
+    assert out["preloads"] == [["dask_cuda.initialize", "ucx_dask_gpu.gate.guard"]]
     assert "refused" not in proc.stderr

@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from ucx_dask_gpu import daskconfig, envgate, workloads
+from ucx_dask_gpu import workloads
+from ucx_dask_gpu.gate import daskconfig, identity
 
 from _dask_procs import env_for, start_scheduler, start_worker
 
@@ -48,7 +49,7 @@ def test_transpose_gives_the_numpy_answer(protocol, shipped_config, tmp_path):
     assert result["versions_identical"] and result["workers_start"] == 2
     # Start-up and shutdown are clean: no tracebacks (UCX's own WARN lines about UCX_MEMTYPE_CACHE are allowed).
     assert "Traceback" not in stderr, stderr[-4000:]
-    if not envgate.STACK_ID_FILE.exists():  # the shipped preload ran on the scheduler: outside the image it warns once
+    if not identity.STACK_ID_FILE.exists():  # the shipped preload ran on the scheduler: outside the image it warns once
         assert stderr.count("this scheduler has no stack id") == 1
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import envgate, stack
+from ucx_dask_gpu import stack
+from ucx_dask_gpu.gate import identity
 from ucx_dask_gpu.ucx import install
 from ucx_dask_gpu.errors import UCX_NOT_FOUND
 
@@ -17,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    e = {k: v for k, v in os.environ.items() if k not in (envgate.STACK_ID_ENV, install.PREFIX_ENV)}
+    e = {k: v for k, v in os.environ.items() if k not in (identity.STACK_ID_ENV, install.PREFIX_ENV)}
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "doctor", *args], capture_output=True, text=True,
                           env=e, timeout=300)
@@ -57,9 +58,9 @@ def test_stack_id_computed_from_the_repository(report):
 
 
 def test_baked_stack_id_wins():
-    r = run("--json", env={envgate.STACK_ID_ENV: "0123456789abcdef"})
+    r = run("--json", env={identity.STACK_ID_ENV: "0123456789abcdef"})
     got = json.loads(r.stdout)["stack"]
-    assert got["id"] == "0123456789abcdef" and envgate.STACK_ID_ENV in got["source"]
+    assert got["id"] == "0123456789abcdef" and identity.STACK_ID_ENV in got["source"]
 
 
 def test_ucxx_statement_matches_what_was_loaded(report):

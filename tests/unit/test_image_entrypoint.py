@@ -67,10 +67,10 @@ def test_gpu_transports_only_on_request_or_gpu(tmp_path, monkeypatch):
 def test_workers_add_quiet_close_after_the_configured_preloads():
     import dask.config
 
-    with dask.config.set({"distributed.worker.preload": ["ucx_dask_gpu.guard"]}):
+    with dask.config.set({"distributed.worker.preload": ["ucx_dask_gpu.gate.guard"]}):
         env = entrypoint.worker_preload_env(["dask", "worker", "tcp://s:8786"], dict(os.environ))
-    assert env == {entrypoint.WORKER_PRELOAD_ENV: repr(["ucx_dask_gpu.guard", entrypoint.QUIET_CLOSE])}
-    with dask.config.set({"distributed.worker.preload": ["ucx_dask_gpu.guard", entrypoint.QUIET_CLOSE]}):
+    assert env == {entrypoint.WORKER_PRELOAD_ENV: repr(["ucx_dask_gpu.gate.guard", entrypoint.QUIET_CLOSE])}
+    with dask.config.set({"distributed.worker.preload": ["ucx_dask_gpu.gate.guard", entrypoint.QUIET_CLOSE]}):
         assert entrypoint.worker_preload_env(["dask", "worker", "x"], dict(os.environ)) == {}
     # Not for other roles, and never over an explicit choice.
     assert entrypoint.worker_preload_env(["dask", "scheduler"], dict(os.environ)) == {}

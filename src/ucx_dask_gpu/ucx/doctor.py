@@ -21,8 +21,9 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from .. import envgate, nvml
+from .. import nvml
 from ..errors import UserError
+from ..gate import identity
 from ..report import format_table
 from ..stack import Stack, load
 from . import info as ucxinfo
@@ -88,8 +89,8 @@ def _stack() -> tuple[Stack | None, str | None]:
 
 
 def stack_id(st: Stack | None, why: str | None = None) -> dict:
-    """The image's baked id (envgate: $UCX_DASK_GPU_STACK_ID, the image's stack-id file) else computed here."""
-    baked, source = envgate.stack_id()
+    """The image's baked id ($UCX_DASK_GPU_STACK_ID, the image's stack-id file) else computed here."""
+    baked, source = identity.stack_id()
     if baked:
         return {"id": baked, "source": source}
     if st is None:

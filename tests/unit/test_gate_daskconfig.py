@@ -8,7 +8,7 @@ import sys
 import dask
 import pytest
 
-from ucx_dask_gpu import daskconfig
+from ucx_dask_gpu.gate import daskconfig
 from ucx_dask_gpu.errors import CONFIG_DEST, UserError
 
 
@@ -27,7 +27,7 @@ def test_install_writes_both_files_with_guard_preloads(tmp_path, kind):
     assert sorted(p.name for p in written) == sorted([daskconfig.COMMON, daskconfig.INSTALLED_TRANSPORTS])
     cfg = daskconfig.load_installed(tmp_path)
     for role in ("scheduler", "worker", "client"):
-        assert cfg["distributed"][role]["preload"] == ["ucx_dask_gpu.guard"]
+        assert cfg["distributed"][role]["preload"] == ["ucx_dask_gpu.gate.guard"]
     assert cfg["distributed-ucxx"]["nvlink"] is (kind == "gpu")
 
 

@@ -4,28 +4,25 @@ The identity of a Dask process (scheduler, worker or client) is its stack id plu
 distributions. The stack id is baked into the image (hash of stack.toml + lock + UCX build info); two processes
 with the same stack id run the same software. The package list only serves to explain a mismatch.
 
-Pure functions, no dask import: the preload (`ucx_dask_gpu.guard`) and `ucx-dask-gpu guard show` share them.
+Pure functions, no dask import: the preload (`ucx_dask_gpu.gate.guard`) and `ucx-dask-gpu guard show` share them.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
-import json
 import os
-import re
+from importlib.metadata import distributions
 from pathlib import Path
 
-STACK_ID_ENV = "UCX_DASK_GPU_STACK_ID"
-STACK_ID_FILE = Path("/etc/ucx-dask-gpu/stack-id")
+from ..stack import STACK_ID_ENV, STACK_ID_FILE
+from ..stack.lock import canonical
+
+# The preload that carries the identity and refuses mismatches (gate/guard.py), as dask config names it.
+GUARD = "ucx_dask_gpu.gate.guard"
 # Key under which the identity travels: in a worker's startup information and in a client's `versions`.
 KEY = "ucx-dask-gpu"
 # A refusal lists at most this many differing packages, so the message stays one readable line.
 MAX_LISTED = 20
-
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def stack_id(environ: dict | None = None, id_file: Path | None = None) -> tuple[str | None, str]:
@@ -50,13 +47,11 @@ def installed_packages() -> dict[str, str]:
 
     Cached: a process's installed distributions do not change while it runs Dask.
     """
-    from importlib.metadata import distributions
-
     found: dict[str, str] = {}
     for dist in distributions():
         name = dist.metadata["Name"] if dist.metadata else None
         if name:
-            found.setdefault(_canonical(name), dist.version)
+            found.setdefault(canonical(name), dist.version)
     return found
 
 
@@ -90,7 +85,7 @@ def peer_packages(ident: dict | None, versions: dict | None) -> dict[str, str | 
     if ident and isinstance(ident.get("packages"), str):
         return decode_packages(ident["packages"])
     pkgs = (versions or {}).get("packages") or {}
-    return {_canonical(k): v for k, v in pkgs.items() if k != "python"}
+    return {canonical(k): v for k, v in pkgs.items() if k != "python"}
 
 
 def package_diff(ours: dict[str, str | None], theirs: dict[str, str | None],
@@ -119,31 +114,9 @@ def check_peer(ours: dict, role: str, peer: str, ident: dict | None, versions: d
     only = None if ident else set(their_pkgs)
     diff = package_diff(our_pkgs, their_pkgs, only)
     if ident is None:
-        their_desc = ("none (it did not load the ucx_dask_gpu.guard preload: run it from the image, whose dask "
-                      "config loads it; a `--preload` option replaces that list, so add `--preload "
-                      "ucx_dask_gpu.guard` to it)")
+        their_desc = (f"none (it did not load the {GUARD} preload: run it from the image, whose dask "
+                      f"config loads it; a `--preload` option replaces that list, so add `--preload {GUARD}` to it)")
     else:
         their_desc = their_id or "none (no stack id in its environment)"
     return (f"ucx-dask-gpu guard: refused {role} {peer}: stack id differs: scheduler {ours['stack-id']} vs "
             f"{role} {their_desc}; differing packages (scheduler vs {role}): {format_diff(diff)}")
-
-
-# --- CLI: `ucx-dask-gpu guard show` ------------------------------------------------------------------------------
-
-def _cmd_show(args) -> int:
-    sid, source = stack_id()
-    pkgs = installed_packages()
-    info = {"stack_id": sid, "source": source, "packages": len(pkgs), "packages_sha256": packages_digest(pkgs)}
-    if args.json:
-        print(json.dumps(info))
-    else:
-        print(f"stack id {sid or 'none'} (from {source}); {len(pkgs)} packages, digest {info['packages_sha256']}")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("guard", help="the environment gate that refuses mismatched Dask workers and clients")
-    s = p.add_subparsers(dest="guard_command", metavar="ACTION", required=True)
-    sh = s.add_parser("show", help="print this environment's stack id (and where it came from) and package digest")
-    sh.add_argument("--json", action="store_true")
-    sh.set_defaults(func=_cmd_show)

@@ -2,7 +2,7 @@
 import asyncio
 from types import SimpleNamespace
 
-from ucx_dask_gpu.quietclose import QuietClose
+from ucx_dask_gpu.gate.quietclose import QuietClose
 
 
 class FakeCallback:

@@ -9,15 +9,16 @@ owned by the benchmarks) are not installed by this command.
 """
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from importlib import resources
 from pathlib import Path
 
-from .errors import CONFIG_DEST, USAGE, UserError
-from .fsutil import atomic_write_many
+from .. import nvml
+from ..errors import CONFIG_DEST, USAGE, UserError
+from ..fsutil import atomic_write_many
 
+# The worker preload that lets a worker close without a heartbeat traceback (quietclose.py), as dask config names it.
+QUIET_CLOSE = "ucx_dask_gpu.gate.quietclose"
 COMMON = "ucx-dask-gpu.yaml"
 TRANSPORTS = {"cpu": "transports-cpu.yaml", "gpu": "transports-gpu.yaml"}
 INSTALLED_TRANSPORTS = "ucx-dask-gpu-transports.yaml"
@@ -30,8 +31,6 @@ def packaged_text(name: str) -> str:
 def detect_transports() -> str:
     """gpu when NVML reports at least one GPU, else cpu."""
     try:
-        from . import nvml
-
         return "gpu" if nvml.discover() else "cpu"
     except UserError:  # no driver / no GPU / no nvidia-ml-py: a CPU host
         return "cpu"
@@ -61,32 +60,6 @@ def install(dest: str | os.PathLike, transports: str = "auto") -> list[Path]:
 
 def load_installed(dest: str | os.PathLike) -> dict:
     """The config dask would read from `dest` alone (merged YAML files), for checks and `config show`."""
-    import dask.config
+    import dask.config  # heavy: only where the installed config is read back
 
     return dask.config.collect(paths=[str(dest)], env={})
-
-
-def _cmd_install(args) -> int:
-    for path in install(args.dest, args.transports):
-        print(f"wrote {path}")
-    return 0
-
-
-def _cmd_show(args) -> int:
-    for name, text in render(args.transports).items():
-        sys.stdout.write(f"# ---- {name}\n{text}")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("config", help="the dask config shipped for the image (guard preloads, UCX transports)")
-    s = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
-    i = s.add_parser("install", help="write ucx-dask-gpu.yaml + ucx-dask-gpu-transports.yaml into a dask config dir")
-    i.add_argument("--dest", required=True, help="dask config directory, e.g. /etc/dask")
-    i.add_argument("--transports", choices=["auto", "cpu", "gpu"], default="auto",
-                   help="UCX transports: cpu = UCX over TCP; gpu = NVLink + cuda_copy + TCP; auto = gpu if NVML "
-                        "sees a GPU (default)")
-    i.set_defaults(func=_cmd_install)
-    sh = s.add_parser("show", help="print the files `install` would write")
-    sh.add_argument("--transports", choices=["auto", "cpu", "gpu"], default="auto")
-    sh.set_defaults(func=_cmd_show)

@@ -3,10 +3,10 @@
 Since distributed 2023.4 the scheduler deserializes task graphs, so every role must share one environment; Dask
 itself only warns about mismatched versions. Load this module on every role through dask config:
 
-    distributed.scheduler.preload: [ucx_dask_gpu.guard]
-    distributed.worker.preload:    [ucx_dask_gpu.guard]
-    distributed.client.preload:    [ucx_dask_gpu.guard]
-    distributed.nanny.preload:     [ucx_dask_gpu.guard]
+    distributed.scheduler.preload: [ucx_dask_gpu.gate.guard]
+    distributed.worker.preload:    [ucx_dask_gpu.gate.guard]
+    distributed.client.preload:    [ucx_dask_gpu.gate.guard]
+    distributed.nanny.preload:     [ucx_dask_gpu.gate.guard]
 
 How each role takes part (distributed 2026.7):
 - scheduler: `dask_setup` wraps the "register-worker" and "register-client" handlers. Connections wait for the
@@ -16,7 +16,7 @@ How each role takes part (distributed 2026.7):
   `Worker.start` raises and the process exits instead of retrying.
 - nanny: `dask_setup` adds this module to the preloads the nanny gives its worker process, because launchers
   that pass their own list (`dask cuda worker`, LocalCUDACluster) replace distributed.worker.preload. (`dask worker
-  --preload X` also replaces it, and that CLI ignores distributed.nanny.preload: add `--preload ucx_dask_gpu.guard`.)
+  --preload X` also replaces it, and that CLI ignores distributed.nanny.preload: add `--preload ucx_dask_gpu.gate.guard`.)
 - client: a client's preloads start only after it has registered, but the module is imported in
   `Client.__init__`, before connecting. Importing it adds our identity to `distributed.versions.get_versions()`,
   which the client sends in "register-client"; a refusal comes back as the "stream-start" error that makes
@@ -30,8 +30,9 @@ import logging
 from time import time
 
 import distributed.versions as _versions
+from distributed import Nanny, Scheduler, Worker
 
-from . import envgate
+from . import identity
 
 # Under "distributed." so that dask's logging config (format, level, handler) applies to our lines too.
 logger = logging.getLogger("distributed.ucx_dask_gpu.guard")
@@ -46,7 +47,7 @@ def _add_identity_to_versions() -> None:
 
     def get_versions(packages=None):
         out = original(packages)
-        out[envgate.KEY] = envgate.identity()
+        out[identity.KEY] = identity.identity()
         return out
 
     get_versions._ucx_dask_gpu = True
@@ -57,28 +58,28 @@ _add_identity_to_versions()
 
 
 def _peer_identity(extra: dict | None, versions: dict | None) -> dict | None:
-    ident = (extra or {}).get(envgate.KEY) or (versions or {}).get(envgate.KEY)
+    ident = (extra or {}).get(identity.KEY) or (versions or {}).get(identity.KEY)
     return ident if isinstance(ident, dict) else None
 
 
 def _note_same_id_other_packages(ours: dict, role: str, peer: str, ident: dict | None) -> None:
     # Same stack id is the contract; a changed package list inside it (a pip install in one container) is worth a line.
     if ident and ident.get("packages-sha256") != ours["packages-sha256"]:
-        diff = envgate.package_diff(envgate.decode_packages(ours["packages"]),
-                                    envgate.decode_packages(ident.get("packages") or ""))
+        diff = identity.package_diff(identity.decode_packages(ours["packages"]),
+                                    identity.decode_packages(ident.get("packages") or ""))
         logger.warning("ucx-dask-gpu guard: %s %s has stack id %s but different packages (scheduler vs %s): %s",
-                       role, peer, ours["stack-id"], role, envgate.format_diff(diff))
+                       role, peer, ours["stack-id"], role, identity.format_diff(diff))
 
 
 def _install_on_scheduler(scheduler) -> None:
     global _warned_no_id
-    ours = envgate.identity()
+    ours = identity.identity()
     if ours["stack-id"] is None:
         if not _warned_no_id:
             _warned_no_id = True
             logger.warning("ucx-dask-gpu guard: this scheduler has no stack id (%s unset, %s absent): not in the "
-                           "image, so workers and clients are not checked", envgate.STACK_ID_ENV,
-                           envgate.STACK_ID_FILE)
+                           "image, so workers and clients are not checked", identity.STACK_ID_ENV,
+                           identity.STACK_ID_FILE)
         return
     add_worker = scheduler.handlers["register-worker"]
     add_client = scheduler.handlers["register-client"]
@@ -86,7 +87,7 @@ def _install_on_scheduler(scheduler) -> None:
     async def register_worker(comm, **msg):
         peer = msg.get("address", "?")
         ident = _peer_identity(msg.get("extra"), msg.get("versions"))
-        refusal = envgate.check_peer(ours, "worker", peer, ident, msg.get("versions"))
+        refusal = identity.check_peer(ours, "worker", peer, ident, msg.get("versions"))
         if refusal:
             logger.error("%s", refusal)
             scheduler.log_event("ucx-dask-gpu-guard", {"action": "refuse-worker", "worker": peer,
@@ -99,7 +100,7 @@ def _install_on_scheduler(scheduler) -> None:
 
     async def register_client(comm, client, versions, **msg):
         ident = _peer_identity(None, versions)
-        refusal = envgate.check_peer(ours, "client", client, ident, versions)
+        refusal = identity.check_peer(ours, "client", client, ident, versions)
         if refusal:
             logger.error("%s", refusal)
             scheduler.log_event("ucx-dask-gpu-guard", {"action": "refuse-client", "client": client,
@@ -132,12 +133,10 @@ def _add_to_worker_preloads(nanny) -> None:
 
 
 def dask_setup(dask_object) -> None:
-    from distributed import Nanny, Scheduler, Worker
-
     if isinstance(dask_object, Scheduler):
         _install_on_scheduler(dask_object)
     elif isinstance(dask_object, Worker):
-        dask_object.startup_information[envgate.KEY] = lambda worker: envgate.identity()
+        dask_object.startup_information[identity.KEY] = lambda worker: identity.identity()
     elif isinstance(dask_object, Nanny):
         _add_to_worker_preloads(dask_object)
     # Client: nothing left to do; importing this module already made its registration carry the identity.
