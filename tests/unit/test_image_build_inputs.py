@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import baseimage, imagebuild, stack, wheelhouse
+from ucx_dask_gpu import stack
+from ucx_dask_gpu.image import bases, wheelhouse
+from ucx_dask_gpu.image import labels as image_labels
+from ucx_dask_gpu.image import build as imagebuild
+from ucx_dask_gpu.ucx.install import ucxx_can_use
 from ucx_dask_gpu.errors import USAGE, UserError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +47,7 @@ def test_dockerfile_writes_no_versions_or_paths():
 @pytest.mark.parametrize("version, expected", [("1.13.1", False), ("1.18.9", False), ("1.19.0", True),
                                                ("1.20.0", True), ("2.0", True)])
 def test_ucxx_uses_our_ucx_only_from_the_minimum_version(st, version, expected):
-    assert imagebuild.ucxx_can_use(st, version) is expected
+    assert ucxx_can_use(st, version) is expected
 
 
 def test_ucx_stage_gets_the_import_closure_of_the_ucx_build_only():
@@ -52,8 +56,8 @@ def test_ucx_stage_gets_the_import_closure_of_the_ucx_build_only():
                    "src/ucx_dask_gpu/ucxbuild/build.py", "src/ucx_dask_gpu/ucxbuild/__main__.py"):
         assert needed in files
     # Editing the cluster or image code must not rebuild UCX in the image.
-    for unrelated in ("src/ucx_dask_gpu/imagebuild.py", "src/ucx_dask_gpu/dockercluster.py",
-                      "src/ucx_dask_gpu/workloads.py", "src/ucx_dask_gpu/guard.py"):
+    for unrelated in ("src/ucx_dask_gpu/image/build.py", "src/ucx_dask_gpu/image/cluster.py",
+                      "src/ucx_dask_gpu/workloads.py", "src/ucx_dask_gpu/gate/guard.py"):
         assert unrelated not in files
 
 
@@ -123,7 +127,7 @@ def test_stack_id_covers_build_info_and_extra_locks_by_content_and_name(tmp_path
 def test_labels_carry_stack_id_ucx_and_versions(st):
     info = {"ucx_version": "1.13.1", "modules": ["libuct_ib.so", "libuct_cuda.so"], "_sha256": "ab" * 32,
             "source": {"archive": "ucx_1.13.1.orig.tar.xz", "sha256": "cd" * 32, "fallback": True}}
-    labels = imagebuild.image_labels(st, "0123456789abcdef", info, False, "base:1", [])
+    labels = image_labels.build_labels(st, "0123456789abcdef", info, False, "base:1", [])
     assert labels["io.ucx-dask-gpu.stack-id"] == "0123456789abcdef"
     assert labels["io.ucx-dask-gpu.ucx.version"] == "1.13.1"
     assert labels["io.ucx-dask-gpu.ucx.fallback"] == "true"
@@ -135,13 +139,13 @@ def test_labels_carry_stack_id_ucx_and_versions(st):
 
 
 def test_base_packages(st):
-    runtime = baseimage.packages_for(st, "runtime")
-    builder = baseimage.packages_for(st, "builder")
+    runtime = bases.packages_for(st, "runtime")
+    builder = bases.packages_for(st, "builder")
     assert "tini" in runtime and "python3" in runtime
     assert set(runtime) < set(builder) and "build-essential" in builder and "build-essential" not in runtime
-    assert baseimage.base_key(st, "runtime") != baseimage.base_key(st, "builder")
+    assert bases.base_key(st, "runtime") != bases.base_key(st, "builder")
     with pytest.raises(UserError) as err:
-        baseimage.packages_for(st, "fat")
+        bases.packages_for(st, "fat")
     assert err.value.exit_code == USAGE
 
 
@@ -152,7 +156,7 @@ def test_scrub_removes_host_and_time_dependent_files(tmp_path):
                 "usr/share/doc/tini/copyright", "dev/null", "etc/passwd"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("x")
-    baseimage.scrub(root)
+    bases.scrub(root)
     left = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
     assert left == {"usr/share/locale/locale.alias", "usr/share/doc/tini/copyright", "etc/passwd"}
     assert (root / "var/lib/apt/lists").is_dir() and (root / "tmp").stat().st_mode & 0o1777 == 0o1777
@@ -174,8 +178,8 @@ def test_rootfs_tar_is_deterministic(tmp_path):
     t1, t2 = tmp_path / "1.tar", tmp_path / "2.tar"
     (tmp_path / "x").mkdir()
     (tmp_path / "y").mkdir()
-    baseimage.deterministic_tar(tree(tmp_path / "x", 2_000_000_000), t1, 1_764_460_800)
-    baseimage.deterministic_tar(tree(tmp_path / "y", 2_100_000_000), t2, 1_764_460_800)
+    bases.deterministic_tar(tree(tmp_path / "x", 2_000_000_000), t1, 1_764_460_800)
+    bases.deterministic_tar(tree(tmp_path / "y", 2_100_000_000), t2, 1_764_460_800)
     assert t1.read_bytes() == t2.read_bytes()
     import tarfile
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from ucx_dask_gpu import entrypoint
+from ucx_dask_gpu.image import entrypoint
 from ucx_dask_gpu.errors import UNKNOWN_ROLE, UserError
 
 
@@ -43,7 +43,7 @@ def test_no_role_is_refused():
 
 
 def test_main_prints_one_line_and_exits_with_unknown_role():
-    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.entrypoint", "wrker"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.image.entrypoint", "wrker"], capture_output=True, text=True)
     assert proc.returncode == UNKNOWN_ROLE
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -51,7 +51,7 @@ def test_main_prints_one_line_and_exits_with_unknown_role():
 
 
 def test_main_execs_the_role():
-    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.entrypoint", "python", "-c", "print('hi')"],
+    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.image.entrypoint", "python", "-c", "print('hi')"],
                           capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout == "hi\n"
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import stack, wheelhouse
+from ucx_dask_gpu import stack
+from ucx_dask_gpu.image import wheelhouse
 from ucx_dask_gpu.errors import HASH_MISMATCH, SOURCE_UNREACHABLE, UserError
 from ucx_dask_gpu.stack.lock import parse_lock_text
 

@@ -19,10 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .errors import BAD_STACK, BUILD_FAILED, HASH_MISMATCH, SOURCE_UNREACHABLE, UserError
-from .fsutil import atomic_path, atomic_write_text, sha256_file
-from .stack.lock import Pin, canonical, load_lock
-from .stack import Stack
+from ..errors import BAD_STACK, BUILD_FAILED, HASH_MISMATCH, SOURCE_UNREACHABLE, UserError
+from ..fsutil import atomic_path, atomic_write_text, sha256_file
+from ..stack.lock import Pin, canonical, load_lock
+from ..stack import Stack
 
 MANIFEST = "wheelhouse.json"
 LOCK_NAME = "requirements.txt"  # the lock, copied next to its wheels (what the Dockerfile installs)

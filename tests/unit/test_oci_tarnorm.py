@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from ucx_dask_gpu import tarnorm
+from ucx_dask_gpu.oci import tarnorm
 from ucx_dask_gpu.errors import BAD_ARCHIVE, UserError
 
 EPOCH = 1764460800

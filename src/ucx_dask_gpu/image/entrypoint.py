@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .errors import UNKNOWN_ROLE, UserError
-from .gate.daskconfig import QUIET_CLOSE, detect_transports
+from ..errors import UNKNOWN_ROLE, UserError
+from ..gate.daskconfig import QUIET_CLOSE, detect_transports
 
 # first word -> allowed second words (None: anything may follow)
 ROLES: dict[str, tuple[str, ...] | None] = {

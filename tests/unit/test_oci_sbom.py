@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from ucx_dask_gpu import cli, sbom, stack
+from ucx_dask_gpu import cli, stack
+from ucx_dask_gpu.oci import sbom
 from ucx_dask_gpu.errors import SBOM_INVALID, SBOM_MISMATCH
 from ucx_dask_gpu.stack.lock import Pin, load_lock
 

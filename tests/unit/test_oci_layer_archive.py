@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from test_tarnorm import EARLIER, EPOCH, LATER, make_tar
+from test_oci_tarnorm import EARLIER, EPOCH, LATER, make_tar
 
-from ucx_dask_gpu import cli, reproducible
+from ucx_dask_gpu import cli
+from ucx_dask_gpu.oci import archive
+from ucx_dask_gpu.oci import layer as oci_layer
+from ucx_dask_gpu.oci import compare as oci_compare
 from ucx_dask_gpu.errors import BAD_ARCHIVE, NOT_REPRODUCIBLE, UserError
 
 
@@ -25,11 +28,11 @@ def test_shadow_days_are_clamped_to_the_epoch_day():
     text = (f"root:*:{day + 300}:0:99999:7:::\n"
             f"old:*:{day - 10}:0:99999:7:::\n"
             "nodate:*::0:99999:7:::\n").encode()
-    fixed = reproducible.fix_shadow(text, EPOCH).decode().splitlines()
+    fixed = oci_layer.fix_shadow(text, EPOCH).decode().splitlines()
     assert fixed[0] == f"root:*:{day}:0:99999:7:::"
     assert fixed[1] == f"old:*:{day - 10}:0:99999:7:::"
     assert fixed[2] == "nodate:*::0:99999:7:::"
-    assert reproducible.fix_shadow(b"old:*:1:0:99999:7:::\n", EPOCH) is None
+    assert oci_layer.fix_shadow(b"old:*:1:0:99999:7:::\n", EPOCH) is None
 
 
 @pytest.mark.parametrize("pyc,src", [
@@ -40,7 +43,7 @@ def test_shadow_days_are_clamped_to_the_epoch_day():
     ("a/__pycache__/m.txt", None),
 ])
 def test_pyc_source_paths(pyc, src):
-    assert reproducible.pyc_source(pyc) == src
+    assert oci_layer.pyc_source(pyc) == src
 
 
 def compiled(tmp_path: Path, source: bytes, mtime: int, mode=py_compile.PycInvalidationMode.TIMESTAMP) -> bytes:
@@ -58,7 +61,7 @@ SOURCE = b"X = frozenset({'a', 'b'})\ndef f(x):\n    return x in {'q', 'r'}\n"
 
 def test_a_pyc_made_stale_by_clamping_becomes_a_valid_checked_hash_pyc(tmp_path):
     pyc = compiled(tmp_path, SOURCE, LATER)
-    fixed = reproducible.fix_pyc(pyc, SOURCE, LATER, EPOCH)
+    fixed = oci_layer.fix_pyc(pyc, SOURCE, LATER, EPOCH)
     assert fixed is not None and fixed[:4] == importlib.util.MAGIC_NUMBER
     assert int.from_bytes(fixed[4:8], "little") == 0b11          # hash-based, checked
     assert fixed[8:16] == importlib.util.source_hash(SOURCE)
@@ -75,13 +78,13 @@ def test_a_pyc_made_stale_by_clamping_becomes_a_valid_checked_hash_pyc(tmp_path)
 
 def test_pycs_left_alone(tmp_path):
     early = compiled(tmp_path, SOURCE, EARLIER)
-    assert reproducible.fix_pyc(early, SOURCE, EARLIER, EPOCH) is None          # still valid after clamping
+    assert oci_layer.fix_pyc(early, SOURCE, EARLIER, EPOCH) is None          # still valid after clamping
     late = compiled(tmp_path, SOURCE, LATER)
-    assert reproducible.fix_pyc(late, SOURCE + b"#", LATER, EPOCH) is None      # stale already (size)
-    assert reproducible.fix_pyc(late, SOURCE, LATER + 1, EPOCH) is None        # stale already (mtime)
+    assert oci_layer.fix_pyc(late, SOURCE + b"#", LATER, EPOCH) is None      # stale already (size)
+    assert oci_layer.fix_pyc(late, SOURCE, LATER + 1, EPOCH) is None        # stale already (mtime)
     hashed = compiled(tmp_path, SOURCE, LATER, py_compile.PycInvalidationMode.UNCHECKED_HASH)
-    assert reproducible.fix_pyc(hashed, SOURCE, LATER, EPOCH) is None          # hash-based already
-    assert reproducible.fix_pyc(b"\x00\x00\r\n" + late[4:], SOURCE, LATER, EPOCH) is None  # another Python
+    assert oci_layer.fix_pyc(hashed, SOURCE, LATER, EPOCH) is None          # hash-based already
+    assert oci_layer.fix_pyc(b"\x00\x00\r\n" + late[4:], SOURCE, LATER, EPOCH) is None  # another Python
 
 
 def test_litter():
@@ -89,17 +92,17 @@ def test_litter():
         t = tarfile.TarInfo(name)
         t.type = type_
         return t
-    assert reproducible.is_litter(ti("root/.cache/pip/http/x"))
-    assert reproducible.is_litter(ti("home/dask/.cache/matplotlib/fontlist.json"))
-    assert reproducible.is_litter(ti("var/log/dpkg.log"))
-    assert reproducible.is_litter(ti("var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease"))
-    assert reproducible.is_litter(ti("var/lib/dpkg/status-old"))
-    assert reproducible.is_litter(ti("dev/null", tarfile.CHRTYPE))
-    assert not reproducible.is_litter(ti("tmp", tarfile.DIRTYPE))
-    assert not reproducible.is_litter(ti("var/log/apt", tarfile.DIRTYPE))
-    assert not reproducible.is_litter(ti("var/log/.wh.dpkg.log"))             # a whiteout is not litter
-    assert not reproducible.is_litter(ti("var/lib/dpkg/status"))
-    assert not reproducible.is_litter(ti("opt/venv/lib/python3.11/site-packages/tmp/x.py"))
+    assert oci_layer.is_litter(ti("root/.cache/pip/http/x"))
+    assert oci_layer.is_litter(ti("home/dask/.cache/matplotlib/fontlist.json"))
+    assert oci_layer.is_litter(ti("var/log/dpkg.log"))
+    assert oci_layer.is_litter(ti("var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease"))
+    assert oci_layer.is_litter(ti("var/lib/dpkg/status-old"))
+    assert oci_layer.is_litter(ti("dev/null", tarfile.CHRTYPE))
+    assert not oci_layer.is_litter(ti("tmp", tarfile.DIRTYPE))
+    assert not oci_layer.is_litter(ti("var/log/apt", tarfile.DIRTYPE))
+    assert not oci_layer.is_litter(ti("var/log/.wh.dpkg.log"))             # a whiteout is not litter
+    assert not oci_layer.is_litter(ti("var/lib/dpkg/status"))
+    assert not oci_layer.is_litter(ti("opt/venv/lib/python3.11/site-packages/tmp/x.py"))
 
 
 # --- layers over layers -----------------------------------------------------------------------------------------
@@ -110,7 +113,7 @@ def layer(entries) -> tarfile.TarFile:
 
 def run_layer(tf, overlay, **kw):
     out = io.BytesIO()
-    res = reproducible.normalise_layer(tf, out, EPOCH, overlay, where="test", **kw)
+    res = oci_layer.normalise_layer(tf, out, EPOCH, overlay, where="test", **kw)
     return out.getvalue(), res
 
 
@@ -121,7 +124,7 @@ def members_of(data: bytes) -> dict[str, bytes | None]:
 
 def test_pyc_in_an_upper_layer_is_fixed_against_a_source_in_a_lower_one(tmp_path):
     pyc = compiled(tmp_path, SOURCE, LATER)
-    overlay = reproducible.Overlay()
+    overlay = oci_layer.Overlay()
     run_layer(layer([("opt/app/m.py", "file", {"data": SOURCE, "mtime": LATER}),
                      ("opt/app/link.py", "symlink", {"link": "m.py"})]), overlay)
     data, res = run_layer(layer([("opt/app/__pycache__/m.cpython-311.pyc", "file", {"data": pyc}),
@@ -133,7 +136,7 @@ def test_pyc_in_an_upper_layer_is_fixed_against_a_source_in_a_lower_one(tmp_path
 
 
 def test_whiteouts_remove_what_lower_layers_held():
-    overlay = reproducible.Overlay()
+    overlay = oci_layer.Overlay()
     run_layer(layer([("var/lib/dpkg/status", "file", {"data": b"Package: a\n"}),
                      ("opt/venv/x.dist-info/METADATA", "file", {"data": b"Name: x\nVersion: 1\n"}),
                      ("opt/venv/y.dist-info/METADATA", "file", {"data": b"Name: y\nVersion: 1\n"})]), overlay)
@@ -155,7 +158,7 @@ def test_layer_litter_dropped_and_shadow_clamped():
         ("root/.cache/pip/selfcheck.json", "file", {"data": b"{}"}),
         ("var/log/apt/term.log", "file", {"data": b"log"}),
         ("tmp", "dir", {"mode": 0o1777}),
-    ]), reproducible.Overlay())
+    ]), oci_layer.Overlay())
     got = members_of(data)
     assert got["etc/shadow"] == f"dask:!:{day}:0:99999:7:::\n".encode()
     assert "tmp" in got and "root/.cache/pip/selfcheck.json" not in got and "var/log/apt/term.log" not in got
@@ -163,10 +166,10 @@ def test_layer_litter_dropped_and_shadow_clamped():
 
 
 def test_sbom_layer_creates_only_missing_directories():
-    overlay = reproducible.Overlay()
+    overlay = oci_layer.Overlay()
     overlay.paths.update({"usr", "usr/share"})
     out = io.BytesIO()
-    res = reproducible.sbom_layer(out, EPOCH, b"{}\n", overlay)
+    res = oci_layer.sbom_layer(out, EPOCH, b"{}\n", overlay)
     got = members_of(out.getvalue())
     assert list(got) == ["usr/share/ucx-dask-gpu", "usr/share/ucx-dask-gpu/sbom.cdx.json"]
     assert res.diff_id == "sha256:" + hashlib.sha256(out.getvalue()).hexdigest()
@@ -177,13 +180,13 @@ def test_rootfs_tar_normal_form_is_independent_of_input_order(tmp_path):
             ("var/cache/apt/archives/x.deb", "file", {"data": b"deb"}), ("usr/bin/sh", "file", {"data": b"sh"})]
     (tmp_path / "a.tar").write_bytes(make_tar(tree))
     (tmp_path / "b.tar").write_bytes(make_tar(list(reversed(tree))))
-    ra = reproducible.normalise_rootfs_tar(tmp_path / "a.tar", tmp_path / "a.out", EPOCH)
-    rb = reproducible.normalise_rootfs_tar(tmp_path / "b.tar", tmp_path / "b.out", EPOCH)
+    ra = oci_layer.normalise_rootfs_tar(tmp_path / "a.tar", tmp_path / "a.out", EPOCH)
+    rb = oci_layer.normalise_rootfs_tar(tmp_path / "b.tar", tmp_path / "b.out", EPOCH)
     assert (tmp_path / "a.out").read_bytes() == (tmp_path / "b.out").read_bytes()
     assert ra.diff_id == rb.diff_id and ra.dropped == ["var/cache/apt/archives/x.deb"]
     (tmp_path / "bad.tar").write_bytes(b"\x00garbage" * 100)
     with pytest.raises(UserError) as e:
-        reproducible.normalise_rootfs_tar(tmp_path / "bad.tar", tmp_path / "bad.out", EPOCH)
+        oci_layer.normalise_rootfs_tar(tmp_path / "bad.tar", tmp_path / "bad.out", EPOCH)
     assert e.value.exit_code == BAD_ARCHIVE and not (tmp_path / "bad.out").exists()
 
 
@@ -206,7 +209,7 @@ RAW_CONFIG = {
 
 
 def test_config_keeps_only_what_the_image_means():
-    cfg = reproducible.normalise_config(RAW_CONFIG, ["sha256:a", "sha256:b"], EPOCH,
+    cfg = archive.normalise_config(RAW_CONFIG, ["sha256:a", "sha256:b"], EPOCH,
                                         {"org.opencontainers.image.created": "2025-11-30T00:00:00Z"}, [])
     assert cfg["created"] == "2025-11-30T00:00:00Z"
     assert set(cfg) == {"architecture", "os", "created", "config", "rootfs", "history"}
@@ -217,7 +220,7 @@ def test_config_keeps_only_what_the_image_means():
     assert cfg["history"][1] == {"created": "2025-11-30T00:00:00Z", "created_by": "/bin/sh -c #(nop) USER 10001",
                                  "empty_layer": True}
     with pytest.raises(UserError) as e:
-        reproducible.normalise_config(RAW_CONFIG, ["sha256:a"], EPOCH, {}, [])
+        archive.normalise_config(RAW_CONFIG, ["sha256:a"], EPOCH, {}, [])
     assert e.value.exit_code == BAD_ARCHIVE
 
 
@@ -227,11 +230,11 @@ def test_archive_is_deterministic_and_a_consistent_oci_layout_and_docker_archive
     l1 = tmp_path / "l1"
     l1.write_bytes(make_tar([("a", "file", {"data": b"1"})]))
     d1 = "sha256:" + hashlib.sha256(l1.read_bytes()).hexdigest()
-    config = reproducible.canonical_json({"rootfs": {"type": "layers", "diff_ids": [d1]}})
+    config = archive.canonical_json({"rootfs": {"type": "layers", "diff_ids": [d1]}})
     outs = []
     for _ in range(2):
         buf = io.BytesIO()
-        digests = reproducible.write_archive(buf, EPOCH, config, [(d1, l1), (d1, l1)], "0.1.0",
+        digests = archive.write_archive(buf, EPOCH, config, [(d1, l1), (d1, l1)], "0.1.0",
                                              {"org.opencontainers.image.version": "0.1.0"})
         outs.append(buf.getvalue())
     assert outs[0] == outs[1]
@@ -248,7 +251,7 @@ def test_archive_is_deterministic_and_a_consistent_oci_layout_and_docker_archive
     man_desc = index["manifests"][0]
     assert man_desc["annotations"]["org.opencontainers.image.ref.name"] == "0.1.0"
     manifest = json.loads(files["blobs/sha256/" + man_desc["digest"].split(":")[1]])
-    assert manifest["config"]["digest"] == digests["image_id"] and manifest["mediaType"] == reproducible.OCI_MANIFEST
+    assert manifest["config"]["digest"] == digests["image_id"] and manifest["mediaType"] == archive.OCI_MANIFEST
     assert [x["digest"] for x in manifest["layers"]] == [d1, d1]
     assert manifest["annotations"] == {"org.opencontainers.image.version": "0.1.0"}
     docker_manifest = json.loads(files["manifest.json"])
@@ -266,9 +269,9 @@ def write_output(d: Path, entries_per_layer, config=None):
         layers.append({"diff_id": digest, "size": 1, "dropped": [], "rewritten": [], "entries": entries})
     config = config or {"created": "2025-11-30T00:00:00Z"}
     config = {**config, "rootfs": {"type": "layers", "diff_ids": [x["diff_id"] for x in layers]}}
-    image_id = "sha256:" + hashlib.sha256(reproducible.canonical_json(config)).hexdigest()
-    (d / reproducible.IMAGE_JSON).write_text(json.dumps({"image_id": image_id, "archive_sha256": image_id[7:]}))
-    (d / reproducible.LAYERS_JSON).write_text(json.dumps({"config": config, "layers": layers}))
+    image_id = "sha256:" + hashlib.sha256(archive.canonical_json(config)).hexdigest()
+    (d / oci_compare.IMAGE_JSON).write_text(json.dumps({"image_id": image_id, "archive_sha256": image_id[7:]}))
+    (d / oci_compare.LAYERS_JSON).write_text(json.dumps({"config": config, "layers": layers}))
 
 
 def entry(path, sha="0" * 64, mtime=EPOCH, mode="0644"):
@@ -281,8 +284,8 @@ def test_compare_identical_and_different_builds(tmp_path, capsys):
     write_output(tmp_path / "same", [base, [entry("opt/x", "1" * 64), entry("opt/y")]])
     write_output(tmp_path / "b", [base, [entry("opt/x", "2" * 64), entry("opt/z"), entry("opt/y", mtime=1)]],
                  config={"created": "2025-11-30T00:00:00Z", "config": {"Env": ["X=1"]}})
-    assert reproducible.compare(tmp_path / "a", tmp_path / "same")["identical"]
-    r = reproducible.compare(tmp_path / "a", tmp_path / "b")
+    assert oci_compare.compare(tmp_path / "a", tmp_path / "same")["identical"]
+    r = oci_compare.compare(tmp_path / "a", tmp_path / "b")
     assert not r["identical"]
     assert [x["layer"] for x in r["layers"]] == [1]                  # layer 0 is the same
     lay = r["layers"][0]

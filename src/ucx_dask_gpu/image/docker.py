@@ -14,11 +14,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .errors import NO_DOCKER, UserError
+from ..errors import NO_DOCKER, UserError
+from ..stack import load
 
 DOCKER_ENV = "UCX_DASK_GPU_DOCKER"      # the client binary to use (default: `docker` on PATH)
-# Every label we set lives under this prefix (OCI's own keys are org.opencontainers.image.*).
-LABEL_PREFIX = "io.ucx-dask-gpu."
 
 
 def docker_bin() -> str:
@@ -113,8 +112,6 @@ def _installed(pkg: str) -> bool:
 
 def install_host_packages() -> None:
     """apt-get install the image host packages that are missing (root, Debian); a no-op when all are there."""
-    from .stack import load
-
     if not shutil.which("dpkg-query"):
         return
     missing = [p for p in load().debian.image_host_packages if not _installed(p)]
@@ -159,7 +156,7 @@ def image_inspect(ref: str) -> dict | None:
     return json.loads(proc.stdout)[0]
 
 
-def image_labels(ref: str) -> dict[str, str]:
+def labels_of(ref: str) -> dict[str, str]:
     info = image_inspect(ref)
     return dict(((info or {}).get("Config") or {}).get("Labels") or {})
 
@@ -191,10 +188,3 @@ def human_size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1000
     return f"{n} B"
-
-
-def repo_root() -> Path:
-    """The source checkout this package runs from (image and cluster commands build from a checkout)."""
-    from .stack import find_stack_file
-
-    return find_stack_file().resolve().parent

@@ -2,7 +2,8 @@
 
 `debootstrap --variant=minbase --include=PACKAGES SUITE ROOT MIRROR` (suite, mirror and package lists from
 stack.toml [debian]), scrubbed of host- and time-dependent files, tarred deterministically (sorted names, mtimes
-clamped to stack.toml's source_date_epoch, numeric owners, no atime/ctime) and `docker import`ed.
+clamped to stack.toml's source_date_epoch, numeric owners, no atime/ctime), brought to the normal form of an image
+layer (oci/layer.py) and `docker import`ed.
 
 Two bases, both from the same mirror at the same time, so they carry the same python3 build:
 - runtime (`[image].base_name`): base_packages — what the image runs on;
@@ -25,15 +26,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from .dockerutil import LABEL_PREFIX, docker, image_labels
-from .errors import BUILD_FAILED, SOURCE_UNREACHABLE, USAGE, UserError
-from .fsutil import atomic_path
-from .stack import Stack
+from ..errors import BUILD_FAILED, SOURCE_UNREACHABLE, USAGE, UserError
+from ..fsutil import atomic_path
+from ..oci.archive import LABEL_PREFIX
+from ..oci.layer import normalise_rootfs_tar
+from ..stack import Stack
+from .docker import docker, labels_of
+from .paths import base_ref
 
 KINDS = ("runtime", "builder")
 KEY_LABEL = LABEL_PREFIX + "base.key"
 # Bump when the rootfs recipe below changes in a way the key would not otherwise see.
-RECIPE = 2   # 2: SOURCE_DATE_EPOCH for debootstrap's tools; rootfs tar through reproducible.py
+RECIPE = 2   # 2: SOURCE_DATE_EPOCH for debootstrap's tools; rootfs tar in the normal form of an image layer
 
 # Removed from the root filesystem before it is tarred: host copies debootstrap takes along (Docker provides its
 # own /etc/hosts, resolv.conf, hostname at run time), apt/dpkg caches and logs, and files whose content is the
@@ -56,11 +60,6 @@ def packages_for(st: Stack, kind: str) -> list[str]:
     else:
         raise UserError(f"unknown base kind {kind!r} (expected {' or '.join(KINDS)})", USAGE)
     return sorted(set(pkgs))
-
-
-def image_tag(st: Stack, kind: str) -> str:
-    name = st.image.base_name if kind == "runtime" else st.image.builder_name
-    return f"{name}:{st.version}"
 
 
 def base_key(st: Stack, kind: str) -> str:
@@ -150,10 +149,8 @@ def build_rootfs_tar(st: Stack, kind: str, out: Path, cache: Path) -> Path:
         with atomic_path(out) as tar:
             raw = Path(tmp) / "raw.tar"
             deterministic_tar(root, raw, st.source_date_epoch)
-            # The normal form of reproducible.py: Debian's timestamp .pyc files whose sources the mtime clamp made
+            # The normal form of an image layer: Debian's timestamp .pyc files whose sources the mtime clamp made
             # newer than their .pyc become checked-hash .pyc files, shadow days are clamped, litter dropped.
-            from .reproducible import normalise_rootfs_tar
-
             normalise_rootfs_tar(raw, tar, st.source_date_epoch)
             raw.unlink()
     return out
@@ -161,8 +158,8 @@ def build_rootfs_tar(st: Stack, kind: str, out: Path, cache: Path) -> Path:
 
 def ensure_base(st: Stack, kind: str, cache: Path, force: bool = False) -> str:
     """The base image tag for `kind`, bootstrapped and imported unless an image with the same key exists."""
-    tag, key = image_tag(st, kind), base_key(st, kind)
-    if not force and image_labels(tag).get(KEY_LABEL) == key:
+    tag, key = base_ref(st, kind), base_key(st, kind)
+    if not force and labels_of(tag).get(KEY_LABEL) == key:
         say(f"{tag}: up to date (key {key})")
         return tag
     work = cache / "rootfs"
@@ -188,7 +185,7 @@ def base_from_image(st: Stack, kind: str, debian_image: str) -> str:
 
     Tagged apart from the debootstrapped bases (`…-from-registry`), so neither replaces the other.
     """
-    tag = image_tag(st, kind) + "-from-registry"
+    tag = base_ref(st, kind) + "-from-registry"
     dockerfile = st.root / "docker" / "base-from-registry.Dockerfile"
     with tempfile.TemporaryDirectory(prefix="base-ctx.") as ctx:
         shutil.copyfile(dockerfile, Path(ctx) / "Dockerfile")

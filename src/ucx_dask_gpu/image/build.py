@@ -4,12 +4,13 @@ Order (each step fails with one line and its own exit code, before anything late
 1. a Docker engine answers (NO_DOCKER);
 2. UCX sources: `ucx-src-build/build.sh fetch` (archive, CUDA header wheels, link .debs, each sha256-checked);
 3. the wheelhouse of the hashed lock and our own wheel (wheelhouse.py);
-4. the Debian bases, debootstrapped and imported unless already there (baseimage.py);
+4. the Debian bases, debootstrapped and imported unless already there (bases.py);
 5. the context: only those verified files, with mtimes set to stack.toml's source_date_epoch;
 6. `docker build --target ucx` (classic builder, --network none), then the UCX build info is read from that stage:
    it decides whether UCXX may use our UCX (version >= [image].ucxx_min_system_ucx) and enters the stack id;
 7. the full build, with OCI labels (versions, stack id, UCX build info); the stack id the image computed for
-   itself (/etc/ucx-dask-gpu/stack-id) must equal the label.
+   itself (its stack-id file) must equal the label;
+8. the normalisation (normalise.py): the image becomes reproducible and carries its SBOM.
 
 The classic builder (DOCKER_BUILDKIT=0) is used on purpose: it is what Debian's docker.io 20.10 ships, it honours
 `--network none` for every RUN, and the reproducible-image work builds on its layer format.
@@ -19,30 +20,27 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
-from . import baseimage, wheelhouse
-from .dockerutil import LABEL_PREFIX, docker, docker_bin, engine_version, human_size, image_inspect
-from .errors import BUILD_FAILED, UserError
-from .fsutil import atomic_write_text, sha256_file
-from .stack.lock import load_lock
-from .stack import Stack
+from ..errors import BUILD_FAILED, UserError
+from ..fsutil import atomic_write_text, sha256_file
+from ..stack import STACK_ID_FILE, Stack
+from ..ucx.install import BUILD_INFO, ucxx_can_use
+from . import bases, wheelhouse
+from .docker import docker, docker_bin, engine_version, human_size, image_inspect
+from .labels import build_labels
+from .normalise import finish_build
+from .paths import image_ref, stage_ref, work_dir
 
-BUILD_INFO_IN_PREFIX = "share/ucx-dask-gpu/build-info.json"
 # Base names matter: the stack id hashes files with their base names, the same inside and outside the image.
-BUILD_INFO_NAME = "build-info.json"
+BUILD_INFO_NAME = BUILD_INFO.name
 EXTRA_LOCK_NAME = "extra-requirements.txt"
-# Packages whose versions are worth a label of their own (all of them are in the lock and the image's SBOM).
-LABELLED_PACKAGES = ("dask", "distributed", "ucxx-cu13", "distributed-ucxx-cu13", "libucx-cu13", "dask-cuda",
-                     "numpy", "cupy-cuda13x")
 
 
 def say(msg: str) -> None:
@@ -285,9 +283,9 @@ def verify_ucx_stage(st: Stack, stage_tag: str) -> None:
         raise UserError(f"UCX in the image failed verification: {failed[0]}", BUILD_FAILED)
 
 
-def read_build_info(st: Stack, stage_tag: str, dest: Path) -> dict:
+def copy_build_info(st: Stack, stage_tag: str, dest: Path) -> dict:
     """Copy the ucx stage's build-info.json to `dest` byte for byte (the stack id hashes those bytes)."""
-    path = f"{st.image.ucx_prefix}/{BUILD_INFO_IN_PREFIX}"
+    path = f"{st.image.ucx_prefix}/{BUILD_INFO}"
     proc = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", stage_tag, path], code=BUILD_FAILED,
                   what=f"reading {path} from the ucx stage")
     try:
@@ -298,70 +296,18 @@ def read_build_info(st: Stack, stage_tag: str, dest: Path) -> dict:
     return info
 
 
-def _version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
-
-
-def ucxx_can_use(st: Stack, ucx_version: str) -> bool:
-    return _version_tuple(ucx_version) >= _version_tuple(st.image.ucxx_min_system_ucx)
-
-
-def git_revision(root: Path) -> str:
-    try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return rev or "unknown"
-
-
-def image_labels(st: Stack, stack_id: str, info: dict, prefer_system: bool, base: str,
-                 extra_wheels: list[Path]) -> dict[str, str]:
-    pins = load_lock(st.lock_path())
-    src = info.get("source") or {}
-    created = datetime.fromtimestamp(st.source_date_epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    labels = {
-        "org.opencontainers.image.title": st.name,
-        "org.opencontainers.image.description": "One image for the Dask client, scheduler and workers over UCX",
-        "org.opencontainers.image.version": st.version,
-        "org.opencontainers.image.created": created,
-        "org.opencontainers.image.revision": git_revision(st.root),
-        "org.opencontainers.image.base.name": base,
-        LABEL_PREFIX + "stack-id": stack_id,
-        LABEL_PREFIX + "stack-toml.sha256": sha256_file(st.path),
-        LABEL_PREFIX + "python.lock.sha256": sha256_file(st.lock_path()),
-        LABEL_PREFIX + "python.version": st.python.version,
-        LABEL_PREFIX + "debian.suite": st.debian.suite,
-        LABEL_PREFIX + "cuda.major": str(st.cuda_major),
-        LABEL_PREFIX + "ucx.version": str(info.get("ucx_version", "unknown")),
-        LABEL_PREFIX + "ucx.prefix": st.image.ucx_prefix,
-        LABEL_PREFIX + "ucx.source": str(src.get("archive") or src.get("url") or "unknown"),
-        LABEL_PREFIX + "ucx.sha256": str(src.get("sha256", "unknown")),
-        LABEL_PREFIX + "ucx.fallback": str(bool(src.get("fallback", False))).lower(),
-        LABEL_PREFIX + "ucx.modules": " ".join(info.get("modules") or []),
-        LABEL_PREFIX + "ucx.build-info.sha256": str(info.get("_sha256", "")),
-        LABEL_PREFIX + "ucxx.on-our-ucx": str(prefer_system).lower(),
-    }
-    for name in LABELLED_PACKAGES:
-        if name in pins:
-            labels[LABEL_PREFIX + f"version.{name}"] = pins[name].version
-    if extra_wheels:
-        labels[LABEL_PREFIX + "extra"] = " ".join(sorted(w.name for w in extra_wheels))
-    return labels
-
-
 def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: list[Path] | None = None,
                 base_from: str | None = None, normalise: bool = True) -> BuildResult:
     """Build `tag`; `base_from`: derive the bases from this registry image instead of debootstrapping them.
 
-    `normalise`: make the image reproducible and add its SBOM afterwards (reproducible.finish_build): `tag` then
+    `normalise`: make the image reproducible and add its SBOM afterwards (normalise.finish_build): `tag` then
     names the normalised image, whose id depends on the inputs only.
     """
     extra_wheels = [Path(w).resolve() for w in (extra_wheels or [])]
     for w in extra_wheels:
         if not w.is_file() or not w.name.endswith(".whl"):
             raise UserError(f"--extra-wheel {w}: not a wheel file", BUILD_FAILED)
-    tag = tag or f"{st.image.name}:{st.version}"
+    tag = tag or image_ref(st)
     cache = cache.resolve()
     timings: dict[str, float] = {}
     t_start = time.monotonic()
@@ -375,17 +321,17 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
     say(f"Docker engine {step('engine', engine_version)}")
     ucx_sources = step("ucx_sources", fetch_ucx_sources, st, cache / "ucx-sources")
     if base_from:
-        builder = step("base_builder", baseimage.base_from_image, st, "builder", base_from)
+        builder = step("base_builder", bases.base_from_image, st, "builder", base_from)
     else:
-        builder = step("base_builder", baseimage.ensure_base, st, "builder", cache)
+        builder = step("base_builder", bases.ensure_base, st, "builder", cache)
 
     # Per tag, so building another tag (a test's variant image) never touches this one's context.
-    work = cache / "image" / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+    work = work_dir(cache, tag)
     ucx_ctx, full_ctx = work / "context-ucx", work / "context"
     shutil.rmtree(ucx_ctx, ignore_errors=True)
     stage_ucx_context(st, ucx_ctx, ucx_sources)
     _set_mtimes(ucx_ctx, st.source_date_epoch)
-    stage_tag = f"{st.image.name}-ucx-stage:{st.version}"
+    stage_tag = stage_ref(st)
     # The UCX stage only needs the builder base and the sources: it compiles (CPU) while the wheelhouse and the
     # runtime base are downloaded (network, disk).
     say(f"building the ucx stage ({stage_tag}) with --network none, in the background")
@@ -396,9 +342,9 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
         wheels = step("wheelhouse", wheelhouse.ensure_wheelhouse, st, cache)
         own = step("own_wheel", wheelhouse.build_own_wheel, st, cache / "pkg")
         if base_from:
-            base = step("base_runtime", baseimage.base_from_image, st, "runtime", base_from)
+            base = step("base_runtime", bases.base_from_image, st, "runtime", base_from)
         else:
-            base = step("base_runtime", baseimage.ensure_base, st, "runtime", cache)
+            base = step("base_runtime", bases.ensure_base, st, "runtime", cache)
         shutil.rmtree(full_ctx, ignore_errors=True)
         stage_full_context(st, full_ctx, ucx_sources, wheels, own, extra_wheels)
         _set_mtimes(full_ctx, st.source_date_epoch)
@@ -411,7 +357,7 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
     step("verify_ucx", verify_ucx_stage, st, stage_tag)
 
     info_path = work / BUILD_INFO_NAME
-    info = read_build_info(st, stage_tag, info_path)
+    info = copy_build_info(st, stage_tag, info_path)
     info["_sha256"] = sha256_file(info_path)
     extra_lock = [full_ctx / "etc" / EXTRA_LOCK_NAME] if extra_wheels else []
     stack_id = st.stack_id(build_info=info_path, extra_locks=tuple(extra_lock))
@@ -419,21 +365,19 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
     prefer = ucxx_can_use(st, ucx_version)
     say(f"UCX {ucx_version}: " + (f"UCXX will use it (>= {st.image.ucxx_min_system_ucx})" if prefer else
                                   f"older than {st.image.ucxx_min_system_ucx}, UCXX keeps the libucx wheel's UCX"))
-    labels = image_labels(st, stack_id, info, prefer, base, extra_wheels)
+    labels = build_labels(st, stack_id, info, prefer, base, extra_wheels)
     say(f"building {tag} (stack id {stack_id}) with --network none")
     step("docker_build", docker_build, full_ctx, tag, build_args(st, base, builder, prefer), labels,
          work / "logs" / "docker-build.log")
 
-    inside = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", tag, "/etc/ucx-dask-gpu/stack-id"],
+    inside = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", tag, str(STACK_ID_FILE)],
                     code=BUILD_FAILED, what="reading the image's stack id").stdout.strip()
     if inside != stack_id:
         raise UserError(f"{tag}: the image computed stack id {inside}, the build computed {stack_id} (the Dockerfile "
-                        "and imagebuild.py hash different files)", BUILD_FAILED)
+                        "and image/build.py hash different files)", BUILD_FAILED)
     if normalise:
         # Reproducible image + SBOM: sorted/clamped layers, config at SOURCE_DATE_EPOCH, SBOM layer; image.json,
         # layers.json and sbom.cdx.json land in <cache>/image/<tag>/repro (README "Reproducible image and SBOM").
-        from .reproducible import finish_build
-
         norm = step("normalise", finish_build, st, tag, cache, extra_wheels)
         say(f"normalised {tag}: {norm.image_id} (docker build gave {norm.source_image_id[:19]})")
     timings["total"] = round(time.monotonic() - t_start, 1)

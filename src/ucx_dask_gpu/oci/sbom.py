@@ -17,19 +17,21 @@ hash), against a dpkg status file (exactly the installed packages, same versions
 """
 from __future__ import annotations
 
-import argparse
 import email.parser
 import hashlib
 import json
-import sys
 import uuid
 from datetime import datetime, timezone
-from pathlib import Path
+from importlib.metadata import PackageNotFoundError, version
 
-from .errors import SBOM_GENERATOR, SBOM_INVALID, SBOM_MISMATCH, USAGE, UserError
-from .fsutil import atomic_write_text
-from .stack.lock import Pin, canonical, load_lock
+from ..errors import SBOM_GENERATOR, SBOM_MISMATCH, UserError
+from ..stack import Stack
+from ..stack.lock import Pin, canonical, load_lock
+from ..ucx.install import BUILD_INFO
+from .archive import LABEL_PREFIX
 
+# Where the image carries its SBOM (its own last layer).
+SBOM_IN_IMAGE = "usr/share/ucx-dask-gpu/sbom.cdx.json"
 PROP = "ucx-dask-gpu:"
 # A fixed namespace for serial numbers derived from content (uuid5 of the content's sha256).
 SERIAL_NAMESPACE = uuid.UUID("3c5d1f0e-7a0b-5b7e-9a51-7563782d6461")
@@ -37,11 +39,9 @@ SERIAL_NAMESPACE = uuid.UUID("3c5d1f0e-7a0b-5b7e-9a51-7563782d6461")
 DEBIAN_PYTHON_DIRS = ("usr/lib/python3/", "usr/lib/python3.", "usr/share/python3/")
 
 
-def generator(st) -> tuple[str, str]:
+def generator(st: Stack) -> tuple[str, str]:
     """(distribution, version) of the SBOM generator pinned in stack.toml [sbom]; the installed one must be it,
     because the SBOM's bytes (part of the image) depend on it."""
-    from importlib.metadata import PackageNotFoundError, version
-
     name, pinned = st.sbom.generator, st.sbom.generator_version
     try:
         installed = version(name)
@@ -118,6 +118,7 @@ def build_sbom(*, name: str, version: str, epoch: int, dpkg_status: str | None =
                build_info_sha256: str | None = None, properties: dict[str, str] | None = None,
                tools: dict[str, str] | None = None) -> bytes:
     """The SBOM as bytes (JSON + newline). See the module docstring for what goes in."""
+    # cyclonedx-python-lib is heavy and only needed where an SBOM is made or checked.
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.bom import Bom, BomMetaData
     from cyclonedx.model.component import Component, ComponentScope, ComponentType
@@ -220,11 +221,11 @@ def _ucx_components(info, info_sha, Component, ComponentType, ComponentScope, Pa
     return out
 
 
-def sbom_from_overlay(st, files: dict[str, bytes], labels: dict[str, str],
+def sbom_from_overlay(st: Stack, files: dict[str, bytes], labels: dict[str, str],
                       wheels: dict[str, tuple[str, str]] | None = None) -> bytes:
-    """The SBOM of an image from the files the normaliser collected out of its layers (`reproducible.Overlay`)."""
+    """The SBOM of an image from the files the normaliser collected out of its layers (`layer.Overlay`)."""
     gen, gen_version = generator(st)
-    info_paths = sorted(p for p in files if p.endswith("/share/ucx-dask-gpu/build-info.json"))
+    info_paths = sorted(p for p in files if p.endswith(f"/{BUILD_INFO}"))
     info = info_sha = None
     if info_paths:
         raw = files[info_paths[0]]
@@ -234,7 +235,7 @@ def sbom_from_overlay(st, files: dict[str, bytes], labels: dict[str, str],
             raise UserError(f"/{info_paths[0]} in the image is not JSON", SBOM_MISMATCH) from None
         info_sha = hashlib.sha256(raw).hexdigest()
     keep = {"revision": "org.opencontainers.image.revision", "source": "org.opencontainers.image.source",
-            "stack-id": "io.ucx-dask-gpu.stack-id"}
+            "stack-id": LABEL_PREFIX + "stack-id"}
     return build_sbom(
         name=st.image.name, version=st.version, epoch=st.source_date_epoch,
         dpkg_status=files.get("var/lib/dpkg/status", b"").decode("utf-8", "replace"),
@@ -248,6 +249,7 @@ def sbom_from_overlay(st, files: dict[str, bytes], labels: dict[str, str],
 
 def validate(text: str) -> str | None:
     """None when `text` is valid CycloneDX 1.6 JSON (strict schema), else the validator's first error."""
+    # cyclonedx-python-lib is heavy and only needed where an SBOM is made or checked.
     from cyclonedx.schema import SchemaVersion
     from cyclonedx.validation.json import JsonStrictValidator
 
@@ -256,7 +258,7 @@ def validate(text: str) -> str | None:
 
 
 def _purl_parts(purl: str):
-    from packageurl import PackageURL
+    from packageurl import PackageURL  # comes with cyclonedx-python-lib
 
     return PackageURL.from_string(purl)
 
@@ -315,104 +317,3 @@ def check_sbom(doc: dict, *, pins: dict[str, Pin] | None = None, dpkg_status: st
             if props.get(PROP + "ucx:configure") != (build_info.get("configure") or {}).get("command"):
                 problems.append("ucx: SBOM configure line differs from the build info's")
     return problems
-
-
-# --- CLI ------------------------------------------------------------------------------------------------------------------
-
-def _read(path: str | None, what: str) -> str | None:
-    if path is None:
-        return None
-    try:
-        return Path(path).read_text()
-    except OSError as e:
-        raise UserError(f"cannot read {what} {path}: {e.strerror}", USAGE) from None
-
-
-def _from_image(image: str, path: str) -> str:
-    from .dockerutil import docker
-
-    return docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", image, path], code=SBOM_MISMATCH,
-                  what=f"reading {path} from {image}").stdout
-
-
-def _cmd_check(args) -> int:
-    from .stack import load
-
-    st = load(args.stack_file)
-    if args.image:
-        from .reproducible import SBOM_IN_IMAGE
-
-        text = _read(args.sbom, "SBOM") if args.sbom else _from_image(args.image, "/" + SBOM_IN_IMAGE)
-        status = _from_image(args.image, "/var/lib/dpkg/status")
-        info_text = _from_image(args.image, f"{st.image.ucx_prefix}/share/ucx-dask-gpu/build-info.json")
-    else:
-        if not args.sbom:
-            raise UserError("sbom check: give an SBOM file, --image IMAGE, or both", USAGE)
-        text = _read(args.sbom, "SBOM")
-        status = _read(args.dpkg_status, "dpkg status")
-        info_text = _read(args.build_info, "build info")
-    err = validate(text)
-    if err:
-        raise UserError(f"SBOM is not valid CycloneDX 1.6: {err}", SBOM_INVALID)
-    doc = json.loads(text)
-    problems = check_sbom(doc, pins=load_lock(st.lock_path()), dpkg_status=status,
-                          build_info=json.loads(info_text) if info_text else None,
-                          extra_dists={canonical(n) for n in args.allow_extra} | {canonical(st.name)})
-    for p in problems:
-        print(p)
-    if problems:
-        raise UserError(f"SBOM disagrees with its sources: {problems[0]} ({len(problems)} problem(s))", SBOM_MISMATCH)
-    kinds = {}
-    for c in doc.get("components", []):
-        t = (c.get("purl") or "pkg:other/").split(":", 1)[1].split("/", 1)[0]
-        kinds[t] = kinds.get(t, 0) + 1
-    print(f"SBOM valid (CycloneDX {doc.get('specVersion')}) and consistent: " +
-          ", ".join(f"{n} {t}" for t, n in sorted(kinds.items())))
-    return 0
-
-
-def _cmd_generate(args) -> int:
-    from .stack import load
-
-    st = load(args.stack_file)
-    gen, gen_version = generator(st)
-    files: dict[str, bytes] = {}
-    for d in args.site_packages:
-        for meta in sorted(Path(d).glob("*.dist-info/METADATA")):
-            files[str(meta.relative_to("/") if meta.is_absolute() else meta)] = meta.read_bytes()
-    info_text = _read(args.build_info, "build info")
-    data = build_sbom(name=st.image.name, version=st.version, epoch=st.source_date_epoch,
-                      dpkg_status=_read(args.dpkg_status, "dpkg status"), os_release=_read(args.os_release, "os-release"),
-                      dists=dists_from_files(files), pins=load_lock(st.lock_path()),
-                      build_info=json.loads(info_text) if info_text else None,
-                      build_info_sha256=hashlib.sha256(info_text.encode()).hexdigest() if info_text else None,
-                      tools={gen: gen_version, st.name: st.version})
-    if args.output == "-":
-        sys.stdout.write(data.decode())
-    else:
-        atomic_write_text(args.output, data.decode())
-        print(f"wrote {args.output}")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sbom", help="CycloneDX SBOM of the image: generate, validate and cross-check")
-    p.add_argument("--stack-file", help="stack.toml to read (default: the repository's)")
-    s = p.add_subparsers(dest="sbom_command", metavar="ACTION", required=True)
-    c = s.add_parser("check", help="validate against the CycloneDX 1.6 schema and cross-check with the lock, the "
-                                   "dpkg status and the UCX build info")
-    c.add_argument("sbom", nargs="?", help="SBOM file (default with --image: the one inside the image)")
-    c.add_argument("--image", help="read the SBOM, dpkg status and UCX build info from this image")
-    c.add_argument("--dpkg-status", help="dpkg status file to compare with (without --image)")
-    c.add_argument("--build-info", help="UCX build-info.json to compare with (without --image)")
-    c.add_argument("--allow-extra", action="append", default=[], metavar="NAME",
-                   help="a Python distribution that may be installed without being in the lock (repeatable)")
-    c.set_defaults(func=_cmd_check)
-    g = s.add_parser("generate", help="SBOM of this host's files (bare-metal installs); images get theirs from "
-                                      "`repro normalise`")
-    g.add_argument("--dpkg-status", default="/var/lib/dpkg/status")
-    g.add_argument("--os-release", default="/usr/lib/os-release")
-    g.add_argument("--build-info", help="the UCX prefix's share/ucx-dask-gpu/build-info.json")
-    g.add_argument("--site-packages", action="append", default=[], metavar="DIR")
-    g.add_argument("-o", "--output", default="-")
-    g.set_defaults(func=_cmd_generate)

@@ -29,14 +29,17 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .dockerutil import container_logs, container_state, docker, docker_bin, image_inspect, wait_until
-from .errors import CLUSTER_FAILED, USAGE, UserError
+from ..errors import CLUSTER_FAILED, USAGE, UserError
+from ..oci.archive import LABEL_PREFIX
+from .docker import container_logs, container_state, docker, docker_bin, image_inspect, wait_until
 
 PROTOCOLS = ("tcp", "ucx", "tls")
 PORT = 8786
 TLS_MOUNT = "/tls"
 DATA_MOUNT = "/data"
 STOP_GRACE_S = 30
+# Every container, volume and network of a cluster carries this label (its value: the cluster's name).
+CLUSTER_LABEL = LABEL_PREFIX + "cluster"
 
 
 def say(msg: str) -> None:
@@ -111,7 +114,7 @@ class Cluster:
     def _run_detached(self, name: str, argv: list[str], image: str | None = None, aliases: tuple[str, ...] = (),
                       data: bool = False) -> None:
         args = ["run", "-d", "--name", name, "--hostname", name, "--network", self.network,
-                "--shm-size", "1g", "--label", f"io.ucx-dask-gpu.cluster={self.name}"]
+                "--shm-size", "1g", "--label", f"{CLUSTER_LABEL}={self.name}"]
         for a in aliases:
             args += ["--network-alias", a]
         if self.gpu:
@@ -130,9 +133,9 @@ class Cluster:
         say(f"{self.name}: {self.protocol} cluster of {self.n_workers} workers from {self.image}")
         self.started = True
         try:
-            docker(["network", "create", "--internal", "--label", f"io.ucx-dask-gpu.cluster={self.name}",
+            docker(["network", "create", "--internal", "--label", f"{CLUSTER_LABEL}={self.name}",
                     self.network], code=CLUSTER_FAILED, what="creating the cluster network")
-            docker(["volume", "create", "--label", f"io.ucx-dask-gpu.cluster={self.name}", self.volume],
+            docker(["volume", "create", "--label", f"{CLUSTER_LABEL}={self.name}", self.volume],
                    code=CLUSTER_FAILED, what="creating the data volume")
             if self.protocol == "tls":
                 self.tls_dir = make_tls_dir(self.uid)
@@ -199,7 +202,7 @@ class Cluster:
     def client_args(self, image: str | None = None, env: dict | None = None, interactive: bool = False) -> list[str]:
         """`docker run` arguments (without the command) for a client container on the cluster network."""
         args = [docker_bin(), "run", "--rm", "--network", self.network, "--shm-size", "1g",
-                "--label", f"io.ucx-dask-gpu.cluster={self.name}"]
+                "--label", f"{CLUSTER_LABEL}={self.name}"]
         if interactive:
             args.append("-i")
         for k, v in sorted((env or {}).items()):
@@ -316,12 +319,12 @@ def make_tls_dir(uid: int | None) -> Path:
 def remove_all_clusters() -> int:
     """Remove every container, volume and network any cluster of ours left (an interrupted run); returns the count.
 
-    Everything carries the io.ucx-dask-gpu.cluster label; this also ends clusters that are running now.
+    Everything carries the CLUSTER_LABEL label; this also ends clusters that are running now.
     """
     removed = 0
     for kind, listing in (("container", ["ps", "-aq"]), ("volume", ["volume", "ls", "-q"]),
                           ("network", ["network", "ls", "-q"])):
-        proc = subprocess.run([docker_bin(), *listing, "--filter", "label=io.ucx-dask-gpu.cluster"],
+        proc = subprocess.run([docker_bin(), *listing, "--filter", f"label={CLUSTER_LABEL}"],
                               capture_output=True, text=True)
         ids = proc.stdout.split()
         removed += len(ids)

@@ -13,7 +13,7 @@ attributes:
 - Docker whiteouts (`.wh.NAME`, `.wh..wh..opq`) kept as the empty files they are;
 - sparse / contiguous / old-style regular files written as plain regular files.
 
-An optional hook lets a caller drop entries, truncate them or replace their contents (`reproducible.py` uses it
+An optional hook lets a caller drop entries, truncate them or replace their contents (`layer.py` uses it
 for build litter, /etc/shadow dates and .pyc headers) and observe every written entry (the per-layer listing used to explain mismatches).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tarfile
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterable
 
-from .errors import BAD_ARCHIVE, UserError
+from ..errors import BAD_ARCHIVE, UserError
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_WHITEOUT = ".wh..wh..opq"
