@@ -22,7 +22,7 @@ COMMAND_MODULES = [
     "ucx_dask_gpu.gate.cli",
     "ucx_dask_gpu.workloads",
     "ucx_dask_gpu.bench.command",
-    "ucx_dask_gpu.verify_nvlink",
+    "ucx_dask_gpu.nvlink.cli",
 ]
 
 

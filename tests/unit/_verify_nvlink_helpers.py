@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ucx_dask_gpu import nvml
 from ucx_dask_gpu.ucx import perftest as pt
-from ucx_dask_gpu.nvlink_verdict import counter_deltas
+from ucx_dask_gpu.nvlink.verdict import counter_deltas
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 H200 = FIX / "h200x2"
@@ -136,8 +136,8 @@ def replay(pair: str, sizes: list[int] | None = None, gpus: list[nvml.Gpu] | Non
            mode: str | None = None) -> dict:
     """verify-nvlink's pair record, recomputed from what the GPU host recorded: the perftest outputs kept here, and
     the NVLink counter deltas, NVML process lists, visibility and cudaMemcpyPeer baseline from its JSON."""
-    from ucx_dask_gpu.nvlink_verdict import Thresholds
-    from ucx_dask_gpu.verify_nvlink import pair_record
+    from ucx_dask_gpu.nvlink.verdict import Thresholds
+    from ucx_dask_gpu.nvlink.verify import pair_record
 
     ev = evidence(pair)
     gpus = gpus or recorded_gpus()

@@ -11,10 +11,10 @@ from _verify_nvlink_helpers import (MIB, OURS, OURS_V2, PIP, PIP_BACK, TRAP_OURS
                                     replay, snapshot)
 from ucx_dask_gpu import nvml
 from ucx_dask_gpu.ucx import perftest as pt
-from ucx_dask_gpu.nvlink_verdict import (FAIL, INVALID, NO_NVLINK, PASS, PairInput, SizeMeasurement, Thresholds,
+from ucx_dask_gpu.nvlink.verdict import (FAIL, INVALID, NO_NVLINK, PASS, PairInput, SizeMeasurement, Thresholds,
                                          TransportEvidence, Visibility, counter_deltas, evaluate_pair,
                                          transport_from_lanes, visibility_problems)
-from ucx_dask_gpu.verify_nvlink import pair_record
+from ucx_dask_gpu.nvlink.verify import pair_record
 
 GPUS = recorded_gpus()
 G0, G1 = GPUS

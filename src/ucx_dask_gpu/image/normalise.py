@@ -22,7 +22,6 @@ owner, mtime, size, sha256), which `compare` uses to name the first differing fi
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil

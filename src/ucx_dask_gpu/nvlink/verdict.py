@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .ucx.perftest import ProtoTable
+from ..ucx.perftest import ProtoTable
 
 PASS, FAIL, INVALID, NO_NVLINK = "pass", "fail", "invalid", "no-nvlink"
 COUNTERS = ("data_tx", "data_rx", "raw_tx", "raw_rx")

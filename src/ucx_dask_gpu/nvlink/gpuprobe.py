@@ -1,14 +1,14 @@
 """CUDA-side helpers that verify-nvlink runs in a CHILD process, under the same CUDA_VISIBLE_DEVICES it gives
 ucx_perftest, so that what they see is what perftest sees (and the parent never holds a CUDA context):
 
-    python -m ucx_dask_gpu.gpuprobe visible
+    python -m ucx_dask_gpu.nvlink.gpuprobe visible
         -> {"devices": [{"uuid": "GPU-...", "pci_bus_id": "00000000:07:00.0"}, ...]}
-    python -m ucx_dask_gpu.gpuprobe memcpy-peer --sizes 1048576,268435456 [--samples 21 --warmup 3]
+    python -m ucx_dask_gpu.nvlink.gpuprobe memcpy-peer --sizes 1048576,268435456 [--samples 21 --warmup 3]
         -> cudaMemcpyPeer device 0 -> device 1 (CUDA_VISIBLE_DEVICES=<src>,<dst>), timed with CUDA events:
            {"peer_access": true, "results": [{"msg_bytes", "reps", "gbps", "samples_gbps", "bytes_moved"}]}
 
-Uses CuPy (cupy-cuda13x, part of the image's lock). Prints one JSON document on stdout; on error one line on stderr
-and exit 1.
+Uses CuPy (cupy-cuda13x, part of the image's lock), imported by each probe: it loads CUDA, which argument errors
+need not. Prints one JSON document on stdout; on error one line on stderr and exit 1.
 """
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def memcpy_peer(sizes: list[int], samples: int, warmup: int, min_sample_bytes: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ucx_dask_gpu.gpuprobe")
+    ap = argparse.ArgumentParser(prog="python -m ucx_dask_gpu.nvlink.gpuprobe")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("visible")
     m = sub.add_parser("memcpy-peer")
