@@ -17,7 +17,7 @@ COMMAND_MODULES = [
     "ucx_dask_gpu.conda.cmd",
     "ucx_dask_gpu.ucxbuild.cli",
     "ucx_dask_gpu.ucx.cli",
-    "ucx_dask_gpu.topologycmd",
+    "ucx_dask_gpu.topology.cli",
     "ucx_dask_gpu.image.cli",
     "ucx_dask_gpu.gate.cli",
     "ucx_dask_gpu.workloads",
