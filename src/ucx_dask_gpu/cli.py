@@ -20,8 +20,8 @@ COMMAND_MODULES = [
     "ucx_dask_gpu.topology.cli",
     "ucx_dask_gpu.image.cli",
     "ucx_dask_gpu.gate.cli",
-    "ucx_dask_gpu.workloads",
-    "ucx_dask_gpu.bench.command",
+    "ucx_dask_gpu.proof.cli",
+    "ucx_dask_gpu.bench.cli",
     "ucx_dask_gpu.nvlink.cli",
 ]
 

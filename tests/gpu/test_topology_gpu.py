@@ -65,7 +65,7 @@ def test_cluster_from_the_plan_runs_the_transpose(machine):
                 if s.cores:
                     assert cpus == s.cores
             try:
-                from ucx_dask_gpu.workloads import run_transpose
+                from ucx_dask_gpu.proof.transpose import run_transpose
             except ImportError:
                 run_transpose = None
             if run_transpose is not None:

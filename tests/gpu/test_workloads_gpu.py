@@ -20,10 +20,10 @@ SCRIPT = textwrap.dedent("""
     import json
     from dask_cuda import LocalCUDACluster
     from distributed import Client
-    from ucx_dask_gpu import workloads
+    from ucx_dask_gpu.proof import transpose
 
     with LocalCUDACluster(protocol="ucx", dashboard_address=":0") as cluster, Client(cluster) as client:
-        result = workloads.run_transpose(client, size=20000, chunk=2500, backend="cupy")
+        result = transpose.run_transpose(client, size=20000, chunk=2500, backend="cupy")
         result["gpus"] = len(cluster.workers)
     print(json.dumps(result))
 """)

@@ -207,7 +207,7 @@ KILL_CLIENT = """
 import json, sys, time
 import dask.array as da
 from distributed import Client
-from ucx_dask_gpu.workloads import _chunk_sizes, _generate_block, transpose_expected
+from ucx_dask_gpu.proof.transpose import _chunk_sizes, _generate_block, transpose_expected
 
 def slow(block):
     time.sleep(0.3)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from ucx_dask_gpu import workloads
+from ucx_dask_gpu.proof import from_map, transpose
 from ucx_dask_gpu.gate import daskconfig, identity
 
 from _dask_procs import env_for, start_scheduler, start_worker
@@ -34,8 +34,8 @@ def workload(env, *args, timeout=300) -> tuple[dict, str]:
 
 
 def numpy_transpose_sum(size: int, chunk: int, seed: int) -> float:
-    sizes = workloads._chunk_sizes(size, chunk)
-    x = np.block([[workloads._random_block(seed, i, j, (ri, rj)) for j, rj in enumerate(sizes)]
+    sizes = transpose._chunk_sizes(size, chunk)
+    x = np.block([[transpose._random_block(seed, i, j, (ri, rj)) for j, rj in enumerate(sizes)]
                   for i, ri in enumerate(sizes)])
     return float((x + x.T).sum())
 
@@ -66,7 +66,7 @@ def test_from_map_reads_only_the_projected_columns(shipped_config, tmp_path):
     # The sums are those of the files read whole, here, without dask.
     import pandas as pd
 
-    reader = workloads.ArrowFileReader(fmt, [], "test")
+    reader = from_map.ArrowFileReader(fmt, [], "test")
     frame = pd.concat(reader.read_table(str(p), None).to_pandas() for p in sorted((tmp_path / "data").iterdir()))
     for c in wanted:
         assert result["value"][c] == pytest.approx(frame[c].sum(), rel=1e-9)

@@ -120,3 +120,26 @@ def check_peer(ours: dict, role: str, peer: str, ident: dict | None, versions: d
         their_desc = their_id or "none (no stack id in its environment)"
     return (f"ucx-dask-gpu guard: refused {role} {peer}: stack id differs: scheduler {ours['stack-id']} vs "
             f"{role} {their_desc}; differing packages (scheduler vs {role}): {format_diff(diff)}")
+
+
+def compare_versions(versions: dict) -> dict:
+    """Do the client, the scheduler and every worker report the same packages (and python)?
+
+    `versions` is Client.get_versions(); returns {"identical": bool, "differences": [{package, client,
+    scheduler, workers}]} with one entry per package whose version is not the same everywhere.
+    """
+    def pkgs(v: dict | None) -> dict:
+        return dict((v or {}).get("packages") or {})
+
+    client, sched = pkgs(versions.get("client")), pkgs(versions.get("scheduler"))
+    workers = {addr: pkgs(v) for addr, v in (versions.get("workers") or {}).items()}
+    names = set(client) | set(sched)
+    for w in workers.values():
+        names |= set(w)
+    diffs = []
+    for name in sorted(names):
+        seen = {client.get(name), sched.get(name)} | {w.get(name) for w in workers.values()}
+        if len(seen) > 1:
+            diffs.append({"package": name, "client": client.get(name), "scheduler": sched.get(name),
+                          "workers": {a: w.get(name) for a, w in workers.items()}})
+    return {"identical": not diffs, "differences": diffs}

@@ -1,23 +1,19 @@
-"""`ucx-dask-gpu bench transpose|svd`: argument parsing and validation (nothing heavy imported before a run)."""
+"""`ucx-dask-gpu bench transpose|svd|render` (also `python -m ucx_dask_gpu.bench`): argument parsing and validation,
+then the run (driver.py) and its report (render.py). Nothing heavy is imported before a run."""
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
-from ..errors import USAGE, UserError
-
-DEFAULTS = {
-    # The seed's workload: (x + x.T).sum() on a 40000^2 float64 array in 128 MiB (4096^2) chunks.
-    "transpose": {"size": 40000, "second_size": None, "chunks": "128 MiB"},
-    # Tall-skinny SVD (tsqr): 200000 x 1000 float64 (1.6 GB) in 10 row blocks.
-    "svd": {"size": 200000, "second_size": 1000, "chunks": "20000"},
-}
-CPU_DEFAULTS = {
-    "transpose": {"size": 4000, "second_size": None, "chunks": "1000"},
-    "svd": {"size": 20000, "second_size": 100, "chunks": "2000"},
-}
+from ..errors import BENCH_CONFIG, USAGE, UserError
+from ..report import command_line, write_report
+from . import driver, render
+from . import settings as st
+from .workloads import WORKLOADS
+from .workloads.base import Chunks, Workload, parse_chunks
 
 
 def _arg_number(convert, what: str, ok, bound: str):
@@ -38,19 +34,17 @@ _nonneg_int = _arg_number(int, "an integer", lambda v: v >= 0, ">= 0")
 _seconds = _arg_number(float, "seconds", lambda v: v > 0, "> 0")
 
 
-def add_arguments(p: argparse.ArgumentParser, workload: str) -> None:
-    d = DEFAULTS[workload]
+def add_arguments(p: argparse.ArgumentParser, w: Workload) -> None:
+    d, c = w.gpu, w.cpu
     p.add_argument("--size", type=_positive_int,
-                   help=f"rows (and columns for transpose); default {d['size']} (GPU), "
-                        f"{CPU_DEFAULTS[workload]['size']} with --cpu")
-    if workload == "svd":
+                   help=f"rows (and columns for transpose); default {d.size} (GPU), {c.size} with --cpu")
+    if w.second_size_help:
         p.add_argument("--second-size", type=_positive_int,
-                       help=f"columns of the tall-skinny input; default {d['second_size']} (GPU), "
-                            f"{CPU_DEFAULTS[workload]['second_size']} with --cpu")
+                       help=f"{w.second_size_help}; default {d.second_size} (GPU), {c.second_size} with --cpu")
     p.add_argument("--chunks",
                    help="auto (the config's array.chunk-size decides), a size like '128 MiB', or block edge(s) like "
-                        f"4096 or 4096,4096; for svd the rows per block; default {d['chunks']!r} (GPU), "
-                        f"{CPU_DEFAULTS[workload]['chunks']!r} with --cpu")
+                        f"4096 or 4096,4096; for svd the rows per block; default {d.chunks!r} (GPU), "
+                        f"{c.chunks!r} with --cpu")
     p.add_argument("--protocols", default="ucx,tcp", help="comma-separated, each run side by side (default ucx,tcp); "
                    "the sweep uses the first")
     p.add_argument("--cpu", action="store_true",
@@ -71,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser, workload: str) -> None:
     p.add_argument("--ignore-size", default="1 MiB", help="drop transfers smaller than this (default '1 MiB')")
     p.add_argument("--seed", type=_nonneg_int, default=0, help="random input seed (default 0)")
     p.add_argument("--out", help="write <name>.json/.md/.png and command.txt into this directory")
-    p.add_argument("--name", help=f"report file stem (default {workload}-<chunks> for transpose, svd for svd)")
+    p.add_argument("--name", help=f"report file stem (default {w.name}-<chunks> for transpose, svd for svd)")
     p.add_argument("--goal", action="append", default=[], metavar="METRIC<=VALUE",
                    help="a target to report as met / not met (never an error), e.g. wall_s<=0.1, "
                         "p2p_gbps_median>=60, ucx_tcp_wall_ratio>=35, speedup_vs_reference>=2")
@@ -91,36 +85,31 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "protocol, with a tuned dask config, a knob sweep, and dask-cuda's own "
                                    "local_cupy beside it.")
     s = p.add_subparsers(dest="bench_workload", metavar="WORKLOAD", required=True)
-    for workload, help_text in (("transpose", "(x + x.T).sum() on a square random array (the seed's workload)"),
-                                ("svd", "da.linalg.svd on a tall-skinny random array chunked by rows")):
-        w = s.add_parser(workload, help=help_text)
-        add_arguments(w, workload)
-        w.set_defaults(func=_run, workload=workload)
+    for w in WORKLOADS.values():
+        sp = s.add_parser(w.name, help=w.help)
+        add_arguments(sp, w)
+        sp.set_defaults(func=_run, workload=w.name)
     r = s.add_parser("render", help="re-render a result's markdown and PNG from its JSON (e.g. where matplotlib is)")
     r.add_argument("json", help="a <name>.json written by bench transpose|svd")
     r.set_defaults(func=_render)
 
 
-def options_from_args(args) -> "object":
+def options_from_args(args) -> driver.Options:
     """Validate everything a run needs before starting anything; UserError with one line otherwise."""
-    from dask.utils import parse_bytes
+    from dask.utils import parse_bytes  # dask is heavy: imported once a run is asked for
 
-    from . import settings as st
-    from .driver import PROTOCOLS, Options, parse_goal
-    from .workload import Chunks, parse_chunks
-
-    workload = args.workload
-    d = (CPU_DEFAULTS if args.cpu else DEFAULTS)[workload]
-    size = args.size or d["size"]
-    second = getattr(args, "second_size", None) or d["second_size"]
-    if workload == "svd" and second > size:
-        raise UserError(f"--second-size {second} must not exceed --size {size} (tall-skinny)", USAGE)
-    chunks = Chunks(args.chunks or d["chunks"])
+    w = WORKLOADS[args.workload]
+    d = w.defaults(args.cpu)
+    size = args.size or d.size
+    second = getattr(args, "second_size", None) or d.second_size
+    w.validate(size, second)
+    chunks = Chunks(args.chunks or d.chunks)
     parse_chunks(chunks.text)
     protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
-    bad = [p for p in protocols if p not in PROTOCOLS]
+    bad = [p for p in protocols if p not in driver.PROTOCOLS]
     if not protocols or bad or len(set(protocols)) != len(protocols):
-        raise UserError(f"--protocols {args.protocols!r}: expected distinct names among {', '.join(PROTOCOLS)}", USAGE)
+        raise UserError(f"--protocols {args.protocols!r}: expected distinct names among "
+                        f"{', '.join(driver.PROTOCOLS)}", USAGE)
     gpus = None
     if args.gpus is not None:
         if args.cpu:
@@ -139,33 +128,32 @@ def options_from_args(args) -> "object":
     knobs = [st.parse_knob(k) for k in args.knob]
     if len({k.text for k in knobs}) != len(knobs):
         raise UserError("--knob: the same variant is given twice", USAGE)
-    goals = [parse_goal(g) for g in args.goal]
-    name = args.name or (f"transpose-{chunks.label}" if workload == "transpose" else "svd")
+    goals = [driver.parse_goal(g) for g in args.goal]
+    name = args.name or w.report_name(chunks)
     if "/" in name or name.startswith(".") or not name:
         raise UserError(f"--name {name!r}: expected a file stem without '/'", USAGE)
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a directory", USAGE)
-    return Options(
-        workload=workload, size=size, second_size=second, chunks=chunks, protocols=protocols, cpu=args.cpu,
+    return driver.Options(
+        workload=w, size=size, second_size=second, chunks=chunks, protocols=protocols, cpu=args.cpu,
         workers=args.workers, gpus=gpus, config=config, knobs=knobs, runs=args.runs,
         knob_runs=args.knob_runs or min(3, args.runs), warmup=args.warmup, reference=args.reference,
         ignore_bytes=ignore, seed=args.seed, out=out, name=name, goals=goals, budget=args.budget,
         run_timeout=args.run_timeout, proto_info=not args.no_proto_info, plan_only=args.plan, quiet=args.quiet)
 
 
-def plan_text(opts) -> str:
-    from .driver import Variant, plan, resolve_chunks
+def plan_text(opts: driver.Options) -> str:
+    import yaml  # third-party: only --plan prints the config trees
 
-    import yaml
-
+    w = opts.workload
     lines = []
-    chunksize, numblocks = resolve_chunks(opts, plan(opts)[0].tree)
-    lines.append(f"{opts.workload}: size {opts.size}" + (f"x{opts.second_size}" if opts.workload == "svd" else "")
-                 + f", chunks {opts.chunks.text!r} -> {chunksize} ({numblocks} blocks), "
+    chunksize, numblocks = driver.resolve_chunks(opts, driver.plan(opts)[0].tree)
+    lines.append(f"{w.name}: size {w.size_label(opts.size, opts.second_size)}, chunks {opts.chunks.text!r} -> "
+                 f"{chunksize} ({numblocks} blocks), "
                  f"{'CPU, %d workers' % opts.workers if opts.cpu else 'GPUs ' + str(opts.gpus or 'all')}")
-    for i, item in enumerate(plan(opts)):
-        if isinstance(item, Variant):
+    for i, item in enumerate(driver.plan(opts)):
+        if isinstance(item, driver.Variant):
             lines.append(f"[{i}] {item.protocol} {item.label}: {item.runs} runs, cluster {item.cluster}"
                          + (f", environment {item.env}" if item.env else "")
                          + (f", unset {item.unset}" if item.unset else "")
@@ -178,9 +166,6 @@ def plan_text(opts) -> str:
 
 
 def _run(args) -> int:
-    from ..report import command_line, write_report
-    from . import driver, render
-
     opts = options_from_args(args)
     if opts.plan_only:
         print(plan_text(opts))
@@ -206,8 +191,6 @@ def _run(args) -> int:
 
 def _command_line(generic) -> str:
     """The command as typed: `python -m ucx_dask_gpu.bench ...` stays that (report.command_line would drop 'bench')."""
-    import shlex
-
     if sys.argv and sys.argv[0].replace("\\", "/").endswith("ucx_dask_gpu/bench/__main__.py"):
         return shlex.join(["python", "-m", "ucx_dask_gpu.bench", *sys.argv[1:]])
     return generic()
@@ -215,10 +198,6 @@ def _command_line(generic) -> str:
 
 def _render(args) -> int:
     """Rewrite <name>.md and <name>.png beside <name>.json (the JSON is kept as it is, apart from stale notes)."""
-    from ..errors import BENCH_CONFIG
-    from ..report import write_report
-    from . import render
-
     path = Path(args.json)
     try:
         payload = json.loads(path.read_text())
