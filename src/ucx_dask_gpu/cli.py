@@ -14,7 +14,7 @@ from .cliutil import Parser, run_parsed
 # module name -> registers one or more subcommands
 COMMAND_MODULES = [
     "ucx_dask_gpu.stack.cli",
-    "ucx_dask_gpu.conda.cmd",
+    "ucx_dask_gpu.conda.cli",
     "ucx_dask_gpu.ucxbuild.cli",
     "ucx_dask_gpu.ucx.cli",
     "ucx_dask_gpu.topology.cli",

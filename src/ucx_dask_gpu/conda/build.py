@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import BUILD_FAILED, PACKAGE_INVALID, SOURCE_UNREACHABLE, UserError
+from ..errors import BUILD_FAILED, HASH_MISMATCH, PACKAGE_INVALID, SOURCE_UNREACHABLE, UserError
 from ..fsutil import sha256_file
 from .render import PLATFORM, Rendered
 
@@ -148,7 +148,6 @@ def prepare_sources(r: Rendered, src_dir: Path, sources_dir: Path | None) -> lis
                                 SOURCE_UNREACHABLE)
             got = sha256_file(archive)
             if got != str(s.get("sha256")):
-                from ..errors import HASH_MISMATCH
                 raise UserError(f"{r.recipe_dir.name}: {archive} sha256 {got} != the recipe's {s.get('sha256')}",
                                 HASH_MISMATCH)
             _extract(archive, folder)

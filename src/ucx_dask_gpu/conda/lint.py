@@ -16,9 +16,9 @@ import re
 import tomllib
 from pathlib import Path
 
-from ..stack.lock import canonical, load_lock
 from ..stack import Stack
-from .render import SEL_RE, Rendered, load_variant_config, render, render_variants
+from ..stack.lock import canonical, load_lock
+from .render import SEL_RE, RecipeError, Rendered, load_variant_config, render, render_variants
 from .settings import CBC_PATH, UCX_VERSION_ENV, render_conda_build_config, settings
 
 SECTION_ORDER = ["package", "source", "build", "requirements", "test", "outputs", "about", "extra"]
@@ -277,8 +277,6 @@ def check_conda_forge_yml(st: Stack, recipes_dir: Path) -> list[str]:
 def lint_all(st: Stack, recipes_dir: Path, ucx_version: str | None = None) -> tuple[list[str], list[Rendered]]:
     """Render every recipe variant and collect every problem. `ucx_version`: the UCX source the channel is built from
     (default: the production pin). Returns (problems, renderings used for the channel)."""
-    from .render import RecipeError
-
     problems = check_cbc(st, recipes_dir) + check_conda_forge_yml(st, recipes_dir)
     config = load_variant_config(recipes_dir / Path(CBC_PATH).name)
     pinned = st.ucx.version

@@ -1,17 +1,21 @@
-"""`ucx-dask-gpu conda render|lint|channel|test-install`: the conda recipes and the local channel."""
+"""`ucx-dask-gpu conda render|lint|channel|test-install`: the conda recipes and the local channel.
+
+The recipe renderer imports Jinja2 and PyYAML when it is loaded, and every `ucx-dask-gpu` command must start with
+the standard library alone (a fresh machine runs `stack get` before any package is installed): so each command here
+loads the module it runs, and only this module of the package imports its own modules inside functions.
+"""
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from ..errors import RECIPE_INVALID, UserError
+from ..fsutil import atomic_write_text
+from ..stack import load
 
 
 def _stack(args):
-    from ..stack import load
-
     return load(args.stack)
 
 
@@ -71,8 +75,6 @@ def _cmd_test_install(args) -> int:
     work = Path(args.work) if args.work else st.root / "build" / "conda-install-test"
     res = install_test(Path(args.channel), work=work, cuda=args.cuda or f"{st.cuda_major}.0", glibc=args.glibc)
     if args.json:
-        from ..fsutil import atomic_write_text
-
         atomic_write_text(args.json, json.dumps(res, indent=2, sort_keys=True) + "\n")
     for fn, r in res["packages"].items():
         where = f"installed in {r['prefix']}" if "prefix" in r else "checked (conda-forge dependencies not here)"
