@@ -18,7 +18,8 @@ PREFIX = os.environ.get("UCX_DASK_GPU_TEST_UCX_PREFIX", "auto")
 
 def _nvlinked_pair() -> tuple[int, int] | str:
     """(src, dst) indices of the first NVLinked pair, or why there is none."""
-    from ucx_dask_gpu import nvml, verify_nvlink as vn
+    from ucx_dask_gpu import nvml
+    from ucx_dask_gpu.nvlink import undertest, verify
     from ucx_dask_gpu.errors import UserError
 
     try:

@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import stack
 from ucx_dask_gpu.image.cluster import Cluster, has_traceback, parse_json_output
 from ucx_dask_gpu.image.docker import container_logs, container_state, docker_bin, ensure_engine, wait_until
 from ucx_dask_gpu.errors import ENV_MISMATCH, SCHEDULER_UNREACHABLE, UNKNOWN_ROLE
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from image_helpers import build_image as build, make_wheel  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,21 +28,16 @@ def engine():
 
 
 @pytest.fixture(scope="session")
-def st():
-    return stack.load()
+def image(engine, st, build_image) -> dict:
+    return build_image()
 
 
 @pytest.fixture(scope="session")
-def image(engine, st) -> dict:
-    return build()
-
-
-@pytest.fixture(scope="session")
-def variant(image, tmp_path_factory) -> dict:
+def variant(image, tmp_path_factory, build_image, make_wheel) -> dict:
     """Same Dockerfile, one extra package: a different stack id."""
     marker = make_wheel(tmp_path_factory.mktemp("variant"), "ucx-dask-gpu-variant-marker", "1",
                         payload="deliberately different image")
-    return build("--tag", f"{image['tag'].split(':')[0]}:variant", "--extra-wheel", str(marker))
+    return build_image("--tag", f"{image['tag'].split(':')[0]}:variant", "--extra-wheel", str(marker))
 
 
 def stop_clean(cluster: Cluster, allow_tracebacks: tuple[str, ...] = ()) -> dict:

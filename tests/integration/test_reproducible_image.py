@@ -17,17 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import stack
-from ucx_dask_gpu.image import bases, labels, normalise
+from ucx_dask_gpu.image import bases, normalise
+from ucx_dask_gpu.image import labels as image_labels
 from ucx_dask_gpu.oci import compare as oci_compare
-from ucx_dask_gpu.oci import layer, sbom
+from ucx_dask_gpu.oci import sbom
 from ucx_dask_gpu.image.docker import docker_bin, ensure_engine, image_inspect
 from ucx_dask_gpu.errors import NOT_REPRODUCIBLE
 from ucx_dask_gpu.image.paths import default_cache
 from ucx_dask_gpu.stack.lock import load_lock
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from image_helpers import build_image  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,11 +73,6 @@ def pyc_report(image: str, *dirs: str) -> dict:
     proc = docker("run", "--rm", "--network", "none", "--user", "0", "--entrypoint", "python3", image, "-c",
                   PYC_CHECK, *dirs)
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def st():
-    return stack.load()
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +240,7 @@ def test_a_build_that_records_its_own_time_is_caught_and_the_file_named(st, base
 # --- the image -------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def image(st, cache) -> dict:
+def image(st, cache, build_image) -> dict:
     """The suite's image (built by the cluster tests already: warm, cheap), normalised: the FIRST build."""
     built = build_image()
     res = normalise.finish_build(st, built["tag"], cache)
@@ -322,7 +314,7 @@ def test_image_labels_pycs_and_config(image, st):
     assert labels["io.ucx-dask-gpu.stack-id"] == image["stack_id"]
     rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert labels["org.opencontainers.image.revision"] == rev
-    src = labels.source_url(st)
+    src = image_labels.source_url(st)
     assert labels.get("org.opencontainers.image.source") == src
     created = docker("history", "--no-trunc", "--format", "{{.CreatedAt}}", tag).stdout.split()
     assert len(created) > 5 and {c[:10] for c in created} == {"2025-11-30"}, created

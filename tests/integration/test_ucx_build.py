@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import stack
 from ucx_dask_gpu.ucx import info as ucxinfo
 from ucx_dask_gpu.ucxbuild import relocate, verify
 from ucx_dask_gpu.ucx.install import BUILD_INFO
@@ -24,11 +23,6 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = Path(os.environ.get("UCX_PREFIX", REPO / "build" / "ucx-prefix")).resolve()
-
-
-@pytest.fixture(scope="module")
-def st() -> stack.Stack:
-    return stack.load(REPO / "stack.toml")
 
 
 @pytest.fixture(scope="module")

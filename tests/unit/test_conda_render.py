@@ -8,15 +8,9 @@ import pytest
 from ucx_dask_gpu.conda import render as R
 from ucx_dask_gpu.conda.settings import render_conda_build_config
 from ucx_dask_gpu.errors import RECIPE_INVALID
-from ucx_dask_gpu.stack import load
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
-
-
-@pytest.fixture(scope="module")
-def st():
-    return load(REPO / "stack.toml")
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,10 @@ imports, the staged context has the layout the Dockerfile copies, labels and the
 and base root filesystems are tarred deterministically."""
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import stack
 from ucx_dask_gpu.image import bases, wheelhouse
 from ucx_dask_gpu.image import labels as image_labels
 from ucx_dask_gpu.image import build as imagebuild
@@ -17,11 +15,6 @@ from ucx_dask_gpu.errors import USAGE, UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
-
-
-@pytest.fixture(scope="module")
-def st():
-    return stack.load()
 
 
 def dockerfile_args() -> set[str]:
@@ -78,10 +71,7 @@ def test_ucx_build_runs_from_the_staged_tree_alone(tmp_path, st):
     assert (ctx / "Dockerfile").read_text() == DOCKERFILE.read_text()
 
 
-def test_full_context_layout(tmp_path, st):
-    sys.path.insert(0, str(ROOT / "tests"))
-    from image_helpers import make_wheel
-
+def test_full_context_layout(tmp_path, st, make_wheel):
     sources = tmp_path / "sources"
     sources.mkdir()
     (sources / "ucx.tar.xz").write_bytes(b"x")

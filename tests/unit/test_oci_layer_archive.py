@@ -1,6 +1,7 @@
 """Image normalisation pieces without Docker: content fixes, layers over layers, config, archive, comparison."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import io
@@ -12,13 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from test_oci_tarnorm import EARLIER, EPOCH, LATER, make_tar
-
 from ucx_dask_gpu import cli
 from ucx_dask_gpu.oci import archive
 from ucx_dask_gpu.oci import layer as oci_layer
 from ucx_dask_gpu.oci import compare as oci_compare
 from ucx_dask_gpu.errors import BAD_ARCHIVE, NOT_REPRODUCIBLE, UserError
+
+EPOCH = 1764460800
+LATER = EPOCH + 86400 * 400
+EARLIER = EPOCH - 86400 * 700
+
+
+@pytest.fixture
+def make_tar(make_tar):
+    """Entries without their own mtime are dated LATER (after the epoch: the normal form clamps them)."""
+    return functools.partial(make_tar, mtime=LATER)
 
 
 # --- content fixes ------------------------------------------------------------------------------------------------
@@ -107,8 +116,12 @@ def test_litter():
 
 # --- layers over layers -----------------------------------------------------------------------------------------
 
-def layer(entries) -> tarfile.TarFile:
-    return tarfile.open(fileobj=io.BytesIO(make_tar(entries)))
+@pytest.fixture
+def layer(make_tar):
+    """layer(entries) -> the tar of one image layer holding `entries`, open for reading."""
+    def open_layer(entries) -> tarfile.TarFile:
+        return tarfile.open(fileobj=io.BytesIO(make_tar(entries)))
+    return open_layer
 
 
 def run_layer(tf, overlay, **kw):
@@ -122,7 +135,7 @@ def members_of(data: bytes) -> dict[str, bytes | None]:
         return {m.name: (t.extractfile(m).read() if m.isfile() else None) for m in t.getmembers()}
 
 
-def test_pyc_in_an_upper_layer_is_fixed_against_a_source_in_a_lower_one(tmp_path):
+def test_pyc_in_an_upper_layer_is_fixed_against_a_source_in_a_lower_one(tmp_path, layer):
     pyc = compiled(tmp_path, SOURCE, LATER)
     overlay = oci_layer.Overlay()
     run_layer(layer([("opt/app/m.py", "file", {"data": SOURCE, "mtime": LATER}),
@@ -135,7 +148,7 @@ def test_pyc_in_an_upper_layer_is_fixed_against_a_source_in_a_lower_one(tmp_path
     assert sorted(res.rewritten) == ["opt/app/__pycache__/link.cpython-311.pyc", "opt/app/__pycache__/m.cpython-311.pyc"]
 
 
-def test_whiteouts_remove_what_lower_layers_held():
+def test_whiteouts_remove_what_lower_layers_held(layer):
     overlay = oci_layer.Overlay()
     run_layer(layer([("var/lib/dpkg/status", "file", {"data": b"Package: a\n"}),
                      ("opt/venv/x.dist-info/METADATA", "file", {"data": b"Name: x\nVersion: 1\n"}),
@@ -151,7 +164,7 @@ def test_whiteouts_remove_what_lower_layers_held():
     assert "opt/venv/.wh..wh..opq" in overlay.paths
 
 
-def test_layer_litter_dropped_and_shadow_clamped():
+def test_layer_litter_dropped_and_shadow_clamped(layer):
     day = EPOCH // 86400
     data, res = run_layer(layer([
         ("etc/shadow", "file", {"data": f"dask:!:{day + 365}:0:99999:7:::\n".encode()}),
@@ -175,7 +188,7 @@ def test_sbom_layer_creates_only_missing_directories():
     assert res.diff_id == "sha256:" + hashlib.sha256(out.getvalue()).hexdigest()
 
 
-def test_rootfs_tar_normal_form_is_independent_of_input_order(tmp_path):
+def test_rootfs_tar_normal_form_is_independent_of_input_order(tmp_path, make_tar):
     tree = [("etc", "dir", {}), ("etc/hostname", "file", {"data": b""}),
             ("var/cache/apt/archives/x.deb", "file", {"data": b"deb"}), ("usr/bin/sh", "file", {"data": b"sh"})]
     (tmp_path / "a.tar").write_bytes(make_tar(tree))
@@ -226,7 +239,7 @@ def test_config_keeps_only_what_the_image_means():
 
 # --- archive ---------------------------------------------------------------------------------------------------
 
-def test_archive_is_deterministic_and_a_consistent_oci_layout_and_docker_archive(tmp_path):
+def test_archive_is_deterministic_and_a_consistent_oci_layout_and_docker_archive(tmp_path, make_tar):
     l1 = tmp_path / "l1"
     l1.write_bytes(make_tar([("a", "file", {"data": b"1"})]))
     d1 = "sha256:" + hashlib.sha256(l1.read_bytes()).hexdigest()

@@ -1,6 +1,7 @@
 """Tar normalisation: the same tree gives the same bytes, whatever order, times, owners' names or pax noise."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -16,32 +17,10 @@ LATER = EPOCH + 86400 * 400
 EARLIER = EPOCH - 86400 * 700
 
 
-def make_tar(entries, fmt=tarfile.PAX_FORMAT) -> bytes:
-    """entries: (name, kind, dict) with kind file/dir/symlink/hardlink/char; dict: data, mode, mtime, uid, gid,
-    uname, gname, link, pax."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=fmt) as t:
-        for name, kind, opts in entries:
-            ti = tarfile.TarInfo(name)
-            ti.mtime = opts.get("mtime", LATER)
-            ti.mode = opts.get("mode", 0o755 if kind == "dir" else 0o644)
-            ti.uid, ti.gid = opts.get("uid", 0), opts.get("gid", 0)
-            ti.uname, ti.gname = opts.get("uname", "root"), opts.get("gname", "root")
-            ti.pax_headers = dict(opts.get("pax", {}))
-            data = None
-            if kind == "file":
-                data = opts.get("data", b"")
-                ti.size = len(data)
-            elif kind == "dir":
-                ti.type = tarfile.DIRTYPE
-            elif kind == "symlink":
-                ti.type, ti.linkname = tarfile.SYMTYPE, opts["link"]
-            elif kind == "hardlink":
-                ti.type, ti.linkname = tarfile.LNKTYPE, opts["link"]
-            elif kind == "char":
-                ti.type, ti.devmajor, ti.devminor = tarfile.CHRTYPE, 1, 3
-            t.addfile(ti, io.BytesIO(data) if data is not None else None)
-    return buf.getvalue()
+@pytest.fixture
+def make_tar(make_tar):
+    """Entries without their own mtime are dated LATER (after the epoch: the normal form clamps them)."""
+    return functools.partial(make_tar, mtime=LATER)
 
 
 def normalise(raw: bytes, **kw) -> tuple[bytes, tarnorm.NormaliseResult]:
@@ -77,7 +56,7 @@ def shuffled_noisy(tree):
     return [("./", "dir", {})] + out
 
 
-def test_same_tree_same_bytes_whatever_order_times_and_names():
+def test_same_tree_same_bytes_whatever_order_times_and_names(make_tar):
     a, ra = normalise(make_tar(TREE))
     b, rb = normalise(make_tar(shuffled_noisy(TREE)))
     c, _ = normalise(make_tar(TREE, fmt=tarfile.GNU_FORMAT))
@@ -86,7 +65,7 @@ def test_same_tree_same_bytes_whatever_order_times_and_names():
     assert ra.size == len(a)
 
 
-def test_normal_form_details():
+def test_normal_form_details(make_tar):
     data, res = normalise(make_tar(shuffled_noisy(TREE)))
     with tarfile.open(fileobj=io.BytesIO(data)) as t:
         members = t.getmembers()
@@ -108,7 +87,7 @@ def test_normal_form_details():
     assert tarnorm.sort_key("a/b") < tarnorm.sort_key("a.b")
 
 
-def test_hard_links_anchor_on_first_name_in_sorted_order(tmp_path):
+def test_hard_links_anchor_on_first_name_in_sorted_order(tmp_path, make_tar):
     raw = make_tar([("z", "dir", {}), ("z/target", "file", {"data": b"payload"}),
                     ("a", "dir", {}), ("a/link", "hardlink", {"link": "z/target"}),
                     ("m-link", "hardlink", {"link": "z/target"})])
@@ -124,7 +103,7 @@ def test_hard_links_anchor_on_first_name_in_sorted_order(tmp_path):
     assert os.stat(tmp_path / "z/target").st_nlink == 3
 
 
-def test_whiteouts_xattrs_devices_and_long_names_survive():
+def test_whiteouts_xattrs_devices_and_long_names_survive(make_tar):
     long = "opt/" + "d" * 120 + "/file-with-a-long-name"
     raw = make_tar([
         ("etc", "dir", {}),
@@ -147,7 +126,7 @@ def test_whiteouts_xattrs_devices_and_long_names_survive():
     assert ping.xattrs == {"security.capability": "\x01\x00", "user.b": "2"}
 
 
-def test_duplicates_last_one_wins():
+def test_duplicates_last_one_wins(make_tar):
     raw = make_tar([("f", "file", {"data": b"first"}), ("f", "file", {"data": b"second"})])
     data, res = normalise(raw)
     with tarfile.open(fileobj=io.BytesIO(data)) as t:
@@ -155,7 +134,7 @@ def test_duplicates_last_one_wins():
         assert t.extractfile("f").read() == b"second"
 
 
-def test_fix_hook_drops_truncates_and_rewrites():
+def test_fix_hook_drops_truncates_and_rewrites(make_tar):
     raw = make_tar([("a", "file", {"data": b"keep"}), ("b", "file", {"data": b"drop me"}),
                     ("c", "file", {"data": b"long log"}), ("d", "file", {"data": b"old"})])
 
@@ -169,7 +148,7 @@ def test_fix_hook_drops_truncates_and_rewrites():
     assert res.dropped == ["b"] and res.rewritten == ["c", "d"]
 
 
-def test_extra_entries_are_merged_in_order():
+def test_extra_entries_are_merged_in_order(make_tar):
     raw = make_tar([("a", "file", {"data": b"1"}), ("c", "file", {"data": b"3"})])
     ti = tarfile.TarInfo("b")
     ti.mtime = LATER

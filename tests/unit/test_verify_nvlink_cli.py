@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from _verify_nvlink_helpers import FIX, h200_gpus
 from ucx_dask_gpu import nvml
 from ucx_dask_gpu.ucx import perftest as pt
 from ucx_dask_gpu.nvlink import cli as nvlink_cli
@@ -133,8 +132,8 @@ def test_wrapper_script_passes_through(tmp_path):
 
 # --- discovery / pair selection ------------------------------------------------------------------------------------
 
-def test_pair_selection_bad_machines():
-    g0, g1 = h200_gpus()
+def test_pair_selection_bad_machines(h200):
+    g0, g1 = h200.smi_gpus()
     with pytest.raises(UserError) as e:
         verify.select_pairs([])
     assert e.value.exit_code == NO_GPU
@@ -220,10 +219,10 @@ def test_run_pair_cuda_without_gpu_fails_with_the_cause(tmp_path):
     assert "GPU0->GPU1 1 MiB" in msg and "exit" in msg and "cuda" in msg.lower() and "\n" not in msg
 
 
-def test_loader_error_is_reported():
+def test_loader_error_is_reported(h200):
     """Recorded (tests/fixtures/verify_nvlink/README.md): a perftest without its libraries -- the server exits 127
     before listening, so run_pair never starts the client."""
-    stem = FIX / "verify_nvlink" / "cpu-ucx-1.13.1-source" / "perftest-relocated-without-lib"
+    stem = h200.FIX / "verify_nvlink" / "cpu-ucx-1.13.1-source" / "perftest-relocated-without-lib"
     out = pt.PairOutput(Path(f"{stem}.server.txt").read_text(), Path(f"{stem}.client.txt").read_text(),
                         127, None, 1, -1, 0.01)
     with pytest.raises(UserError) as e:
