@@ -13,7 +13,6 @@ from ..stack import Stack, StackError
 
 CBC_PATH = "recipes/conda_build_config.yaml"
 CBC_HEADER = "# Generated from stack.toml by `ucx-dask-gpu stack conda-build-config`; do not edit by hand.\n"
-UCX_VERSION_ENV = "UCX_DASK_GPU_UCX_VERSION"
 
 
 @dataclass(frozen=True)
