@@ -11,7 +11,7 @@ args=(build --prefix "$PREFIX" --jobs "${CPU_COUNT:-1}" --require ib,cuda)
 # where there is no conda CUDA, ucx-src-build's `auto` uses the pinned PyPI header wheels and link-only .debs.
 if [ -f "$PREFIX/targets/x86_64-linux/include/cuda.h" ]; then args+=(--cuda "$PREFIX"); else args+=(--cuda auto); fi
 # A pre-fetched directory (`ucx-src-build/build.sh fetch --dest DIR`, an air-gapped mirror): build from it, offline.
-if [ -n "${UCX_SOURCE_DIR:-}" ]; then args+=(--sources "$UCX_SOURCE_DIR" --offline); fi
+if [ -n "${UCX_DASK_GPU_SOURCE_MIRROR:-}" ]; then args+=(--sources "$UCX_DASK_GPU_SOURCE_MIRROR" --offline); fi
 "$repo/ucx-src-build/build.sh" "${args[@]}"
 # The package must hold the UCX its name says: build-info.json's version/sha256 against $PKG_VERSION and stack.toml.
 PYTHONPATH="$repo/src" "$PYTHON" -m ucx_dask_gpu.conda.buildcheck "$PREFIX"

@@ -24,6 +24,7 @@ from ucx_dask_gpu.conda.render import render
 from ucx_dask_gpu.errors import BUILD_FAILED, INSTALL_FAILED, PACKAGE_INVALID, UserError
 from ucx_dask_gpu.fsutil import sha256_file
 from ucx_dask_gpu.stack import load
+from ucx_dask_gpu.ucxbuild.gittree import content_tree
 
 REPO = Path(__file__).resolve().parents[2]
 VARIANT = {"c_stdlib": "sysroot", "c_stdlib_version": "2.28"}
@@ -195,7 +196,7 @@ def test_contract_environment_has_conda_builds_variables(tmp_path):
 
 @pytest.fixture
 def fake_repo(tmp_path) -> tuple[Path, Path]:
-    """A copy of the repository whose fallback UCX source is a tiny local tarball, and its fetched-sources dir."""
+    """A copy of the repository whose UCX source is a tiny local tarball, and its fetched-sources dir."""
     repo = tmp_path / "repo"
     repo.mkdir()
     for name in ("stack.toml", "environment.yml", "pyproject.toml", "conda-forge.yml"):
@@ -205,17 +206,16 @@ def fake_repo(tmp_path) -> tuple[Path, Path]:
     sources = tmp_path / "sources"
     (sources / "ucx-0.0.1" / "src").mkdir(parents=True)
     (sources / "ucx-0.0.1" / "LICENSE").write_text("BSD\n")
-    archive = sources / "ucx_0.0.1.orig.tar.xz"
-    subprocess.run(["tar", "-C", str(sources), "-cJf", str(archive), "ucx-0.0.1"], check=True)
+    archive = sources / "ucx-0.0.1.tar.gz"
+    subprocess.run(["tar", "-C", str(sources), "-czf", str(archive), "ucx-0.0.1"], check=True)
     shutil.rmtree(sources / "ucx-0.0.1")
-    st = load(repo / "stack.toml")
-    fb = st.ucx_sources[1]
+    src = load(repo / "stack.toml").ucx
     text = (repo / "stack.toml").read_text()
-    text = text.replace(fb.sha256, sha256_file(archive)).replace(fb.urls[0], archive.as_uri())
-    text = text.replace(f'archive = "{fb.archive}"', 'archive = "ucx_0.0.1.orig.tar.xz"')
-    text = text.replace(f'version = "{fb.version}"', 'version = "0.0.1"')
+    text = text.replace(src.sha256, sha256_file(archive)).replace(src.urls[0], archive.as_uri())
+    text = text.replace(src.content_tree, content_tree(archive))
+    text = text.replace(f'archive = "{src.archive}"', 'archive = "ucx-0.0.1.tar.gz"')
+    text = text.replace(f'version = "{src.version}"', 'version = "0.0.1"', 1)
     (repo / "stack.toml").write_text(text)
-    (sources / "manifest.json").write_text(json.dumps({"ucx": {"version": "0.0.1", "fallback": True}}))
     return repo, sources
 
 
@@ -257,7 +257,7 @@ def test_lint_failure_stops_before_building(fake_repo, tmp_path):
 @needs_tools
 def test_archive_not_matching_the_recipe_sha256(fake_repo, tmp_path):
     repo, sources = fake_repo
-    archive = sources / "ucx_0.0.1.orig.tar.xz"
+    archive = sources / "ucx-0.0.1.tar.gz"
     archive.write_bytes(archive.read_bytes() + b"tampered")
     with pytest.raises(UserError) as e:
         build_channel(load(repo / "stack.toml"), out=tmp_path / "ch", sources=sources, work=tmp_path / "work")

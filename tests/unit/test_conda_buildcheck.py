@@ -18,9 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def prefix_with(tmp_path: Path, **override) -> Path:
     st = load(REPO / "stack.toml")
-    fb = st.ucx_sources[1]
-    info = {"ucx_version": fb.version, "source": {"version": fb.version, "sha256": fb.sha256, "archive": fb.archive,
-                                                  "fallback": True},
+    src = st.ucx
+    info = {"ucx_version": src.version, "source": {"version": src.version, "content_tree": src.content_tree,
+                                                   "archive": src.archive},
             "capabilities": {"cuda": {"version": "13.0"}}, "modules": list(st.required_modules) + ["libuct_cma.so"]}
     info.update(override)
     d = tmp_path / "prefix" / "share" / "ucx-dask-gpu"
@@ -31,16 +31,16 @@ def prefix_with(tmp_path: Path, **override) -> Path:
 
 def test_matching_build_passes(tmp_path):
     st = load(REPO / "stack.toml")
-    info = check(prefix_with(tmp_path), st.ucx_sources[1].version, "13.0", REPO / "stack.toml")
-    assert info["ucx_version"] == st.ucx_sources[1].version
+    info = check(prefix_with(tmp_path), st.ucx.version, "13.0", REPO / "stack.toml")
+    assert info["ucx_version"] == st.ucx.version
 
 
 @pytest.mark.parametrize("override,pkg_version,cuda,needle", [
-    ({}, "1.20.0", "13.0", "the build produced UCX 1.13.1 but the package is named 1.20.0"),
-    ({"source": {"sha256": "0" * 64}}, None, "13.0", "was built from sha256 000"),
+    ({}, "1.20.0", "13.0", "the build produced UCX 1.20.1 but the package is named 1.20.0"),
+    ({"source": {"content_tree": "0" * 40}}, None, "13.0", "was built from content tree 000"),
     ({}, None, "12.9", "built against CUDA 13.0 but this is the cuda_compiler_version=12.9 variant"),
     ({"modules": ["libuct_cma.so"]}, None, "13.0", "lacks required modules"),
-    ({"ucx_version": "9.9.9"}, None, None, "not a [[ucx.sources]] version"),
+    ({"ucx_version": "9.9.9"}, None, None, "is not the version stack.toml pins"),
 ])
 def test_mismatches_are_refused(tmp_path, override, pkg_version, cuda, needle):
     with pytest.raises(UserError) as e:

@@ -78,7 +78,7 @@ def test_conda_build_config_is_generated_from_stack_toml(st):
 def test_ucx_recipe_renders_the_production_pin_from_stack_toml(st, cbc):
     variants = R.render_variants(RECIPES / "ucx", cbc, environ={})
     assert [r.variant["cuda_compiler_version"] for r in variants] == list(st.conda.cuda_versions)
-    pin = st.ucx_sources[0]
+    pin = st.ucx
     for r in variants:
         assert r.name == "ucx" and r.version == pin.version
         url = [s for s in r.sources() if "url" in s][0]
@@ -95,13 +95,6 @@ def test_ucx_recipe_renders_the_production_pin_from_stack_toml(st, cbc):
         assert r.build_string == f"cuda{major}_udg_{r.pkg_hash}_0"
         assert f'ucx_info -v | grep -E "^# (Library version:|Version) {pin.version}$"' in r.meta["test"]["commands"]
     assert len({r.pkg_hash for r in variants}) == len(variants)
-
-
-def test_ucx_recipe_names_the_fallback_source_when_asked(st, cbc):
-    fb = st.ucx_sources[1]
-    r = R.render(RECIPES / "ucx", R.expand_variants(cbc)[0], environ={"UCX_DASK_GPU_UCX_VERSION": fb.version})
-    url = [s for s in r.sources() if "url" in s][0]
-    assert r.version == fb.version and url["sha256"] == fb.sha256 and url["url"] == list(fb.urls)
 
 
 def test_metapackage_is_one_noarch_variant(st, cbc):

@@ -33,11 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BUILD_FAILED, HASH_MISMATCH, PACKAGE_INVALID, SOURCE_UNREACHABLE, UserError
-from ..fsutil import sha256_file
+from ..fsutil import ELF_MAGIC, is_elf, sha256_file
 from .render import PLATFORM, Rendered
 
 PREFIX_LENGTH = 255
-ELF_MAGIC = b"\x7fELF"
 GLIBC_SONAMES = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1", "libutil.so.1",
                  "libresolv.so.2", "libanl.so.1", "ld-linux-x86-64.so.2", "libmvec.so.1"}
 # soname -> the conda-forge package that provides it, and the recipe requirements that bring that package in
@@ -284,13 +283,6 @@ def snapshot(root: Path) -> set[str]:
     if not root.exists():
         return set()
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
-
-
-def is_elf(path: Path) -> bool:
-    if path.is_symlink() or not path.is_file():
-        return False
-    with open(path, "rb") as f:
-        return f.read(4) == ELF_MAGIC
 
 
 def _patchelf(*args: str) -> str:

@@ -1,9 +1,9 @@
 """`python -m ucx_dask_gpu.conda.buildcheck PREFIX`: is the UCX just built into PREFIX the package meta.yaml names?
 
 Run by recipes/ucx/build.sh at the end of the build, inside conda-build (stdlib only: the build env has a bare python).
-It compares share/ucx-dask-gpu/build-info.json with conda-build's $PKG_VERSION, with stack.toml's sha256 for that
-version, with the CUDA variant ($cuda_compiler_version) and with stack.toml's required modules. A fallback source would
-otherwise be packaged under the pinned version's name. One line and exit PACKAGE_INVALID on a mismatch.
+It compares share/ucx-dask-gpu/build-info.json with conda-build's $PKG_VERSION, with stack.toml's pinned source (its
+content tree), with the CUDA variant ($cuda_compiler_version) and with stack.toml's required modules. One line and exit
+PACKAGE_INVALID on a mismatch.
 """
 from __future__ import annotations
 
@@ -27,14 +27,12 @@ def check(prefix: Path, pkg_version: str | None, cuda_variant: str | None, stack
     src = info.get("source") or {}
     if pkg_version and built != pkg_version:
         raise UserError(f"the build produced UCX {built} but the package is named {pkg_version} "
-                        f"(source {src.get('archive')}; set UCX_DASK_GPU_UCX_VERSION={built} when rendering, "
-                        f"or make the pinned source reachable)", PACKAGE_INVALID)
-    pinned = {s.version: s for s in st.ucx_sources}
-    if built not in pinned:
-        raise UserError(f"UCX {built} is not a [[ucx.sources]] version in {st.path.name}", PACKAGE_INVALID)
-    if src.get("sha256") != pinned[built].sha256:
-        raise UserError(f"UCX {built} was built from sha256 {src.get('sha256')}, {st.path.name} pins "
-                        f"{pinned[built].sha256}", PACKAGE_INVALID)
+                        f"(source {src.get('archive')})", PACKAGE_INVALID)
+    if built != st.ucx.version:
+        raise UserError(f"UCX {built} is not the version {st.path.name} pins ({st.ucx.version})", PACKAGE_INVALID)
+    if src.get("content_tree") != st.ucx.content_tree:
+        raise UserError(f"UCX {built} was built from content tree {src.get('content_tree')}, {st.path.name} pins "
+                        f"{st.ucx.content_tree}", PACKAGE_INVALID)
     cuda = (info.get("capabilities") or {}).get("cuda") or {}
     if cuda_variant and cuda_variant.lower() != "none":
         got = str(cuda.get("version") or "")
@@ -59,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     src = info.get("source") or {}
     cuda = ((info.get("capabilities") or {}).get("cuda") or {}).get("version")
-    print(f"buildcheck: UCX {info['ucx_version']} from {src.get('archive')} (sha256 ok"
-          f"{', FALLBACK source' if src.get('fallback') else ''}), CUDA {cuda}, modules: {' '.join(info['modules'])}")
+    print(f"buildcheck: UCX {info['ucx_version']} from {src.get('archive')} (content tree ok), CUDA {cuda}, "
+          f"modules: {' '.join(info['modules'])}")
     return 0
 
 

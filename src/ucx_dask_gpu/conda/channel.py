@@ -58,7 +58,7 @@ def say(msg: str) -> None:
 # --- sources ------------------------------------------------------------------------------------------------------
 
 def fetch_sources(st: Stack, dest: Path) -> None:
-    """`ucx-src-build/build.sh fetch --dest DEST`: the UCX archive (first reachable pinned source) + CUDA inputs."""
+    """`ucx-src-build/build.sh fetch --dest DEST`: the verified UCX archive + CUDA inputs."""
     script = st.root / "ucx-src-build" / "build.sh"
     if not script.is_file():
         raise UserError(f"{script} missing (the UCX build script the recipe uses)", BUILD_FAILED)
@@ -66,16 +66,6 @@ def fetch_sources(st: Stack, dest: Path) -> None:
     proc = subprocess.run([str(script), "fetch", "--dest", str(dest)], stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise UserError(f"ucx-src-build fetch failed (exit {proc.returncode})", proc.returncode or SOURCE_UNREACHABLE)
-
-
-def selected_ucx_version(sources: Path) -> tuple[str, dict]:
-    try:
-        manifest = json.loads((sources / "manifest.json").read_text())
-        ucx = manifest["ucx"]
-        return str(ucx["version"]), ucx
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UserError(f"{sources}/manifest.json has no `ucx` entry: not a `ucx-src-build/build.sh fetch --dest` "
-                        f"directory", SOURCE_UNREACHABLE) from None
 
 
 # --- index ----------------------------------------------------------------------------------------------------------
@@ -330,11 +320,8 @@ def build_channel(st: Stack, *, out: Path, recipes_dir: Path | None = None, sour
         sources = (st.root / ".cache" / "sources").resolve()
         fetch_sources(st, sources)
     sources = sources.resolve()
-    ucx_version, manifest = selected_ucx_version(sources)
-    if manifest.get("fallback"):
-        say(f"UCX {ucx_version} (FALLBACK: {manifest.get('fallback_reason')}); packages are named for it")
-
-    problems, rendered = lint_all(st, recipes_dir, ucx_version)
+    ucx_version = st.ucx.version
+    problems, rendered = lint_all(st, recipes_dir)
     if problems:
         for p in problems:
             print(f"  {p}", file=sys.stderr)
@@ -346,7 +333,7 @@ def build_channel(st: Stack, *, out: Path, recipes_dir: Path | None = None, sour
     cbc_text = (recipes_dir / Path(CBC_PATH).name).read_text()
     timestamp_ms = st.source_date_epoch * 1000
     croot = work / "croot"
-    caller_env["UCX_SOURCE_DIR"] = str(sources)  # the recipe's script_env: build offline from the fetched dir
+    caller_env["UCX_DASK_GPU_SOURCE_MIRROR"] = str(sources)  # the recipe's script_env: build offline from the fetched dir
     result = ChannelResult(channel=out, rendered_only=rendered_only, ucx_version=ucx_version)
     try:
         with atomic_path(out) as staging:

@@ -27,7 +27,7 @@ def _cmd_render(args) -> int:
     from .lint import lint_all
 
     st = _stack(args)
-    problems, rendered = lint_all(st, _recipes(args, st), args.ucx_version)
+    problems, rendered = lint_all(st, _recipes(args, st))
     shown = [r for r in rendered if not args.recipe or r.recipe_dir.name == args.recipe]
     if not rendered and problems:
         raise UserError(problems[0], RECIPE_INVALID)
@@ -41,7 +41,7 @@ def _cmd_lint(args) -> int:
     from .lint import lint_all
 
     st = _stack(args)
-    problems, rendered = lint_all(st, _recipes(args, st), args.ucx_version)
+    problems, rendered = lint_all(st, _recipes(args, st))
     for p in problems:
         print(p)
     if problems:
@@ -91,7 +91,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     for name, func, text in (("render", _cmd_render, "print every rendered recipe variant"),
                              ("lint", _cmd_lint, "lint the recipes and check them against stack.toml")):
         a = s.add_parser(name, help=text)
-        a.add_argument("--ucx-version", help="render for this [[ucx.sources]] version (default: the production pin)")
         if name == "render":
             a.add_argument("--recipe", help="only this recipe (directory name)")
         a.set_defaults(func=func)

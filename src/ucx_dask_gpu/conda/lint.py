@@ -18,8 +18,8 @@ from pathlib import Path
 
 from ..stack import Stack
 from ..stack.lock import canonical, load_lock
-from .render import SEL_RE, RecipeError, Rendered, load_variant_config, render, render_variants
-from .settings import CBC_PATH, UCX_VERSION_ENV, render_conda_build_config, settings
+from .render import SEL_RE, RecipeError, Rendered, load_variant_config, render_variants
+from .settings import CBC_PATH, render_conda_build_config, settings
 
 SECTION_ORDER = ["package", "source", "build", "requirements", "test", "outputs", "about", "extra"]
 UCX_MARKER = "_udg_"
@@ -156,7 +156,8 @@ def _license_file_problems(r: Rendered, lf) -> list[str]:
 # --- stack.toml ----------------------------------------------------------------------------------------------------
 
 def lock_versions_by_conda_name(st: Stack) -> dict[str, str]:
-    """conda name -> version in the lock, through [conda.names] (independently of environment.yml)."""
+    """conda name -> version in the lock, through [conda.names] (independently of environment.yml), and UCXX's
+    packages at the version built from source."""
     pins = load_lock(st.lock_path())
     to_conda = {canonical(k): v for k, v in st.conda.names.items()}
     out = {}
@@ -164,18 +165,17 @@ def lock_versions_by_conda_name(st: Stack) -> dict[str, str]:
         conda = to_conda.get(pypi, pypi)
         if conda:
             out[conda] = pin.version
+    for pkg in st.ucxx.packages:
+        out[pkg.name] = st.ucxx.source.version
     return out
 
 
 def check_ucx_recipe(r: Rendered, st: Stack, expected_version: str) -> list[str]:
     where = r.recipe_dir.name
     out = []
-    by_version = {s.version: s for s in st.ucx_sources}
-    src = by_version.get(r.version)
+    src = st.ucx
     if r.version != expected_version:
-        out.append(f"{where}: package version {r.version} but stack.toml wants {expected_version}")
-    if src is None:
-        return out + [f"{where}: version {r.version} is not a [[ucx.sources]] version in {st.path.name}"]
+        return out + [f"{where}: package version {r.version} but stack.toml wants {expected_version}"]
     urls = [s for s in r.sources() if "url" in s]
     if len(urls) != 1:
         return out + [f"{where}: expected exactly one url source (UCX), found {len(urls)}"]
@@ -274,25 +274,15 @@ def check_conda_forge_yml(st: Stack, recipes_dir: Path) -> list[str]:
     return out
 
 
-def lint_all(st: Stack, recipes_dir: Path, ucx_version: str | None = None) -> tuple[list[str], list[Rendered]]:
-    """Render every recipe variant and collect every problem. `ucx_version`: the UCX source the channel is built from
-    (default: the production pin). Returns (problems, renderings used for the channel)."""
+def lint_all(st: Stack, recipes_dir: Path) -> tuple[list[str], list[Rendered]]:
+    """Render every recipe variant and collect every problem. Returns (problems, renderings used for the channel)."""
     problems = check_cbc(st, recipes_dir) + check_conda_forge_yml(st, recipes_dir)
     config = load_variant_config(recipes_dir / Path(CBC_PATH).name)
-    pinned = st.ucx.version
-    want = ucx_version or pinned
-    if want not in {s.version for s in st.ucx_sources}:
-        return problems + [f"UCX {want} is not a [[ucx.sources]] version in {st.path.name}"], []
-    env = {UCX_VERSION_ENV: want} if want != pinned else {}
     rendered: list[Rendered] = []
     for recipe, checker in (("ucx", check_ucx_recipe), (st.name, check_metapackage)):
         recipe_dir = recipes_dir / recipe
         try:
-            variants = render_variants(recipe_dir, config, environ=env)
-            if want != pinned:  # the production rendering must be right too, not only the one built here
-                variants_default = render_variants(recipe_dir, config, environ={})
-            else:
-                variants_default = []
+            variants = render_variants(recipe_dir, config, environ={})
         except RecipeError as e:
             problems.append(str(e))
             continue
@@ -300,9 +290,7 @@ def lint_all(st: Stack, recipes_dir: Path, ucx_version: str | None = None) -> tu
             problems.append(f"{recipe}: every variant is skipped on linux-64")
         for r in variants:
             problems += lint_recipe(r)
-            problems += checker(r, st, want)
-        for r in variants_default:
-            problems += checker(r, st, pinned)
+            problems += checker(r, st, st.ucx.version)
         rendered += variants
     if {r.name for r in rendered} >= {"ucx"}:
         cuda = {r.variant.get("cuda_compiler_version") for r in rendered if r.name == "ucx"}
@@ -313,6 +301,3 @@ def lint_all(st: Stack, recipes_dir: Path, ucx_version: str | None = None) -> tu
     return list(dict.fromkeys(problems)), rendered
 
 
-def render_one(recipes_dir: Path, recipe: str, variant: dict, ucx_version: str | None, st: Stack) -> Rendered:
-    env = {UCX_VERSION_ENV: ucx_version} if ucx_version and ucx_version != st.ucx.version else {}
-    return render(recipes_dir / recipe, variant, environ=env)

@@ -5,9 +5,7 @@ from __future__ import annotations
 from ..stack import CondaSpec, Stack
 from ..stack.generate import CBC_PATH, render_conda_build_config
 
-__all__ = ["CBC_PATH", "UCX_VERSION_ENV", "render_conda_build_config", "settings"]
-
-UCX_VERSION_ENV = "UCX_DASK_GPU_UCX_VERSION"
+__all__ = ["CBC_PATH", "render_conda_build_config", "settings"]
 
 
 def settings(st: Stack) -> CondaSpec:

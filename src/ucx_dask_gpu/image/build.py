@@ -7,7 +7,7 @@ Order (each step fails with one line and its own exit code, before anything late
 4. the Debian bases, debootstrapped and imported unless already there (bases.py);
 5. the context: only those verified files, with mtimes set to stack.toml's source_date_epoch;
 6. `docker build --target ucx` (classic builder, --network none), then the UCX build info is read from that stage:
-   it decides whether UCXX may use our UCX (version >= [image].ucxx_min_system_ucx) and enters the stack id;
+   it decides whether UCXX may use our UCX (version >= [ucxx].min_ucx) and enters the stack id;
 7. the full build, with OCI labels (versions, stack id, UCX build info); the stack id the image computed for
    itself (its stack-id file) must equal the label;
 8. the normalisation (normalise.py): the image becomes reproducible and carries its SBOM.
@@ -363,8 +363,8 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
     stack_id = st.stack_id(build_info=info_path, extra_locks=tuple(extra_lock))
     ucx_version = str(info.get("ucx_version", "0"))
     prefer = ucxx_can_use(st, ucx_version)
-    say(f"UCX {ucx_version}: " + (f"UCXX will use it (>= {st.image.ucxx_min_system_ucx})" if prefer else
-                                  f"older than {st.image.ucxx_min_system_ucx}, UCXX keeps the libucx wheel's UCX"))
+    say(f"UCX {ucx_version}: " + (f"UCXX will use it (>= {st.ucxx.min_ucx})" if prefer else
+                                  f"older than {st.ucxx.min_ucx}, UCXX keeps the libucx wheel's UCX"))
     labels = build_labels(st, stack_id, info, prefer, base, extra_wheels)
     say(f"building {tag} (stack id {stack_id}) with --network none")
     step("docker_build", docker_build, full_ctx, tag, build_args(st, base, builder, prefer), labels,

@@ -14,8 +14,8 @@ from .model import load, value
 
 def _cmd_validate(args) -> int:
     st = load(args.file)
-    print(f"{st.path}: ok ({st.name} {st.version}, UCX {st.ucx.version}, "
-          f"{len(st.ucx_sources) - 1} fallback source(s), CUDA {st.cuda_major})")
+    print(f"{st.path}: ok ({st.name} {st.version}, UCX {st.ucx.version}, UCXX {st.ucxx.source.version}, "
+          f"CUDA {st.cuda_major})")
     return 0
 
 
@@ -64,10 +64,11 @@ def _cmd_lock(args) -> int:
         for p in problems:
             print(p, file=sys.stderr)
         if not problems:
-            print(f"{st.python.lock}: satisfies stack.toml")
+            print(f"{', '.join(str(rel) for rel, _ in generate.locks(st))}: satisfy stack.toml")
         return 1 if problems else 0
-    atomic_write_text(st.lock_path(), generate.compile_lock(st))
-    print(f"wrote {st.lock_path()}")
+    for rel, requirements in generate.locks(st):
+        atomic_write_text(st.root / rel, generate.compile_lock(st, requirements))
+        print(f"wrote {st.root / rel}")
     return 0
 
 
@@ -91,6 +92,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = s.add_parser("conda-build-config", help="generate recipes/conda_build_config.yaml (conda variants)")
     c.add_argument("--check", action="store_true", help="fail if it is out of date")
     c.set_defaults(func=_cmd_conda_build_config)
-    lk = s.add_parser("lock", help="resolve the hash-pinned Python lock with uv")
-    lk.add_argument("--check", action="store_true", help="fail if the lock no longer satisfies stack.toml")
+    lk = s.add_parser("lock", help="resolve the hash-pinned Python locks (runtime, UCXX build) with uv")
+    lk.add_argument("--check", action="store_true", help="fail if a lock no longer satisfies stack.toml")
     lk.set_defaults(func=_cmd_lock)

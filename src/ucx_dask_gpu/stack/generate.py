@@ -68,25 +68,32 @@ def render_conda_build_config(st: Stack) -> str:
     return "\n".join(lines) + "\n"
 
 
+def locks(st: Stack) -> list[tuple[Path, tuple[str, ...]]]:
+    """(lock path relative to the repository, its top-level requirements): the image/runtime lock and the UCXX
+    build environment's."""
+    return [(st.python.lock, st.python.requirements), (st.ucxx.lock, st.ucxx.requirements)]
+
+
 def check_lock_matches(st: Stack) -> list[str]:
-    """Problems where the lock no longer satisfies stack.toml's requirements (empty when in sync)."""
-    pins = load_lock(st.lock_path())
+    """Problems where a lock no longer satisfies stack.toml's requirements (empty when in sync)."""
     problems = []
-    for spec in st.python.requirements:
-        req = _requirement(spec)
-        pin = pins.get(canonical(req.name))
-        if pin is None:
-            problems.append(f"{req.name} is required by stack.toml but missing from {st.python.lock}")
-        elif not req.specifier.contains(pin.version, prereleases=True):
-            problems.append(f"{req.name}: lock has {pin.version}, stack.toml wants {req.specifier}")
+    for rel, requirements in locks(st):
+        pins = load_lock(st.root / rel)
+        for spec in requirements:
+            req = _requirement(spec)
+            pin = pins.get(canonical(req.name))
+            if pin is None:
+                problems.append(f"{req.name} is required by stack.toml but missing from {rel}")
+            elif not req.specifier.contains(pin.version, prereleases=True):
+                problems.append(f"{req.name}: {rel} has {pin.version}, stack.toml wants {req.specifier}")
     return problems
 
 
-def compile_lock(st: Stack) -> str:
-    """Resolve stack.toml's requirements into a hash-pinned lock with uv (needs PyPI)."""
+def compile_lock(st: Stack, requirements: tuple[str, ...]) -> str:
+    """Resolve requirements into a hash-pinned lock with uv (needs PyPI)."""
     with tempfile.TemporaryDirectory() as tmp:
         req_in = Path(tmp) / "requirements.in"
-        req_in.write_text("\n".join(st.python.requirements) + "\n")
+        req_in.write_text("\n".join(requirements) + "\n")
         out = Path(tmp) / "lock.txt"
         cmd = ["uv", "pip", "compile", str(req_in), "--python-version", st.python.version,
                "--python-platform", st.python.platform, "--generate-hashes", "--no-header",

@@ -1,14 +1,18 @@
 """`ucx-dask-gpu doctor`: what this environment really uses.
 
 - UCX: the libucp.so actually loaded (by path, from --ucx-prefix / $UCX_DASK_GPU_UCX_PREFIX / the image's prefix
-  (stack.toml [image].ucx_prefix) / the loader's search path) and its version from ucp_get_version_string(); transports from `ucx_info -d`; lib/ucx modules; whether
+  (stack.toml [image].ucx_prefix) / the loader's search path) and its version from ucp_get_version_string();
+  transports from `ucx_info -d`; lib/ucx modules; whether
   it is OUR build (share/ucx-dask-gpu/build-info.json next to it).
-- UCXX: which UCX the `libucx` wheel's loader picks (it honours RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY), said plainly.
+- UCXX: imported the way Dask imports it; which libucp.so the process then maps (ours, a libucx wheel's, other), and
+  whether its installed libraries are the ones our from-source build made (<sys.prefix>/share/ucx-dask-gpu/
+  ucxx-build-info.json), said plainly.
 - CUDA driver/runtime versions, GPUs and NVLink link counts (NVML) when present; "no GPU" otherwise (exit 0).
 - The stack id: baked into an image ($UCX_DASK_GPU_STACK_ID, the image's stack-id file), else computed.
 
 Library probes run in child processes: loading two UCX builds into one process would let the first libucs.so.0
-satisfy the second's dependency and report a mix.
+satisfy the second's dependency and report a mix. The probe of a prefix runs without site initialisation (`-S`), so a
+venv's start-up preload of its own UCX (ucxbuild.ucxx.install_ucxx) does not pre-empt the prefix asked for.
 """
 from __future__ import annotations
 
@@ -23,25 +27,25 @@ from pathlib import Path
 
 from .. import nvml
 from ..errors import UserError
+from ..fsutil import sha256_file
 from ..gate import identity
 from ..report import format_table
 from ..stack import Stack, load
 from . import info as ucxinfo
-from .install import BUILD_INFO, at, choose, prefix_of_library, read_build_info, ucxx_can_use
+from .install import BUILD_INFO, UCXX_BUILD_INFO, at, choose, prefix_of_library, read_build_info, ucxx_can_use
 
-PREFER_SYSTEM_ENV = "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"
 
-# Runs in a child: load UCX (a path/soname, or the way UCXX does it through the libucx wheel), then report which
-# files the loader mapped and the version libucp itself reports.
+# Runs in a child: load UCX (a path/soname, or by importing UCXX as Dask does), then report which files the loader
+# mapped and the version libucp itself reports.
 _PROBE = r"""
 import ctypes, json, os, sys
 mode, target = sys.argv[1], sys.argv[2]
 out = {}
 try:
     if mode == "ucxx":
-        import libucx
-        out["libucx_wheel_version"] = getattr(libucx, "__version__", None)
-        libucx.load_library()
+        import ucxx
+        out["ucxx_file"] = ucxx.__file__
+        out["ucx_version_from_ucxx"] = ".".join(map(str, ucxx.get_ucx_version()))
     else:
         ctypes.CDLL(target, ctypes.RTLD_LOCAL)
 except ModuleNotFoundError as e:
@@ -67,9 +71,10 @@ print(json.dumps(out))
 
 
 def _probe(mode: str, target: str, env: dict | None = None) -> dict:
+    isolated = ["-S"] if mode == "load" else []  # loading a prefix needs only ctypes; importing UCXX needs site
     try:
-        proc = subprocess.run([sys.executable, "-c", _PROBE, mode, target], capture_output=True, text=True,
-                              timeout=120, env=env)
+        proc = subprocess.run([sys.executable, *isolated, "-c", _PROBE, mode, target], capture_output=True,
+                              text=True, timeout=120, env=env)
     except subprocess.TimeoutExpired:
         return {"error": "probe timed out"}
     try:
@@ -122,9 +127,9 @@ def ucx_section(prefix_arg: str | None, st: Stack | None) -> dict:
     out["ours"] = info is not None
     out["build_info"] = None if info is None else {
         "ucx_version": info.get("ucx_version"),
-        "source": info.get("source", {}).get("url") or info.get("source", {}).get("location"),
-        "fallback": info.get("source", {}).get("fallback"), "capabilities_required": info.get("capabilities", {})
-        .get("required")}
+        "source": " ".join(filter(None, (info.get("source", {}).get(k) for k in ("tag", "commit")))),
+        "patches": [p.get("name") for p in info.get("patches", [])],
+        "capabilities_required": info.get("capabilities", {}).get("required")}
     base = loaded_prefix or prefix
     # UCX looks for modules in <directory of libucs.so>/ucx (dladdr), wherever that is.
     moddir = Path(libs["libucs.so"]).parent / "ucx" if "libucs.so" in libs else base / "lib" / "ucx" if base else None
@@ -146,52 +151,78 @@ def ucx_section(prefix_arg: str | None, st: Stack | None) -> dict:
     return out
 
 
-def ucxx_section(ours: dict, st: Stack | None) -> dict:
-    def dist_version(*names):
-        for n in names:
-            try:
-                return metadata.version(n)
-            except metadata.PackageNotFoundError:
-                continue
-        return None
+def _dist(*names: str):
+    for n in names:
+        try:
+            return metadata.distribution(n)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
-    prefer = os.environ.get(PREFER_SYSTEM_ENV)
-    prefer_on = (prefer or "false").lower() != "false"
-    out = {"ucxx_version": dist_version("ucxx-cu13", "ucxx-cu12", "ucxx"),
-           "distributed_ucxx_version": dist_version("distributed-ucxx-cu13", "distributed-ucxx-cu12", "distributed-ucxx"),
-           PREFER_SYSTEM_ENV: prefer}
+
+def ucxx_provenance(path: Path | None = None) -> dict:
+    """Are the installed UCXX libraries the ones our build made? Compares each shared library recorded in
+    <sys.prefix>/share/ucx-dask-gpu/ucxx-build-info.json with the installed file, by sha256."""
+    path = path or Path(sys.prefix) / UCXX_BUILD_INFO
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"from_source": False, "why": f"no {path}"}
+    differing, checked = [], 0
+    for pkg in info.get("packages", []):
+        dist = _dist(pkg["name"])
+        if dist is None:
+            differing.append(f"{pkg['name']} not installed")
+            continue
+        if dist.version != pkg["version"]:
+            differing.append(f"{pkg['name']} {dist.version} installed, {pkg['version']} built")
+            continue
+        for rel, sha in pkg.get("shared_libraries", {}).items():
+            installed = Path(str(dist.locate_file(rel)))
+            checked += 1
+            if not installed.is_file() or sha256_file(installed) != sha:
+                differing.append(f"{rel} differs from the build")
+    return {"from_source": not differing and checked > 0, "build_info": str(path), "checked": checked,
+            "ucxx_source": (info.get("sources") or {}).get("UCXX", {}).get("tag"), "differing": differing,
+            "built_against_ucx": (info.get("ucx") or {}).get("version")}
+
+
+def ucxx_section(ours: dict, st: Stack | None) -> dict:
+    ucxx = _dist("ucxx-cu13", "ucxx-cu12", "ucxx")
+    dask_ucxx = _dist("distributed-ucxx-cu13", "distributed-ucxx-cu12", "distributed-ucxx")
+    libucx = _dist("libucx-cu13", "libucx-cu12", "libucx")
+    out = {"ucxx_version": ucxx.version if ucxx else None,
+           "distributed_ucxx_version": dask_ucxx.version if dask_ucxx else None,
+           "libucx_wheel_version": libucx.version if libucx else None}
     probe = _probe("ucxx", "-")
     if probe.get("missing"):
         out.update(loaded=None, runs_on="none", statement=f"UCXX: not installed (no module {probe['missing']!r})")
         return out
     libs = probe.get("libraries", {})
     ucp = libs.get("libucp.so")
-    out.update(libucx_wheel_version=probe.get("libucx_wheel_version"), loaded=ucp, version=probe.get("version"),
-               error=probe.get("error"))
+    out.update(loaded=ucp, version=probe.get("version"), error=probe.get("error"),
+               provenance=ucxx_provenance())
     ucp_prefix = prefix_of_library(ucp)
-    wheel = ucp is not None and f"{os.sep}libucx{os.sep}lib{os.sep}" in ucp
-    ours_prefix = Path(ours["libraries"]["libucp.so"]).parent.parent if ours.get("libraries", {}).get("libucp.so") \
-        else None
-    is_ours = ucp is not None and (read_build_info(ucp_prefix) is not None or
-                                   (ours_prefix is not None and ucp_prefix == ours_prefix and ours.get("ours")))
+    wheel = ucp is not None and f"{os.sep}libucx{os.sep}" in ucp
+    is_ours = ucp is not None and read_build_info(ucp_prefix) is not None
     v = probe.get("version")
+    prov = out["provenance"]
+    what = f"UCXX {out['ucxx_version']}" + (" (built from source)" if prov["from_source"] else
+                                            f" (NOT our build: {'; '.join(prov.get('differing') or [prov.get('why', '')])})")
     if ucp is None:
         out["runs_on"] = "none"
         statement = f"UCXX: could not load any UCX ({probe.get('error') or 'no libucp mapped'})"
     elif is_ours:
         out["runs_on"] = "ours"
-        statement = f"UCXX runs on OUR UCX {v} ({ucp})"
+        statement = f"{what} on our UCX {v} ({ucp})"
     elif wheel:
         out["runs_on"] = "wheel"
-        why = (f"{PREFER_SYSTEM_ENV} is not set" if prefer is None else f"{PREFER_SYSTEM_ENV}={prefer}") \
-            if not prefer_on else (f"{PREFER_SYSTEM_ENV}={prefer}, but no libucs.so/libucp.so on the loader's search "
-                                   f"path (add our <prefix>/lib to LD_LIBRARY_PATH)")
-        statement = f"UCXX runs on the libucx WHEEL's UCX {v} ({ucp}), NOT ours: {why}"
+        statement = f"{what} on the libucx WHEEL's UCX {v} ({ucp}), NOT ours: uninstall libucx-cu* (its loader wins)"
     else:
         out["runs_on"] = "other"
-        statement = f"UCXX runs on a UCX that is neither ours nor the wheel's: {v} ({ucp})"
+        statement = f"{what} on a UCX that is neither ours nor a wheel's: {v} ({ucp})"
     if v and st is not None and not ucxx_can_use(st, v):
-        statement += f"; UCXX refuses UCX < {st.image.ucxx_min_system_ucx} at import, so `import ucxx` fails"
+        statement += f"; UCXX refuses UCX < {st.ucxx.min_ucx} at import, so `import ucxx` fails"
     out["statement"] = statement
     return out
 
@@ -274,7 +305,8 @@ def render(r: dict) -> str:
     built = "-"
     if u.get("build_info"):
         b = u["build_info"]
-        built = f"ours: UCX {b['ucx_version']} from {b['source']}" + (" (FALLBACK source)" if b["fallback"] else "")
+        built = f"ours: UCX {b['ucx_version']} from {b['source']}" + \
+            (f" + {', '.join(b['patches'])}" if b.get("patches") else "")
     elif u.get("version"):
         built = f"not ours (no {BUILD_INFO} next to it)"
     rows = [

@@ -19,6 +19,8 @@ from ..stack import Stack
 
 # What our build writes into every prefix it makes (ucx-src-build); its presence is what makes a UCX "ours".
 BUILD_INFO = Path("share/ucx-dask-gpu/build-info.json")
+# What our UCXX build installs below a Python environment's prefix: which wheels, built from what, against which UCX.
+UCXX_BUILD_INFO = Path("share/ucx-dask-gpu/ucxx-build-info.json")
 PREFIX_ENV = "UCX_DASK_GPU_UCX_PREFIX"
 LOADER = "loader search path"
 
@@ -46,8 +48,8 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 
 def ucxx_can_use(st: Stack, version: str) -> bool:
-    """UCXX refuses an older UCX at import: only from stack.toml's [image].ucxx_min_system_ucx on may it use one."""
-    return version_tuple(version) >= version_tuple(st.image.ucxx_min_system_ucx)
+    """UCXX refuses an older UCX at import: only from stack.toml's [ucxx].min_ucx on may it use one."""
+    return version_tuple(version) >= version_tuple(st.ucxx.min_ucx)
 
 
 @dataclass(frozen=True)
