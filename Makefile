@@ -42,21 +42,18 @@ $(VENV)/.installed: pyproject.toml stack.toml locks/image-py311-linux-64.txt $(U
 	$(VPY) -m pip install -q "$$($(VPY) -m ucx_dask_gpu stack get sbom.generator)==$$($(VPY) -m ucx_dask_gpu stack get sbom.generator_version)"
 	touch $@
 
-# The package modules the UCX build runs (ucxbuild/ and what it imports: the stack model, the UCX install layout).
-UCX_BUILD_PY := $(wildcard src/ucx_dask_gpu/*.py src/ucx_dask_gpu/ucxbuild/*.py src/ucx_dask_gpu/ucx/*.py src/ucx_dask_gpu/stack/*.py)
-
 # UCX from verified source (ucx-src-build/README.md): rebuilt when its inputs change; downloads cached in .cache/sources.
 # The integration tests use this prefix (UCX_PREFIX).
 # A separate stamp: the prefix's own files carry source_date_epoch mtimes (reproducible), too old for make.
 ucx: $(UCX_PREFIX).stamp
-$(UCX_PREFIX).stamp: stack.toml $(wildcard ucx-src-build/patches/*/*.patch) $(UCX_BUILD_PY) | prereqs
+$(UCX_PREFIX).stamp: stack.toml $(wildcard ucx-src-build/patches/*/*.patch) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py) | prereqs
 	ucx-src-build/build.sh build --prefix $(UCX_PREFIX) --work-dir build/ucx-work --require ib,cuda
 	touch $@
 
 # UCXX (libucxx, ucxx, distributed-ucxx wheels) from verified source against that UCX, offline in a network namespace;
 # a build with the same inputs is taken from .cache/ucxx-builds. The venv and the image install these wheels.
 ucxx: $(UCXX_WHEELS).stamp
-$(UCXX_WHEELS).stamp: $(UCX_PREFIX).stamp stack.toml locks/ucxx-build-py311-linux-64.txt $(UCX_BUILD_PY)
+$(UCXX_WHEELS).stamp: $(UCX_PREFIX).stamp stack.toml locks/ucxx-build-py311-linux-64.txt $(wildcard src/ucx_dask_gpu/ucxbuild/*.py)
 	ucx-src-build/build.sh ucxx --ucx-prefix $(UCX_PREFIX) --out $(UCXX_WHEELS) --work-dir build/ucxx-work
 	touch $@
 

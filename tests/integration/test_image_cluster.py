@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ucx_dask_gpu.image.cluster import Cluster, has_traceback, parse_json_output
+from ucx_dask_gpu.image.paths import base_ref
 from ucx_dask_gpu.image.docker import container_logs, container_state, docker_bin, ensure_engine, wait_until
 from ucx_dask_gpu.errors import ENV_MISMATCH, SCHEDULER_UNREACHABLE, UNKNOWN_ROLE
 
@@ -94,8 +95,6 @@ def test_unknown_role_is_one_line_and_nonzero(image):
 def test_runtime_base_from_a_registry_image(engine, image, st):
     """The registry path (`--base-from debian:bookworm-slim@sha256:...`), with our debootstrapped base standing in
     for the registry's Debian image (no registry is reachable here): apt installs stack.toml's packages on top."""
-    from ucx_dask_gpu.image.paths import base_ref
-
     source = base_ref(st, "runtime")
     proc = subprocess.run([str(ROOT / ".venv/bin/ucx-dask-gpu"), "image", "base", "--kind", "runtime", "--from", source],
                           capture_output=True, text=True, timeout=900)

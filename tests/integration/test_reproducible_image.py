@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -21,7 +22,7 @@ from ucx_dask_gpu.image import bases, normalise
 from ucx_dask_gpu.image import labels as image_labels
 from ucx_dask_gpu.oci import compare as oci_compare
 from ucx_dask_gpu.oci import sbom
-from ucx_dask_gpu.image.docker import docker_bin, ensure_engine, image_inspect
+from ucx_dask_gpu.image.docker import docker_bin, ensure_engine, image_inspect, install_host_packages
 from ucx_dask_gpu.errors import NOT_REPRODUCIBLE
 from ucx_dask_gpu.image.paths import default_cache
 from ucx_dask_gpu.stack.lock import load_lock
@@ -179,10 +180,6 @@ def test_docker_keeps_exactly_the_normalised_bytes(small, tmp_path):
 
 def test_the_archive_is_an_oci_layout_and_a_docker_archive_for_skopeo(small, tmp_path):
     """An independent reader (skopeo, from Debian) takes the archive as OCI layout and as docker-archive."""
-    import shutil
-
-    from ucx_dask_gpu.image.docker import install_host_packages
-
     install_host_packages()                      # stack.toml [debian].image_host_packages, skopeo among them
     skopeo = shutil.which("skopeo")
     assert skopeo, "skopeo is not installed (stack.toml [debian].image_host_packages)"

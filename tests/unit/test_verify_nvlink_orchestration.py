@@ -12,7 +12,9 @@ import pytest
 from ucx_dask_gpu.nvlink import cli as nvlink_cli
 from ucx_dask_gpu.nvlink import report, undertest, verdict, verify
 from ucx_dask_gpu.ucx.install import pip_wheel_prefix
-from ucx_dask_gpu.cli import build_parser
+from ucx_dask_gpu import nvml
+from ucx_dask_gpu.cli import build_parser, main
+from ucx_dask_gpu.errors import PERFTEST_FAILED, UserError
 from ucx_dask_gpu.report import write_report
 
 PIP = pip_wheel_prefix()
@@ -124,9 +126,6 @@ def test_unsafe_visible_devices_declares_every_gpu(h200, recorded_side):
 def test_command_end_to_end_with_recorded_gpu_side(tmp_path, monkeypatch, capsys, h200, recorded_side):
     """`verify-nvlink` as typed, down to the report files; only discovery, the ucx_info preflight (which refuses a UCX
     without CUDA transports, as here) and the GPU side are the recorded stand-ins."""
-    from ucx_dask_gpu import nvml
-    from ucx_dask_gpu.cli import main
-
     gpus = h200.smi_gpus()
 
     def preflight(inst, env):
@@ -155,10 +154,6 @@ def test_command_end_to_end_with_recorded_gpu_side(tmp_path, monkeypatch, capsys
 def test_keep_going_reports_a_ucx_that_cannot_start(tmp_path, monkeypatch, capsys, h200, recorded_side):
     """Two UCX under test, the second one broken (as a from-source prefix without libcudart would be): with
     --keep-going the first is still measured and the report says why the second has no numbers (exit 14)."""
-    from ucx_dask_gpu import nvml
-    from ucx_dask_gpu.cli import main
-    from ucx_dask_gpu.errors import PERFTEST_FAILED, UserError
-
     gpus = h200.smi_gpus()
     real_pip = undertest.resolve_install("pip").prefix
 

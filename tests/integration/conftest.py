@@ -1,4 +1,5 @@
-"""Real `dask scheduler` / `dask worker` processes for the guard and workload tests, each with its own environment.
+"""Fixtures of the integration tests: the shipped dask config, and real `dask scheduler` / `dask worker` processes,
+each with its own environment.
 
 Every process gets an isolated dask config: DASK_ROOT_CONFIG points at an empty directory (so a host-wide /etc/dask
 cannot leak in) and DASK_CONFIG at the config under test (usually the shipped one, installed by the test).
@@ -12,8 +13,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
-from ucx_dask_gpu.gate import identity
+import pytest
+
+from ucx_dask_gpu.gate import daskconfig, identity
 
 
 def env_for(tmp: Path, config_dir: Path | None, stack_id: str | None = None,
@@ -94,3 +98,18 @@ def start_worker(tmp: Path, env: dict[str, str], address: str, name: str, nanny:
 
 def run_python(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def procs() -> SimpleNamespace:
+    """env_for, fake_distribution, start_scheduler, start_worker, run_python: see each one's docstring."""
+    return SimpleNamespace(env_for=env_for, fake_distribution=fake_distribution, start_scheduler=start_scheduler,
+                           start_worker=start_worker, run_python=run_python)
+
+
+@pytest.fixture(scope="module")
+def shipped_config(tmp_path_factory) -> Path:
+    """The dask config the image ships (CPU transports), installed into a directory of its own."""
+    d = tmp_path_factory.mktemp("dask-config")
+    daskconfig.install(d, "cpu")
+    return d
