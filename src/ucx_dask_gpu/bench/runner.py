@@ -12,10 +12,14 @@ decides how many blocks must move), and one extra, untimed repetition records th
 
 Lines starting with "@@ " on stdout are progress for the driver; the result is written as JSON to RESULT.json, also
 when something failed (status "error" and one line saying what).
+
+dask, distributed and the GPU libraries are imported inside the functions that use them: the CLI imports this module
+(through bench.child) and starts without any of them, and a CPU run never loads cupy, rmm or dask-cuda.
 """
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import logging
 import os
@@ -376,14 +380,12 @@ def _tasks(stream: list[dict]) -> list[dict]:
 
 
 def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for name in ("dask", "distributed", "dask-cuda", "distributed-ucxx-cu13", "ucxx-cu13", "libucx-cu13",
                  "cupy-cuda13x", "rmm-cu13", "numpy"):
         try:
-            out[name] = version(name)
-        except PackageNotFoundError:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
             pass
     out["python"] = sys.version.split()[0]
     return out

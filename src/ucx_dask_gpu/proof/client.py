@@ -6,6 +6,7 @@ Heavy imports (dask, distributed) stay inside functions so `ucx-dask-gpu --help`
 from __future__ import annotations
 
 import contextlib
+import importlib
 from typing import Iterator
 
 from ..errors import ENV_MISMATCH, SCHEDULER_UNREACHABLE, WORKLOAD_FAILED, UserError
@@ -57,8 +58,6 @@ def warm_up(client, modules: tuple[str, ...]) -> None:
 
 
 def _import_all(modules):
-    import importlib  # runs on a worker
-
     for name in modules:
         importlib.import_module(name)
 

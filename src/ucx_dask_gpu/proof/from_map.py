@@ -1,6 +1,8 @@
 """`ucx-dask-gpu workload from-map`: Parquet/Feather files summed through a projecting `dd.from_map` reader, checked
 against pyarrow/pandas on the client, and proof that every worker read exactly the projected columns (each read is
-reported as a Dask event)."""
+reported as a Dask event).
+
+numpy, pandas, pyarrow and dask are imported inside functions: the CLI imports this module and starts without them."""
 from __future__ import annotations
 
 import math

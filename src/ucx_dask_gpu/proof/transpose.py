@@ -3,6 +3,8 @@
 The input is generated block by block by pure tasks (each block its own generator stream), so a worker that dies
 takes its blocks with it and the scheduler regenerates them; the client computes the same expression from the same
 seed, block pair by block pair (memory: two blocks).
+
+numpy, cupy and dask are imported inside functions: the CLI imports this module and starts without them.
 """
 from __future__ import annotations
 
