@@ -406,7 +406,7 @@ def _conda(t: dict, where: str) -> CondaSpec:
             raise StackError(f"{where}.cuda_versions[{i}]", f"expected MAJOR.MINOR, got {v!r}")
     glibc = t.get("c_stdlib_version")
     if not isinstance(glibc, str) or not re.match(r"^2\.\d+$", glibc):
-        raise StackError(f"{where}.c_stdlib_version", f"expected a glibc version like \"2.28\", got {glibc!r}")
+        raise StackError(f"{where}.c_stdlib_version", f"expected a glibc version 2.MINOR, got {glibc!r}")
     meta = t.get("metapackage")
     if not isinstance(meta, list) or not meta or not all(isinstance(n, str) and re.match(r"^[a-z0-9][a-z0-9._-]*$", n)
                                                          for n in meta):
@@ -512,7 +512,7 @@ def load(path: str | os.PathLike | None = None) -> Stack:
 
 
 def value(dotted: str, path: str | os.PathLike | None = None):
-    """One value as written in stack.toml (`ucx.sources.0.version`), for shell scripts; the whole file is validated
+    """One value as written in stack.toml (`ucx.source.version`), for shell scripts; the whole file is validated
     first, so a script never reads a value from a file the model refuses."""
     path = Path(path) if path is not None else find_stack_file()
     cur: Any = _read(path)
