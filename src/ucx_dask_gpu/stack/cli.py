@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--file", help="stack.toml to read (default: the repository's / the installed copy)")
     s = p.add_subparsers(dest="stack_command", metavar="ACTION", required=True)
     s.add_parser("validate", help="validate stack.toml").set_defaults(func=_cmd_validate)
-    g = s.add_parser("get", help="print one value, e.g. `ucx.sources.0.version`")
+    g = s.add_parser("get", help="print one value, e.g. `ucx.source.version`")
     g.add_argument("key")
     g.add_argument("--json", action="store_true", help="print as JSON")
     g.set_defaults(func=_cmd_get)

@@ -1,4 +1,4 @@
-"""transpose: x = random (N, N), persisted; timed: (x + x.T).sum(), the Dask blog's DGX workload (2019).
+"""transpose: x = random (N, N), persisted; timed: (x + x.T).sum(), the workload the project is proven on.
 
 Checked by sum(x + x.T) == 2 sum(x). Block (i, j) of x + x.T needs block (j, i): every pair (i, j)/(j, i) whose
 blocks live on different workers moves at least one block per repetition.
@@ -10,7 +10,7 @@ from .base import Chunks, Sizes, Workload, scalar
 
 class Transpose(Workload):
     name = "transpose"
-    help = "(x + x.T).sum() on a square random array (the Dask blog's DGX workload)"
+    help = "(x + x.T).sum() on a square random array (the reference workload)"
     expression = "(x + x.T).sum()"
     identity = "sum(x + x.T) == 2*sum(x)"
     rtol = 1e-9
