@@ -14,8 +14,8 @@ mounted read-only at /tls; every role is configured through dask's environment v
 so a plain-TCP client is refused.
 
 Stop: workers first, then the scheduler, with SIGTERM (tini forwards it; Dask closes cleanly) and a grace period;
-`stop()` returns every container's log and the names of those that show a Python traceback. (Retiring the workers
-through the scheduler first was tried: it races the workers' heartbeats and logs more errors, not fewer.)
+`stop()` returns every container's log and the names of those that show a Python traceback. (Workers are not retired
+through the scheduler first: that races the workers' heartbeats and logs more errors, not fewer.)
 """
 from __future__ import annotations
 
