@@ -43,7 +43,8 @@ def test_no_role_is_refused():
 
 
 def test_main_prints_one_line_and_exits_with_unknown_role():
-    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.image.entrypoint", "wrker"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.image.entrypoint", "wrker"], capture_output=True,
+                          text=True)
     assert proc.returncode == UNKNOWN_ROLE
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ucx_dask_gpu import errors, nvml
-from ucx_dask_gpu.topology.machine import PciLocation, assemble, discover_nics, materialize_sysfs, numa_cpus, pci_level, pci_location, record_sysfs
+from ucx_dask_gpu.topology.machine import (PciLocation, assemble, discover_nics, materialize_sysfs, numa_cpus, pci_level,
+                                           pci_location, record_sysfs)
 from ucx_dask_gpu.topology.model import NicInfo, format_cpulist, parse_cpulist
 from ucx_dask_gpu.topology.plan import largest_nvlink_subset, make_plan, worker_settings
 from ucx_dask_gpu.topology.topotext import parse_topo_text, read_topo_file

@@ -245,8 +245,8 @@ def test_free_port_and_listening():
 
 @no_gpu_here
 def test_cuda_probe_fails_in_one_line_without_a_driver():
-    r = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.nvlink.gpuprobe", "visible"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.nvlink.gpuprobe", "visible"], capture_output=True,
+                       text=True, timeout=120)
     if "No module named 'cupy'" in r.stderr:
         pytest.skip("cupy is not installed here")
     assert r.returncode == 1 and r.stdout == "" and _one_line(r.stderr).startswith("gpuprobe visible:")

@@ -105,8 +105,8 @@ def test_run_and_variant_one_pair_on_host_memory(tmp_path, h200, recorded_side):
     payload = report.build_payload("cpu", None, gpus, results, ver.baseline, ver.sizes, ver.th,
                                verify.parse_goals(verify.DEFAULT_GOALS), "ucx-dask-gpu verify-nvlink ...", False)
     assert payload["verdict"] == "fail" and payload["exit_code"] == 1  # the failed study does not make it 14
-    write_report(tmp_path / "out", report.STEM, payload, report.render_markdown(payload, {}), report.render_png(payload),
-                 payload["command"])
+    write_report(tmp_path / "out", report.STEM, payload, report.render_markdown(payload, {}),
+                 report.render_png(payload), payload["command"])
     assert json.loads((tmp_path / "out" / "verify-nvlink.json").read_text())["runs"][1]["variant"] == {
         "UCX_PROTO_ENABLE": "n"}
 

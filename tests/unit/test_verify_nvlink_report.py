@@ -21,7 +21,8 @@ def _pairs(h200, ratio=0.95, trap=False):
     for src, dst in ((h200.g0, h200.g1), (h200.g1, h200.g0)):
         ms = [h200.measured(h200.PIP, s, src, dst) for s in STEMS]
         memcpy = {m[0]: m[3]["result"].gbps / (ratio if m[0] == ms[-1][0] else 0.6) for m in ms}
-        recs.append(verify.pair_record(src, dst, "proto-used", ms, None, {}, h200.isolated_visibility(src, dst), memcpy, TH))
+        recs.append(verify.pair_record(src, dst, "proto-used", ms, None, {}, h200.isolated_visibility(src, dst),
+                                       memcpy, TH))
     return recs
 
 

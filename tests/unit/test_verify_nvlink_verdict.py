@@ -55,7 +55,8 @@ def test_recorded_pip_1_21_passes(pair, h200):
     assert rec["verdict"] == PASS, rec["reasons"]
     _agrees_with_the_host(h200, rec, pair)
     assert rec["transport"] == "cuda_ipc" and rec["transport_method"] == "proto-used"
-    assert rec["msg_bytes"] == BIG and (rec["src"], rec["dst"]) == (h200.evidence(pair)["src"], h200.evidence(pair)["dst"])
+    ev = h200.evidence(pair)
+    assert rec["msg_bytes"] == BIG and (rec["src"], rec["dst"]) == (ev["src"], ev["dst"])
     for s in rec["sizes"]:
         assert s["nvlink_tx_fraction"] >= TH.counter_fraction and s["nvlink_rx_fraction"] >= TH.counter_fraction
         assert s["ucx_gbps"] < rec["link_capacity_gbps"]
@@ -74,7 +75,8 @@ def test_recorded_ucx_1_13_passes_on_lanes_and_ablation(h200):
     lanes_line, ablation_line = rec["sizes"][-1]["transport_detail"][:2]
     assert "tag lanes" in lanes_line and "cuda_ipc" in lanes_line
     abl = h200.ablation_of(h200.OURS)["ucx_gbps"]
-    assert abl == pytest.approx(h200.evidence(h200.OURS)["ablation"]["ucx_gbps"], rel=1e-9)  # parsed here == recorded there
+    recorded = h200.evidence(h200.OURS)["ablation"]["ucx_gbps"]
+    assert abl == pytest.approx(recorded, rel=1e-9)  # parsed here == recorded there
     assert f"{abl:.1f} GB/s" in ablation_line and "UCX_TLS=^cuda_ipc" in ablation_line
     assert rec["evidence"]["visibility"]["client_ucx"] is None  # protocol v1 prints no tables to name a GPU
 
@@ -144,8 +146,8 @@ def test_bytes_in_the_wrong_direction_get_a_hint(h200):
     size, n, w, raw = h200.measured(h200.PIP, BIG, h200.g0, h200.g1)
     moved = (n + w) * size
     raw["counters_src"], raw["counters_dst"] = h200.deltas(h200.g0, h200.g1, sent=0, received=0, back=moved)
-    rec = pair_record(h200.g0, h200.g1, "proto-used", [(size, n, w, raw)], None, {}, h200.isolated_visibility(h200.g0, h200.g1),
-                      memcpy_for(h200, (BIG, 0.95)), TH)
+    rec = pair_record(h200.g0, h200.g1, "proto-used", [(size, n, w, raw)], None, {},
+                      h200.isolated_visibility(h200.g0, h200.g1), memcpy_for(h200, (BIG, 0.95)), TH)
     assert rec["verdict"] == FAIL and "other way" in rec["reasons"][0]
 
 
@@ -169,7 +171,8 @@ def _lanes_record(h200, ablation_gbps: float | None, error: str | None = None):
                 "ucx_gbps": ablation_gbps if ablation_gbps is not None or error else None, "error": error,
                 "lanes": pt.parse_lanes(abl_out.client_out)}
     memcpy = {m[0]: m[3]["result"].gbps / 0.96}
-    return pair_record(h200.g0, h200.g1, "lanes", [m], ablation, {}, h200.isolated_visibility(h200.g0, h200.g1), memcpy, TH)
+    return pair_record(h200.g0, h200.g1, "lanes", [m], ablation, {}, h200.isolated_visibility(h200.g0, h200.g1),
+                       memcpy, TH)
 
 
 def test_lanes_without_the_ablation_cannot_name_it(h200):
@@ -233,9 +236,11 @@ def test_recorded_trap_tables_name_the_reversed_gpus(h200):
     rec = h200.replay(h200.TRAP_PIP)
     vis = rec["evidence"]["visibility"]
     assert vis["client_ucx"] == [h200.g1.uuid] and vis["server_ucx"] == [h200.g0.uuid]
-    assert f"client process was on {h200.g1.uuid} as UCX's protocol tables named it, not {h200.g0.uuid}" in rec["reasons"]
-    assert f"server process was on {h200.g0.uuid} as UCX's protocol tables named it, not {h200.g1.uuid}" in rec["reasons"]
-    assert h200.replay(h200.TRAP_OURS)["evidence"]["visibility"]["client_ucx"] is None  # 1.13 v1: no tables, no such line
+    g0, g1 = h200.g0.uuid, h200.g1.uuid
+    assert f"client process was on {g1} as UCX's protocol tables named it, not {g0}" in rec["reasons"]
+    assert f"server process was on {g0} as UCX's protocol tables named it, not {g1}" in rec["reasons"]
+    # 1.13 v1: no tables, no such line
+    assert h200.replay(h200.TRAP_OURS)["evidence"]["visibility"]["client_ucx"] is None
 
 
 def test_trap_without_known_link_speed_still_never_passes(h200):
@@ -291,8 +296,8 @@ def test_probe_disagreeing_with_configuration_is_invalid(h200):
 
 
 def test_visibility_problems_empty_for_isolated_runs(h200):
-    p = PairInput(h200.g0.uuid, h200.g1.uuid, 18, 26.562, Visibility([h200.g1.uuid], [h200.g0.uuid], [h200.g1.uuid], [h200.g0.uuid],
-                                                          [h200.g1.uuid], [h200.g0.uuid]), [])
+    g0, g1 = h200.g0.uuid, h200.g1.uuid
+    p = PairInput(g0, g1, 18, 26.562, Visibility([g1], [g0], [g1], [g0], [g1], [g0]), [])
     assert visibility_problems(p) == []
     p.visibility.client_probed = []
     assert "could see 0 GPUs" in visibility_problems(p)[0]
@@ -301,7 +306,8 @@ def test_visibility_problems_empty_for_isolated_runs(h200):
 def test_same_gpu_pair_is_invalid(h200):
     s = SizeMeasurement(MIB, 100, 10, 100.0, 200.0, {"data_tx": 0}, {"data_rx": 0},
                         TransportEvidence("proto-used", ("cuda_ipc",)))
-    v = evaluate_pair(PairInput(h200.g0.uuid, h200.g0.uuid, 18, 26.562, Visibility([h200.g0.uuid], [h200.g0.uuid]), [s]))
+    g0 = h200.g0.uuid
+    v = evaluate_pair(PairInput(g0, g0, 18, 26.562, Visibility([g0], [g0]), [s]))
     assert v.verdict == INVALID
 
 

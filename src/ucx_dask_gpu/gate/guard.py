@@ -16,7 +16,8 @@ How each role takes part (distributed 2026.7):
   `Worker.start` raises and the process exits instead of retrying.
 - nanny: `dask_setup` adds this module to the preloads the nanny gives its worker process, because launchers
   that pass their own list (`dask cuda worker`, LocalCUDACluster) replace distributed.worker.preload. (`dask worker
-  --preload X` also replaces it, and that CLI ignores distributed.nanny.preload: add `--preload ucx_dask_gpu.gate.guard`.)
+  --preload X` also replaces it, and that CLI ignores distributed.nanny.preload: add
+  `--preload ucx_dask_gpu.gate.guard`.)
 - client: a client's preloads start only after it has registered, but the module is imported in
   `Client.__init__`, before connecting. Importing it adds our identity to `distributed.versions.get_versions()`,
   which the client sends in "register-client"; a refusal comes back as the "stream-start" error that makes

@@ -228,7 +228,8 @@ def build_wheels(st: Stack, cache: Path) -> dict[str, tuple[str, str]]:
     return wheels_from(dirs)
 
 
-def finish_build(st: Stack, tag: str, cache: Path, extra_wheels: list[Path] = (), keep_archive: bool = False) -> ImageResult:
+def finish_build(st: Stack, tag: str, cache: Path, extra_wheels: list[Path] = (),
+                 keep_archive: bool = False) -> ImageResult:
     """The image build's last step: call it right after `docker build` produced `tag` (and the stack id check).
 
     Normalises `tag` in place (the tag then names the reproducible image with its SBOM) and writes image.json,
