@@ -13,7 +13,6 @@ from ucx_dask_gpu.fsutil import sha256_file as sha
 from ucx_dask_gpu.stack.lock import parse_lock_text
 
 
-
 def test_platform_tags_cover_older_manylinux_and_legacy_aliases():
     tags = wheelhouse.pip_platforms("x86_64-manylinux_2_28")
     assert tags[0] == "manylinux_2_28_x86_64"

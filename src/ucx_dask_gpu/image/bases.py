@@ -197,4 +197,3 @@ def base_from_image(st: Stack, kind: str, debian_image: str) -> str:
                 ctx], code=BUILD_FAILED, what=f"building {tag} from {debian_image}", timeout=1800,
                env={"DOCKER_BUILDKIT": "0"})
     return tag
-

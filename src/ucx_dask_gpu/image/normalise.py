@@ -72,11 +72,9 @@ class ImageResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-
 def default_out_dir(cache: Path, tag: str) -> Path:
     """<cache>/image/<tag>/repro: next to the build's own per-tag work directory."""
     return work_dir(cache, tag) / "repro"
-
 
 
 def normalise_image(st: Stack, ref: str, out_dir: Path, *, tag: str | None = None, keep_archive: bool = False,

@@ -136,4 +136,3 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m ucx_dask_gpu.nvlink ...`: the same command without loading the other subcommands (a bare GPU host
     needs only this folder's dependencies)."""
     return standalone_main("verify-nvlink", register, argv)
-

@@ -22,8 +22,8 @@ IPOIB_NAME_RE = re.compile(r"^ib[0-9a-z]*\d$")
 ARPHRD_INFINIBAND = "32"
 
 
-
 # --- data --------------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class GpuInfo:
