@@ -24,6 +24,7 @@ import sys
 
 from ..errors import UNKNOWN_ROLE, UserError
 from ..gate.daskconfig import QUIET_CLOSE, detect_transports
+from ..stack import STACK_ID_FILE
 
 # first word -> allowed second words (None: anything may follow)
 ROLES: dict[str, tuple[str, ...] | None] = {
@@ -38,7 +39,7 @@ ROLES: dict[str, tuple[str, ...] | None] = {
 }
 USAGE_LINE = ("dask scheduler | dask worker ADDRESS | dask cuda worker ADDRESS | ucx-dask-gpu COMMAND | "
               "python ... | ucx_info | ucx_perftest | bash")
-GPU_CONFIG_DIR = "/etc/ucx-dask-gpu/dask-gpu"
+GPU_CONFIG_DIR = str(STACK_ID_FILE.parent / "dask-gpu")  # the image's /etc directory: next to its stack id
 WORKER_PRELOAD_ENV = "DASK_DISTRIBUTED__WORKER__PRELOAD"
 TRANSPORTS_ENV = "UCX_DASK_GPU_TRANSPORTS"
 
