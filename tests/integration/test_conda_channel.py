@@ -38,8 +38,7 @@ def built(tmp_path_factory):
     sys.stdout.write(proc.stdout[-6000:])
     sys.stderr.write(proc.stderr[-6000:])
     assert proc.returncode == 0, proc.stderr.strip().splitlines()[-1:]
-    manifest = json.loads((REPO / ".cache/sources/manifest.json").read_text())
-    return {"channel": channel, "tmp": tmp, "stdout": proc.stdout, "ucx_version": manifest["ucx"]["version"]}
+    return {"channel": channel, "tmp": tmp, "stdout": proc.stdout, "ucx_version": load(REPO / "stack.toml").ucx.version}
 
 
 def _records(channel: Path, subdir: str) -> dict:
@@ -86,7 +85,7 @@ def test_ucx_package_contents(built, tmp_path):
     modes = {p["_path"]: p.get("file_mode") for p in paths if p.get("prefix_placeholder")}
     assert "binary" in modes.values(), "UCX compiles its prefix into libraries: binary prefix replacement expected"
     assert all(len(p["prefix_placeholder"]) == 255 for p in paths if p.get("prefix_placeholder"))
-    src = {s.version: s for s in st.ucx_sources}[v]
+    src = st.ucx
     rendered = (info / "recipe/meta.yaml").read_text()
     assert f"version: {v}" in rendered and src.sha256 in rendered and src.urls[0] in rendered
     assert (info / "recipe/meta.yaml.template").read_text() == (REPO / "recipes/ucx/meta.yaml").read_text()
@@ -95,8 +94,8 @@ def test_ucx_package_contents(built, tmp_path):
     about = json.loads((info / "about.json").read_text())
     assert about["extra"]["built_by"]["linked_outside_package"]["libibverbs.so.1"].startswith("rdma-core")
     build_info = json.loads((tmp_path / "share/ucx-dask-gpu/build-info.json").read_text())
-    assert build_info["ucx_version"] == v and build_info["source"]["sha256"] == src.sha256
-    assert build_info["source"]["fallback"] == (v != st.ucx.version)
+    assert build_info["ucx_version"] == v == st.ucx.version
+    assert build_info["source"]["content_tree"] == src.content_tree
 
 
 def test_metapackage(built, tmp_path):
