@@ -43,12 +43,16 @@ from .recipes import Variant
 # The sonames a conda-forge package in a recipe's build/host requirements provides at run time (directly or through
 # its run_exports): what the stand-in may leave to the system because a declared requirement covers it.
 SONAME_PROVIDERS: dict[str, tuple[str, ...]] = {
+    **{glibc: ("c_stdlib",) for glibc in ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1",
+                                          "libutil.so.1", "libresolv.so.2", "libanl.so.1", "libmvec.so.1",
+                                          "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1")},
     "libstdc++.so.6": ("cxx_compiler",),
     "libgcc_s.so.1": ("c_compiler", "cxx_compiler"),
     "libgomp.so.1": ("c_compiler",),
     "libibverbs.so.1": ("rdma-core",),
     "librdmacm.so.1": ("rdma-core",),
     "libmlx5.so.1": ("rdma-core",),
+    "libefa.so.1": ("rdma-core",),
     "libnuma.so.1": ("libnuma",),
 }
 COMPILER_RE = re.compile(r'compiler\(\s*["\'](\w+)["\']\s*\)')
@@ -95,7 +99,7 @@ def resolve_pin_compatible(spec: str, host: list[str]) -> str:
     return f"{name} {_pin(pinned[0], kwargs.get('lower_bound'), kwargs.get('upper_bound'))}"
 
 
-def fetch_url_source(url: str, sha256: str, *, cache: Path, mirror_dirs: list[Path]) -> Path:
+def fetch_url_source(url: str, sha256: str, *, cache: Path, mirror_dirs: list[Path], offline: bool = False) -> Path:
     """The recipe's url source, verified: the cache, then the url, then the source mirror (by file name)."""
     names = {url.rsplit("/", 1)[-1]}
     for d in mirror_dirs:  # mirrors name archives <repo>-<version>.tar.gz, GitHub's tag urls v<version>.tar.gz
@@ -104,7 +108,7 @@ def fetch_url_source(url: str, sha256: str, *, cache: Path, mirror_dirs: list[Pa
     for name in sorted(names):
         try:
             path, _ = fetch_file(name, sha256, [url] if name == url.rsplit("/", 1)[-1] else [], name, cache=cache,
-                                 dirs=mirror_dirs, offline=False, attempts=attempts)
+                                 dirs=mirror_dirs, offline=offline, attempts=attempts)
             return path
         except Unreachable:
             continue
@@ -128,7 +132,8 @@ def standin_inputs(st: Stack, v: Variant, work: Path) -> StandinInputs:
     inputs = StandinInputs()
     reqs = {r.split()[0] for r in v.requirements("build") + v.requirements("host")}
     compilers = set(COMPILER_RE.findall(v.template_requirements))
-    declared = reqs | {f"{lang}_compiler" for lang in compilers}
+    declared = reqs | {f"{lang}_compiler" for lang in compilers} | \
+        ({"c_stdlib"} if "stdlib(" in v.template_requirements else set())
     for soname, providers in SONAME_PROVIDERS.items():
         hit = [p for p in providers if p in declared]
         if hit:
@@ -233,8 +238,9 @@ def standin_recipe(v: Variant, inputs: StandinInputs, local_sources: dict[str, P
 
 
 def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror_dirs: list[Path],
-                  log_dir: Path, channel: str) -> Path:
-    """Build one variant with real rattler-build on its stand-in recipe; returns the .conda file."""
+                  log_dir: Path, channel: str, cache: Path | None = None, offline: bool = False) -> Path:
+    """Build one variant with real rattler-build on its stand-in recipe; returns the .conda file. Url sources come
+    from `cache` (default: the repository's download cache), their url (unless offline), then `mirror_dirs`."""
     from rattler_build import Stage0Recipe, VariantConfig
     from rattler_build._rattler_build import RattlerBuildError
 
@@ -244,8 +250,9 @@ def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror
     shutil.rmtree(vdir, ignore_errors=True)
     recipe_copy = vdir / "recipe"
     shutil.copytree(v.recipe_path.parent, recipe_copy)
-    cache = default_cache_dir(st)
-    local = {str(s["url"]): fetch_url_source(str(s["url"]), str(s["sha256"]), cache=cache, mirror_dirs=mirror_dirs)
+    cache = cache or default_cache_dir(st)
+    local = {str(s["url"]): fetch_url_source(str(s["url"]), str(s["sha256"]), cache=cache, mirror_dirs=mirror_dirs,
+                                             offline=offline)
              for s in v.sources if "url" in s}
     inputs = standin_inputs(st, v, vdir)
     glibc = v.variant.get("c_stdlib_version") if "stdlib(" in v.template_requirements else None
@@ -268,7 +275,8 @@ def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror
             progress.file.close()
     except RattlerBuildError as e:
         raise UserError(f"{v.dist}: rattler-build: {_reason(str(e), log)} (log: {log})",
-                        PACKAGE_INVALID if "linking" in str(e).lower() else BUILD_FAILED) from None
+                        PACKAGE_INVALID if re.search(r"linking|package content", str(e), re.I) else BUILD_FAILED) \
+            from None
     return Path(result.packages[0])
 
 
