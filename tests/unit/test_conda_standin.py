@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -17,9 +18,9 @@ import yaml
 from rattler_build import Package
 
 from ucx_dask_gpu.conda import standin
-from ucx_dask_gpu.conda.channel import write_empty_channel
+from ucx_dask_gpu.conda.channel import index_channel, run_recipe_tests, write_empty_channel
 from ucx_dask_gpu.conda.recipes import render_recipe
-from ucx_dask_gpu.errors import PACKAGE_INVALID, RECIPE_INVALID, UserError
+from ucx_dask_gpu.errors import INSTALL_FAILED, PACKAGE_INVALID, RECIPE_INVALID, UserError
 from ucx_dask_gpu.stack import load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,7 +82,7 @@ def _source_archive(tmp: Path) -> tuple[Path, str]:
     return archive, hashlib.sha256(archive.read_bytes()).hexdigest()
 
 
-def _recipe(tmp: Path, sha: str, host: list[str], lib: str) -> Path:
+def _recipe(tmp: Path, sha: str, host: list[str], lib: str, check: str) -> Path:
     d = tmp / "recipes" / "answer"
     d.mkdir(parents=True)
     (d / "recipe.yaml").write_text(yaml.safe_dump({
@@ -89,7 +90,7 @@ def _recipe(tmp: Path, sha: str, host: list[str], lib: str) -> Path:
         "source": {"url": "https://example.invalid/answer-1.0.tar.gz", "sha256": sha},
         "build": {"number": 0, "dynamic_linking": {"overlinking_behavior": "error"}},
         "requirements": {"build": ['${{ compiler("c") }}', '${{ stdlib("c") }}'], "host": host},
-        "tests": [{"script": ['test -f "$PREFIX/lib/libanswer.so"']},
+        "tests": [{"script": [check]},
                   {"package_contents": {"lib": [lib]}}],
         "about": {"license": "MIT", "license_file": "LICENSE", "summary": "s", "homepage": "https://example.invalid"},
     }, sort_keys=False))
@@ -98,9 +99,9 @@ def _recipe(tmp: Path, sha: str, host: list[str], lib: str) -> Path:
     return d
 
 
-def _build(tmp: Path, host: list[str], lib: str = "answer") -> Path:
+def _build(tmp: Path, host: list[str], lib: str = "answer", check: str = 'test -f "$PREFIX/lib/libanswer.so"') -> Path:
     archive, sha = _source_archive(tmp)
-    _recipe(tmp, sha, host, lib)
+    _recipe(tmp, sha, host, lib, check)
     (v,) = [v for v in render_recipe(tmp / "recipes", "answer", ("linux-64",))]
     empty = write_empty_channel(tmp / "empty")
     return standin.build_variant(load(REPO / "stack.toml"), v, work=tmp / "work", output_dir=tmp / "out",
@@ -132,3 +133,23 @@ def test_a_missing_file_the_recipe_lists_fails_the_build(tmp_path):
         _build(tmp_path, ["libnuma"], lib="question")
     assert e.value.exit_code == PACKAGE_INVALID
     assert "\n" not in str(e.value) and "No match for lib glob: lib/{,lib}question.so" in str(e.value)
+
+
+def _channel_with(tmp: Path, pkg: Path) -> Path:
+    channel = tmp / "channel"
+    (channel / "linux-64").mkdir(parents=True)
+    shutil.copy2(pkg, channel / "linux-64" / pkg.name)
+    index_channel(channel)
+    return channel
+
+
+def test_rattler_build_runs_the_recipe_tests_from_the_channel(tmp_path):
+    pkg = _build(tmp_path, ["libnuma"])
+    assert run_recipe_tests(pkg, _channel_with(tmp_path, pkg)) == ["test 0: passed"]
+
+
+def test_a_failing_recipe_test_is_one_line_install_failed(tmp_path):
+    pkg = _build(tmp_path, ["libnuma"], check='test -f "$PREFIX/lib/libquestion.so"')
+    with pytest.raises(UserError) as e:
+        run_recipe_tests(pkg, _channel_with(tmp_path, pkg))
+    assert e.value.exit_code == INSTALL_FAILED and "recipe test 0 failed" in str(e.value) and "\n" not in str(e.value)
