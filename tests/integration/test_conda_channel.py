@@ -20,6 +20,7 @@ import yaml
 from rattler import MatchSpec
 
 from ucx_dask_gpu.conda import settings
+from ucx_dask_gpu.conda.channel import default_mirror
 from ucx_dask_gpu.errors import BUILD_FAILED, RECIPE_INVALID
 from ucx_dask_gpu.stack import load
 
@@ -161,8 +162,10 @@ def test_broken_build_script_keeps_the_existing_channel(built, tmp_path):
     build_sh = repo / "recipes/ucx/build.sh"
     build_sh.write_text(build_sh.read_text().replace("./autogen.sh", 'echo "autogen: broken on purpose" >&2; exit 2'))
     before = _tree_digest(built["channel"])
+    (mirror,) = default_mirror(load(REPO / "stack.toml"))  # the scratch repo has no mirror beside it
     proc = subprocess.run([*CLI, "conda", "--stack", str(repo / "stack.toml"), "--recipes", str(repo / "recipes"),
-                           "channel", "--out", str(built["channel"]), "--work", str(tmp_path / "work")],
+                           "channel", "--out", str(built["channel"]), "--work", str(tmp_path / "work"),
+                           "--sources", str(mirror)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == BUILD_FAILED, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()

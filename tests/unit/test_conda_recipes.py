@@ -157,7 +157,7 @@ def test_committed_generated_lines_are_up_to_date():
 def test_stack_toml_version_change_is_drift_until_regen_writes_it(repo):
     st = load(repo / "stack.toml")
     old = settings.settings(st).ucxx.version
-    edit(repo / "stack.toml", f'version = "{old}"\ntag = "v{old}"', f'version = "0.51.02"\ntag = "v0.51.02"')
+    edit(repo / "stack.toml", f'version = "{old}"\ntag = "v{old}"', 'version = "0.51.02"\ntag = "v0.51.02"')
     st = load(repo / "stack.toml")
     assert settings.drift(st) == ["recipes/ucxx/recipe.yaml", "recipes/ucx-dask-gpu/recipe.yaml"]
     line = one_line_error(cli(repo, "regen", "--check"), RECIPE_INVALID)

@@ -66,10 +66,6 @@ class Variant:
         return list(self.stage1.get("source") or [])
 
     @property
-    def template_requirements(self) -> str:
-        return self.template
-
-    @property
     def tests(self) -> list[dict]:
         return list(self.stage1.get("tests") or [])
 

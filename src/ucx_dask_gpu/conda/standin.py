@@ -24,7 +24,6 @@ run_exports, tests) and the .conda archive.
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -117,7 +116,7 @@ def fetch_url_source(url: str, sha256: str, *, cache: Path, mirror_dirs: list[Pa
 
 
 def _sha_of(d: Path, name: str) -> str | None:
-    """sha256 of a mirror file as its MANIFEST.tsv (or our fetch manifest) records it, without hashing every file."""
+    """sha256 of a mirror file as the mirror's MANIFEST.tsv records it (fetch_file verifies the file itself)."""
     manifest = d / "MANIFEST.tsv"
     if manifest.is_file():
         for line in manifest.read_text().splitlines()[1:]:
@@ -131,9 +130,9 @@ def standin_inputs(st: Stack, v: Variant, work: Path) -> StandinInputs:
     """The machine's stand-ins for the variant's build/host requirements."""
     inputs = StandinInputs()
     reqs = {r.split()[0] for r in v.requirements("build") + v.requirements("host")}
-    compilers = set(COMPILER_RE.findall(v.template_requirements))
+    compilers = set(COMPILER_RE.findall(v.template))
     declared = reqs | {f"{lang}_compiler" for lang in compilers} | \
-        ({"c_stdlib"} if "stdlib(" in v.template_requirements else set())
+        ({"c_stdlib"} if "stdlib(" in v.template else set())
     for soname, providers in SONAME_PROVIDERS.items():
         hit = [p for p in providers if p in declared]
         if hit:
@@ -159,7 +158,7 @@ def standin_inputs(st: Stack, v: Variant, work: Path) -> StandinInputs:
         cc = subprocess.run(["cc", "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
         inputs.notes.append(f"compilers {sorted(compilers)}: the machine's {cc[0] if cc else 'cc'}")
     others = sorted(reqs - {"cuda-cudart-dev", "cuda-driver-dev", "cuda-nvml-dev", "cuda-version"})
-    if others:
+    if others and inputs.python is None:
         inputs.notes.append(f"{', '.join(others)}: the machine's packages (stack.toml [debian] ucx_build_packages)")
     return inputs
 
@@ -255,7 +254,7 @@ def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror
                                              offline=offline)
              for s in v.sources if "url" in s}
     inputs = standin_inputs(st, v, vdir)
-    glibc = v.variant.get("c_stdlib_version") if "stdlib(" in v.template_requirements else None
+    glibc = v.variant.get("c_stdlib_version") if "stdlib(" in v.template else None
     recipe = standin_recipe(v, inputs, local, glibc)
     standin_path = recipe_copy / "standin-recipe.yaml"
     standin_path.write_text("# The stand-in recipe ucx-dask-gpu built (src/ucx_dask_gpu/conda/standin.py); the "
