@@ -4,8 +4,16 @@ set -euxo pipefail
 
 ./autogen.sh
 
-# Generated from stack.toml by `ucx-dask-gpu conda regen` (make regen) from [ucx.configure]; edit stack.toml, not these lines.
-configure_flags=(--enable-mt --enable-cma --enable-numa --disable-static --disable-doxygen-doc --without-java --without-go)
+# Generated from stack.toml by `ucx-dask-gpu conda regen` (make regen): [ucx.configure] flags; edit stack.toml.
+configure_flags=(
+    --enable-mt
+    --enable-cma
+    --enable-numa
+    --disable-static
+    --disable-doxygen-doc
+    --without-java
+    --without-go
+)
 # End of generated lines.
 
 ./contrib/configure-release \

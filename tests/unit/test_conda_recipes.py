@@ -175,7 +175,7 @@ def test_configure_flags_are_generated_into_build_sh(repo):
     assert settings.drift(st) == ["recipes/ucx/build.sh"]
     settings.regen(st)
     build_sh = (repo / "recipes/ucx/build.sh").read_text()
-    assert "configure_flags=(--enable-mt --enable-devel-headers --enable-cma" in build_sh
+    assert "    --enable-mt\n    --enable-devel-headers\n    --enable-cma\n" in build_sh
     assert (repo / "recipes/ucx/build.sh").stat().st_mode & 0o111
 
 

@@ -94,7 +94,8 @@ def _recipe(tmp: Path, sha: str, host: list[str], lib: str, check: str) -> Path:
                   {"package_contents": {"lib": [lib]}}],
         "about": {"license": "MIT", "license_file": "LICENSE", "summary": "s", "homepage": "https://example.invalid"},
     }, sort_keys=False))
-    (d / "build.sh").write_text('mkdir -p "$PREFIX/lib"\ncc -shared -fPIC -o "$PREFIX/lib/libanswer.so" answer.c -lnuma\n')
+    (d / "build.sh").write_text('mkdir -p "$PREFIX/lib"\n'
+                                'cc -shared -fPIC -o "$PREFIX/lib/libanswer.so" answer.c -lnuma\n')
     (tmp / "recipes" / "conda_build_config.yaml").write_text('c_stdlib:\n  - sysroot\nc_stdlib_version:\n  - "2.28"\n')
     return d
 
@@ -118,7 +119,9 @@ def test_rattler_build_builds_the_standin_with_the_declared_library(tmp_path):
     cph.extract(str(pkg), dest_dir=str(tmp_path / "x"))
     about = json.loads((tmp_path / "x/info/about.json").read_text())
     assert about["extra"]["standin"]["sonames_left_to_the_system"]["libnuma.so.1"] == "libnuma"
-    assert (tmp_path / "x/info/recipe/recipe.yaml").is_file()
+    assert "stand-in recipe" in (tmp_path / "x/info/recipe/recipe.yaml").read_text()
+    assert (tmp_path / "x/info/recipe/original-recipe.yaml").read_text() == \
+        (tmp_path / "recipes/answer/recipe.yaml").read_text()
 
 
 def test_a_library_no_requirement_provides_is_overlinking(tmp_path):

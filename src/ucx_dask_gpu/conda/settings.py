@@ -183,7 +183,8 @@ def context_lines(st: Stack, recipe: str) -> list[str]:
 
 def configure_lines(st: Stack) -> list[str]:
     flags = " ".join(st.configure_flags)
-    return [f"configure_flags=({flags})"]
+    return [f"configure_flags=({flags})"] if len(flags) < 90 else \
+        ["configure_flags=("] + [f"    {f}" for f in st.configure_flags] + [")"]
 
 
 def patch_lines(st: Stack) -> list[str]:
@@ -217,9 +218,9 @@ def pinning_standin(st: Stack) -> str:
     return _variants_yaml(
         {"c_stdlib": ["sysroot"], "cuda_compiler": ["cuda-nvcc"], "python": [s.python_min],
          "python_min": [s.python_min]},
-        "# The keys of conda-forge's global pinning (conda-forge-pinning) that recipes/*/recipe.yaml read, for rendering\n"
-        "# where conda-forge-pinning is unreachable. On conda-forge the real pinning takes its place; each recipe's own\n"
-        "# conda_build_config.yaml (CUDA versions, glibc floor) applies on top of either.")
+        "# The keys of conda-forge's global pinning (conda-forge-pinning) that recipes/*/recipe.yaml read, for\n"
+        "# rendering where conda-forge-pinning is unreachable. On conda-forge the real pinning takes its place; each\n"
+        "# recipe's own conda_build_config.yaml (CUDA versions, glibc floor) applies on top of either.")
 
 
 def recipe_variants(st: Stack) -> str:

@@ -4,8 +4,8 @@ No conda channel is reachable from these machines, so rattler-build cannot solve
 requirements (conda-forge's compilers, sysroot, CUDA, rdma-core, python …). Everything else it can do offline, so
 this module stands in for exactly that one step and hands the rest to rattler-build:
 
-- it writes a stand-in copy of the recipe (next to an untouched copy of the original, both end up in the package's
-  info/recipe/) whose build and host requirements are empty, and whose sources point at verified local copies of
+- it writes a stand-in copy of the recipe (info/recipe/recipe.yaml of the package; the original beside it as
+  original-recipe.yaml) whose build and host requirements are empty, and whose sources point at verified local copies of
   the url sources (upstream first, then the source mirror; rattler-build checks the sha256 again);
 - the machine's tools and libraries take the requirements' place: the system compiler, autotools and -dev packages
   (stack.toml [debian] ucx_build_packages), the pinned PyPI CUDA wheels + driver link libraries for `cuda-*-dev`
@@ -257,8 +257,10 @@ def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror
     glibc = v.variant.get("c_stdlib_version") if "stdlib(" in v.template else None
     recipe = standin_recipe(v, inputs, local, glibc)
     standin_path = recipe_copy / "standin-recipe.yaml"
-    standin_path.write_text("# The stand-in recipe ucx-dask-gpu built (src/ucx_dask_gpu/conda/standin.py); the "
-                            "recipe itself is recipe.yaml.\n" + yaml.safe_dump(recipe, sort_keys=False, width=120))
+    # rattler-build stores the recipe it builds as info/recipe/recipe.yaml: keep the original beside it.
+    (recipe_copy / "recipe.yaml").rename(recipe_copy / "original-recipe.yaml")
+    standin_path.write_text("# The stand-in recipe ucx-dask-gpu built (src/ucx_dask_gpu/conda/standin.py) for the "
+                            "recipe in original-recipe.yaml.\n" + yaml.safe_dump(recipe, sort_keys=False, width=120))
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{v.dist}.log"
     try:
