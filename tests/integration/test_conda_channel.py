@@ -21,7 +21,7 @@ from rattler import MatchSpec
 
 from ucx_dask_gpu.conda import settings
 from ucx_dask_gpu.conda.channel import default_mirror
-from ucx_dask_gpu.errors import BUILD_FAILED, RECIPE_INVALID
+from ucx_dask_gpu.errors import BUILD_FAILED, PACKAGE_INVALID, RECIPE_INVALID
 from ucx_dask_gpu.stack import load
 
 pytestmark = pytest.mark.integration
@@ -172,3 +172,20 @@ def test_broken_build_script_keeps_the_existing_channel(built, tmp_path):
     assert len(last) == 1 and last[0].startswith("ucx-dask-gpu conda: error: ucx-") and "rattler-build" in last[0]
     assert _tree_digest(built["channel"]) == before
     assert not list(built["channel"].parent.glob(".channel.*"))
+
+
+def test_a_library_the_recipe_does_not_declare_is_refused(built, tmp_path):
+    """Without rdma-core in host, the real UCX build's libibverbs is overlinking: rattler-build refuses the package."""
+    repo = _scratch_repo(tmp_path)
+    recipe = repo / "recipes/ucx/recipe.yaml"
+    recipe.write_text(recipe.read_text().replace("    - rdma-core\n", "", 1))
+    before = _tree_digest(built["channel"])
+    (mirror,) = default_mirror(load(REPO / "stack.toml"))
+    proc = subprocess.run([*CLI, "conda", "--stack", str(repo / "stack.toml"), "--recipes", str(repo / "recipes"),
+                           "channel", "--out", str(built["channel"]), "--work", str(tmp_path / "work"),
+                           "--sources", str(mirror)], cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == PACKAGE_INVALID, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert "Overlinking against: lib" in line and ("libibverbs" in line or "libmlx5" in line or "librdmacm" in line
+                                                   or "libefa" in line)
+    assert _tree_digest(built["channel"]) == before
