@@ -6,12 +6,16 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 CLI := $(VENV)/bin/ucx-dask-gpu
+# Where UCX (make ucx) and the UCXX wheels (make ucxx) are built; the tests and the image build read them from here.
+export UCX_PREFIX ?= build/ucx-prefix
+export UCXX_WHEELS ?= build/ucxx-wheels
 
-.PHONY: all test prereqs venv regen check-generated unit ucx doctor gpu-verify
+.PHONY: all test prereqs venv regen check-generated unit ucx ucxx doctor gpu-verify lock
 
-# `make`: prerequisites, UCX from verified source, what this machine runs on, the one image, the 3-role cluster
-# (scheduler + 2 workers + client) running the workloads over ucx and tcp with a report; on a GPU host also NVLink.
-all: prereqs venv ucx doctor cluster-demo gpu-verify
+# `make`: prerequisites, UCX and UCXX from verified source, what this machine runs on, the one image, the 3-role
+# cluster (scheduler + 2 workers + client) running the workloads over ucx and tcp with a report; on a GPU host also
+# NVLink.
+all: prereqs venv ucx ucxx doctor cluster-demo gpu-verify
 
 doctor: venv ucx
 	$(CLI) doctor --ucx-prefix $(UCX_PREFIX)
@@ -25,11 +29,15 @@ gpu-verify: venv ucx
 prereqs:
 	ci/install_prereqs.sh
 
+# The venv runs on our stack: the hashed lock (no UCXX, no libucx wheel), our UCXX wheels --no-deps on top with a
+# start-up preload of our UCX's libucp (ucx-src-build/build.sh install-ucxx: UCXX loads no other UCX), this package.
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml stack.toml locks/image-py311-linux-64.txt
-	$(PY) -m venv $(VENV)
+$(VENV)/.installed: pyproject.toml stack.toml locks/image-py311-linux-64.txt $(UCXX_WHEELS).stamp
+	$(PY) -m venv --clear $(VENV)
 	$(VPY) -m pip install -q --require-hashes -r locks/image-py311-linux-64.txt
+	ucx-src-build/build.sh install-ucxx --python $(VPY) --wheels $(UCXX_WHEELS) --ucx-prefix $(UCX_PREFIX)
 	$(VPY) -m pip install -q -e '.[test]'
+	$(VPY) -m pip check
 	@# The SBOM generator at the version stack.toml [sbom] pins (its output is part of the image's bytes).
 	$(VPY) -m pip install -q "$$($(VPY) -m ucx_dask_gpu stack get sbom.generator)==$$($(VPY) -m ucx_dask_gpu stack get sbom.generator_version)"
 	touch $@
@@ -37,11 +45,22 @@ $(VENV)/.installed: pyproject.toml stack.toml locks/image-py311-linux-64.txt
 # UCX from verified source (ucx-src-build/README.md): rebuilt when its inputs change; downloads cached in .cache/sources.
 # The integration tests use this prefix (UCX_PREFIX).
 # A separate stamp: the prefix's own files carry source_date_epoch mtimes (reproducible), too old for make.
-export UCX_PREFIX ?= build/ucx-prefix
 ucx: $(UCX_PREFIX).stamp
 $(UCX_PREFIX).stamp: stack.toml $(wildcard ucx-src-build/patches/*/*.patch) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py) | prereqs
 	ucx-src-build/build.sh build --prefix $(UCX_PREFIX) --work-dir build/ucx-work --require ib,cuda
 	touch $@
+
+# UCXX (libucxx, ucxx, distributed-ucxx wheels) from verified source against that UCX, offline in a network namespace;
+# a build with the same inputs is taken from .cache/ucxx-builds. The venv and the image install these wheels.
+ucxx: $(UCXX_WHEELS).stamp
+$(UCXX_WHEELS).stamp: $(UCX_PREFIX).stamp stack.toml locks/ucxx-build-py311-linux-64.txt $(wildcard src/ucx_dask_gpu/ucxbuild/*.py)
+	ucx-src-build/build.sh ucxx --ucx-prefix $(UCX_PREFIX) --out $(UCXX_WHEELS) --work-dir build/ucxx-work
+	touch $@
+
+# Re-resolve the hash-pinned Python locks (runtime, UCXX build) from stack.toml (needs PyPI and uv).
+lock: venv
+	$(VPY) -m pip install -q uv
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(CLI) stack lock
 
 # The one image for client, scheduler and workers (docker/Dockerfile), and its cluster demo. `image` starts a Docker
 # engine when none runs (root), fetches + verifies every input, then builds with --network none (a warm rebuild is
@@ -73,5 +92,5 @@ channel: prereqs venv
 unit: venv
 	$(VPY) -m pytest -q tests/unit
 
-test: prereqs venv ucx
+test: prereqs venv ucx ucxx
 	$(VPY) -m pytest tests

@@ -3,12 +3,15 @@
 - UCX: the libucp.so actually loaded (by path, from --ucx-prefix / $UCX_DASK_GPU_UCX_PREFIX / /opt/ucx / the loader's
   search path) and its version from ucp_get_version_string(); transports from `ucx_info -d`; lib/ucx modules; whether
   it is OUR build (share/ucx-dask-gpu/build-info.json next to it).
-- UCXX: which UCX the `libucx` wheel's loader picks (it honours RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY), said plainly.
+- UCXX: imported the way Dask imports it; which libucp.so the process then maps (ours, a libucx wheel's, other), and
+  whether its installed libraries are the ones our from-source build made (<sys.prefix>/share/ucx-dask-gpu/
+  ucxx-build-info.json), said plainly.
 - CUDA driver/runtime versions, GPUs and NVLink link counts (NVML) when present; "no GPU" otherwise (exit 0).
 - The stack id: baked into an image ($UCX_DASK_GPU_STACK_ID, /etc/ucx-dask-gpu/stack-id), else computed.
 
 Library probes run in child processes: loading two UCX builds into one process would let the first libucs.so.0
-satisfy the second's dependency and report a mix.
+satisfy the second's dependency and report a mix. The probe of a prefix runs without site initialisation (`-S`), so a
+venv's start-up preload of its own UCX (ucxbuild.ucxx.install_ucxx) does not pre-empt the prefix asked for.
 """
 from __future__ import annotations
 
@@ -25,21 +28,21 @@ from .errors import UCX_NOT_FOUND, UserError
 
 PREFIX_ENV = "UCX_DASK_GPU_UCX_PREFIX"
 DEFAULT_PREFIX = Path("/opt/ucx")
-PREFER_SYSTEM_ENV = "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"
 UCXX_MIN_UCX = (1, 19, 0)
 BUILD_INFO = Path("share/ucx-dask-gpu/build-info.json")
+UCXX_BUILD_INFO = Path("share/ucx-dask-gpu/ucxx-build-info.json")  # below sys.prefix: where our wheels went
 
-# Runs in a child: load UCX (a path/soname, or the way UCXX does it through the libucx wheel), then report which
-# files the loader mapped and the version libucp itself reports.
+# Runs in a child: load UCX (a path/soname, or by importing UCXX as Dask does), then report which files the loader
+# mapped and the version libucp itself reports.
 _PROBE = r"""
 import ctypes, json, os, sys
 mode, target = sys.argv[1], sys.argv[2]
 out = {}
 try:
     if mode == "ucxx":
-        import libucx
-        out["libucx_wheel_version"] = getattr(libucx, "__version__", None)
-        libucx.load_library()
+        import ucxx
+        out["ucxx_file"] = ucxx.__file__
+        out["ucx_version_from_ucxx"] = ".".join(map(str, ucxx.get_ucx_version()))
     else:
         ctypes.CDLL(target, ctypes.RTLD_LOCAL)
 except ModuleNotFoundError as e:
@@ -65,9 +68,10 @@ print(json.dumps(out))
 
 
 def _probe(mode: str, target: str, env: dict | None = None) -> dict:
+    isolated = ["-S"] if mode == "load" else []  # loading a prefix needs only ctypes; importing UCXX needs site
     try:
-        proc = subprocess.run([sys.executable, "-c", _PROBE, mode, target], capture_output=True, text=True,
-                              timeout=120, env=env)
+        proc = subprocess.run([sys.executable, *isolated, "-c", _PROBE, mode, target], capture_output=True,
+                              text=True, timeout=120, env=env)
     except subprocess.TimeoutExpired:
         return {"error": "probe timed out"}
     try:
@@ -158,9 +162,9 @@ def ucx_section(prefix_arg: str | None) -> dict:
     out["ours"] = info is not None
     out["build_info"] = None if info is None else {
         "ucx_version": info.get("ucx_version"),
-        "source": info.get("source", {}).get("url") or info.get("source", {}).get("location"),
-        "fallback": info.get("source", {}).get("fallback"), "capabilities_required": info.get("capabilities", {})
-        .get("required")}
+        "source": " ".join(filter(None, (info.get("source", {}).get(k) for k in ("tag", "commit")))),
+        "patches": [p.get("name") for p in info.get("patches", [])],
+        "capabilities_required": info.get("capabilities", {}).get("required")}
     base = loaded_prefix or prefix
     # UCX looks for modules in <directory of libucs.so>/ucx (dladdr), wherever that is.
     moddir = Path(libs["libucs.so"]).parent / "ucx" if "libucs.so" in libs else base / "lib" / "ucx" if base else None
@@ -183,52 +187,80 @@ def ucx_section(prefix_arg: str | None) -> dict:
     return out
 
 
-def ucxx_section(ours: dict) -> dict:
+def _dist(*names: str):
     from importlib import metadata
 
-    def dist_version(*names):
-        for n in names:
-            try:
-                return metadata.version(n)
-            except metadata.PackageNotFoundError:
-                continue
-        return None
+    for n in names:
+        try:
+            return metadata.distribution(n)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
-    prefer = os.environ.get(PREFER_SYSTEM_ENV)
-    prefer_on = (prefer or "false").lower() != "false"
-    out = {"ucxx_version": dist_version("ucxx-cu13", "ucxx-cu12", "ucxx"),
-           "distributed_ucxx_version": dist_version("distributed-ucxx-cu13", "distributed-ucxx-cu12", "distributed-ucxx"),
-           PREFER_SYSTEM_ENV: prefer}
+
+def ucxx_provenance(path: Path | None = None) -> dict:
+    """Are the installed UCXX libraries the ones our build made? Compares each shared library recorded in
+    <sys.prefix>/share/ucx-dask-gpu/ucxx-build-info.json with the installed file, by sha256."""
+    from .fsutil import sha256_file
+
+    path = path or Path(sys.prefix) / UCXX_BUILD_INFO
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"from_source": False, "why": f"no {path}"}
+    differing, checked = [], 0
+    for pkg in info.get("packages", []):
+        dist = _dist(pkg["name"])
+        if dist is None:
+            differing.append(f"{pkg['name']} not installed")
+            continue
+        if dist.version != pkg["version"]:
+            differing.append(f"{pkg['name']} {dist.version} installed, {pkg['version']} built")
+            continue
+        for rel, sha in pkg.get("shared_libraries", {}).items():
+            installed = Path(str(dist.locate_file(rel)))
+            checked += 1
+            if not installed.is_file() or sha256_file(installed) != sha:
+                differing.append(f"{rel} differs from the build")
+    return {"from_source": not differing and checked > 0, "build_info": str(path), "checked": checked,
+            "ucxx_source": (info.get("sources") or {}).get("UCXX", {}).get("tag"), "differing": differing,
+            "built_against_ucx": (info.get("ucx") or {}).get("version")}
+
+
+def ucxx_section(ours: dict) -> dict:
+    ucxx = _dist("ucxx-cu13", "ucxx-cu12", "ucxx")
+    dask_ucxx = _dist("distributed-ucxx-cu13", "distributed-ucxx-cu12", "distributed-ucxx")
+    libucx = _dist("libucx-cu13", "libucx-cu12", "libucx")
+    out = {"ucxx_version": ucxx.version if ucxx else None,
+           "distributed_ucxx_version": dask_ucxx.version if dask_ucxx else None,
+           "libucx_wheel_version": libucx.version if libucx else None}
     probe = _probe("ucxx", "-")
     if probe.get("missing"):
         out.update(loaded=None, runs_on="none", statement=f"UCXX: not installed (no module {probe['missing']!r})")
         return out
     libs = probe.get("libraries", {})
     ucp = libs.get("libucp.so")
-    out.update(libucx_wheel_version=probe.get("libucx_wheel_version"), loaded=ucp, version=probe.get("version"),
-               error=probe.get("error"))
+    out.update(loaded=ucp, version=probe.get("version"), error=probe.get("error"),
+               provenance=ucxx_provenance())
     ucp_prefix = prefix_of_library(ucp)
-    wheel = ucp is not None and f"{os.sep}libucx{os.sep}lib{os.sep}" in ucp
-    ours_prefix = Path(ours["libraries"]["libucp.so"]).parent.parent if ours.get("libraries", {}).get("libucp.so") \
-        else None
-    is_ours = ucp is not None and (read_build_info(ucp_prefix) is not None or
-                                   (ours_prefix is not None and ucp_prefix == ours_prefix and ours.get("ours")))
+    wheel = ucp is not None and f"{os.sep}libucx{os.sep}" in ucp
+    is_ours = ucp is not None and read_build_info(ucp_prefix) is not None
     v = probe.get("version")
+    prov = out["provenance"]
+    what = f"UCXX {out['ucxx_version']}" + (" (built from source)" if prov["from_source"] else
+                                            f" (NOT our build: {'; '.join(prov.get('differing') or [prov.get('why', '')])})")
     if ucp is None:
         out["runs_on"] = "none"
         statement = f"UCXX: could not load any UCX ({probe.get('error') or 'no libucp mapped'})"
     elif is_ours:
         out["runs_on"] = "ours"
-        statement = f"UCXX runs on OUR UCX {v} ({ucp})"
+        statement = f"{what} on our UCX {v} ({ucp})"
     elif wheel:
         out["runs_on"] = "wheel"
-        why = (f"{PREFER_SYSTEM_ENV} is not set" if prefer is None else f"{PREFER_SYSTEM_ENV}={prefer}") \
-            if not prefer_on else (f"{PREFER_SYSTEM_ENV}={prefer}, but no libucs.so/libucp.so on the loader's search "
-                                   f"path (add our <prefix>/lib to LD_LIBRARY_PATH)")
-        statement = f"UCXX runs on the libucx WHEEL's UCX {v} ({ucp}), NOT ours: {why}"
+        statement = f"{what} on the libucx WHEEL's UCX {v} ({ucp}), NOT ours: uninstall libucx-cu* (its loader wins)"
     else:
         out["runs_on"] = "other"
-        statement = f"UCXX runs on a UCX that is neither ours nor the wheel's: {v} ({ucp})"
+        statement = f"{what} on a UCX that is neither ours nor a wheel's: {v} ({ucp})"
     if v and _version_tuple(v) < UCXX_MIN_UCX:
         statement += f"; UCXX refuses UCX < {'.'.join(map(str, UCXX_MIN_UCX))} at import, so `import ucxx` fails"
     out["statement"] = statement
@@ -316,7 +348,8 @@ def render(r: dict) -> str:
     built = "-"
     if u.get("build_info"):
         b = u["build_info"]
-        built = f"ours: UCX {b['ucx_version']} from {b['source']}" + (" (FALLBACK source)" if b["fallback"] else "")
+        built = f"ours: UCX {b['ucx_version']} from {b['source']}" + \
+            (f" + {', '.join(b['patches'])}" if b.get("patches") else "")
     elif u.get("version"):
         built = "not ours (no share/ucx-dask-gpu/build-info.json next to it)"
     rows = [

@@ -18,7 +18,6 @@ from .errors import BAD_STACK, UserError
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([-+~.][0-9A-Za-z.+~-]+)?$")
-LAYOUTS = ("release", "debian-orig")
 # configure options the UCX build adds from detection / its own arguments (ucxbuild/build.py configure_command).
 BUILD_DETECTED_FLAGS = frozenset({"--prefix", "--with-cuda", "--without-cuda", "--with-verbs", "--without-verbs",
                                   "--with-rdmacm", "--without-rdmacm", "--with-gdrcopy", "--without-gdrcopy"})
@@ -45,13 +44,39 @@ class Artifact:
 
 
 @dataclass(frozen=True)
-class UcxSource:
+class SourceArchive:
+    """A release tag of an upstream repository, fetched as an archive and verified by its content (gittree.py)."""
+
+    name: str  # what it is, for messages: "UCX", "UCXX", "rapids-cmake", "CPM.cmake"
     version: str
-    archive: str
-    sha256: str
-    layout: str
+    tag: str
+    commit: str
+    archive: str  # file name, in source mirrors and the cache
     urls: tuple[str, ...]
-    debian_source: str | None = None
+    content_tree: str  # git tree id of the archive's content
+    sha256: str  # a known archive file with that content, accepted without unpacking
+
+
+@dataclass(frozen=True)
+class UcxxPackage:
+    """One wheel of the UCXX build: its directory in the UCXX source and the CMake options it is built with."""
+
+    name: str
+    path: str
+    cmake_args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class UcxxBuild:
+    """[ucxx]: the binding built from source against our UCX."""
+
+    source: SourceArchive
+    rapids_cmake: SourceArchive
+    cpm: SourceArchive
+    lock: Path  # hash-pinned build environment, relative to the repository
+    requirements: tuple[str, ...]
+    matrix_entry: str
+    packages: tuple[UcxxPackage, ...]
 
 
 @dataclass(frozen=True)
@@ -65,7 +90,6 @@ class ImageSpec:
     uid: int
     ucx_prefix: str
     venv: str
-    ucxx_min_system_ucx: str
 
 
 @dataclass(frozen=True)
@@ -76,7 +100,9 @@ class Stack:
     version: str
     cuda_major: int
     source_date_epoch: int
-    ucx_sources: tuple[UcxSource, ...]
+    mirror_dirs: tuple[str, ...]
+    ucx: SourceArchive
+    ucxx: UcxxBuild
     configure_flags: tuple[str, ...]
     required_modules: tuple[str, ...]
     cuda_header_wheels: tuple[Artifact, ...]
@@ -99,16 +125,18 @@ class Stack:
     conda_cuda_managed: tuple[str, ...]
 
     @property
-    def ucx(self) -> UcxSource:
-        """The production pin (first source)."""
-        return self.ucx_sources[0]
-
-    @property
     def root(self) -> Path:
         return self.path.parent
 
     def lock_path(self) -> Path:
         return self.root / self.python_lock
+
+    def source_archives(self) -> tuple[SourceArchive, ...]:
+        return (self.ucx, self.ucxx.source, self.ucxx.rapids_cmake, self.ucxx.cpm)
+
+    def mirror_paths(self) -> list[Path]:
+        """[sources].mirror_dirs resolved against the repository root."""
+        return [(self.root / d).resolve() for d in self.mirror_dirs]
 
     def stack_id(self, build_info: Path | None = None, extra_locks: tuple[Path, ...] = ()) -> str:
         """Hash of stack.toml + the Python lock (+ any extra hashed requirements installed on top, + the UCX
@@ -202,23 +230,60 @@ def _artifact(t: dict, where: str) -> Artifact:
     )
 
 
-def _ucx_source(t: dict, where: str) -> UcxSource:
-    layout = _get(t, "layout", where, str)
-    if layout not in LAYOUTS:
-        raise StackError(f"{where}.layout", f"expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+def _hexdigits(t: dict, key: str, where: str, n: int) -> str:
+    value = _get(t, key, where, str)
+    if not re.fullmatch(f"[0-9a-f]{{{n}}}", value):
+        raise StackError(f"{where}.{key}", f"expected {n} lowercase hex characters, got {value!r}")
+    return value
+
+
+def _source_archive(t: dict, where: str, name: str) -> SourceArchive:
     archive = _get(t, "archive", where, str)
     if "/" in archive or not re.search(r"\.tar\.(gz|xz|bz2)$", archive):
         raise StackError(f"{where}.archive", f"expected a tarball file name, got {archive!r}")
     urls = _str_list(t, "urls", where)
     for i, u in enumerate(urls):
         _url(u, f"{where}.urls[{i}]")
-    return UcxSource(
+    return SourceArchive(
+        name=name,
         version=_version(t, where),
+        tag=_get(t, "tag", where, str),
+        commit=_hexdigits(t, "commit", where, 40),
         archive=archive,
-        sha256=_sha256(t, where),
-        layout=layout,
         urls=urls,
-        debian_source=_get(t, "debian_source", where, str, required=False),
+        content_tree=_hexdigits(t, "content_tree", where, 40),
+        sha256=_sha256(t, where),
+    )
+
+
+def _relative_file(value: str, where: str) -> Path:
+    if os.path.isabs(value) or ".." in Path(value).parts:
+        raise StackError(where, f"must be a path inside the repository, got {value!r}")
+    return Path(value)
+
+
+def _ucxx(t: dict, where: str) -> UcxxBuild:
+    build = _get(t, "build", where, dict)
+    bw = f"{where}.build"
+    packages = []
+    for i, p in enumerate(_table_list(build, "packages", bw)):
+        pw = f"{bw}.packages[{i}]"
+        path = _get(p, "path", pw, str)
+        _relative_file(path, f"{pw}.path")
+        args = _str_list(p, "cmake_args", pw)
+        for k, arg in enumerate(args):
+            if not arg.startswith("-D"):
+                raise StackError(f"{pw}.cmake_args[{k}]", f"expected a -DNAME=VALUE option, got {arg!r}")
+        packages.append(UcxxPackage(name=_get(p, "name", pw, str), path=path, cmake_args=args))
+    _unique([p.name for p in packages], f"{bw}.packages", "name")
+    return UcxxBuild(
+        source=_source_archive(_get(t, "source", where, dict), f"{where}.source", "UCXX"),
+        rapids_cmake=_source_archive(_get(t, "rapids_cmake", where, dict), f"{where}.rapids_cmake", "rapids-cmake"),
+        cpm=_source_archive(_get(t, "cpm", where, dict), f"{where}.cpm", "CPM.cmake"),
+        lock=_relative_file(_get(build, "lock", bw, str), f"{bw}.lock"),
+        requirements=_str_list(build, "requirements", bw),
+        matrix_entry=_get(build, "matrix_entry", bw, str),
+        packages=tuple(packages),
     )
 
 
@@ -238,10 +303,7 @@ def _image(t: dict, where: str) -> ImageSpec:
     uid = _get(t, "uid", where, int)
     if not 1000 <= uid < 65534:
         raise StackError(f"{where}.uid", f"expected a non-system uid in 1000..65533, got {uid}")
-    min_ucx = _get(t, "ucxx_min_system_ucx", where, str)
-    if not re.match(r"^\d+\.\d+$", min_ucx):
-        raise StackError(f"{where}.ucxx_min_system_ucx", f"expected MAJOR.MINOR, got {min_ucx!r}")
-    return ImageSpec(uid=uid, ucxx_min_system_ucx=min_ucx, **names, **paths)
+    return ImageSpec(uid=uid, **names, **paths)
 
 
 def parse(data: dict[str, Any], path: Path) -> Stack:
@@ -273,12 +335,14 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
     epoch = _get(st, "source_date_epoch", f"{w}.stack", int)
     if epoch <= 0:
         raise StackError(f"{w}.stack.source_date_epoch", f"must be a positive Unix time, got {epoch}")
-    lock = _get(py, "lock", f"{w}.python", str)
-    if os.path.isabs(lock) or ".." in Path(lock).parts:
-        raise StackError(f"{w}.python.lock", f"must be a path inside the repository, got {lock!r}")
+    lock = _relative_file(_get(py, "lock", f"{w}.python", str), f"{w}.python.lock")
+    sources = _get(data, "sources", w, dict)
+    mirror_dirs = _str_list(sources, "mirror_dirs", f"{w}.sources", required=False)
     mirror = _url(_get(deb, "mirror", f"{w}.debian", str) + "/x", f"{w}.debian.mirror")[:-2]
+    ucx_source = _source_archive(_get(ucx, "source", f"{w}.ucx", dict), f"{w}.ucx.source", "UCX")
+    ucxx = _ucxx(_get(data, "ucxx", w, dict), f"{w}.ucxx")
+    _unique([a.archive for a in (ucx_source, ucxx.source, ucxx.rapids_cmake, ucxx.cpm)], w, "source archive")
 
-    sources = tuple(_ucx_source(t, f"{w}.ucx.sources[{i}]") for i, t in enumerate(_table_list(ucx, "sources", f"{w}.ucx")))
     flags = _str_list(conf, "flags", f"{w}.ucx.configure")
     for i, flag in enumerate(flags):
         if not flag.startswith("--"):
@@ -286,8 +350,6 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
         if flag.split("=", 1)[0] in BUILD_DETECTED_FLAGS:
             raise StackError(f"{w}.ucx.configure.flags[{i}]",
                              f"{flag.split('=', 1)[0]} is set by the build from what it detects; remove it here")
-    _unique([s.archive for s in sources], f"{w}.ucx.sources", "archive")
-    _unique([s.version for s in sources], f"{w}.ucx.sources", "version")
     required_modules = _str_list(conf, "required_modules", f"{w}.ucx.configure")
     for i, m in enumerate(required_modules):
         if "/" in m or not m.endswith(".so"):
@@ -299,7 +361,9 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
         version=_version(st, f"{w}.stack"),
         cuda_major=cuda_major,
         source_date_epoch=epoch,
-        ucx_sources=sources,
+        mirror_dirs=mirror_dirs,
+        ucx=ucx_source,
+        ucxx=ucxx,
         configure_flags=flags,
         required_modules=required_modules,
         cuda_header_wheels=tuple(_artifact(t, f"{w}.cuda.header_wheels[{i}]")
@@ -313,7 +377,7 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
         debian_builder_packages=_str_list(deb, "builder_packages", f"{w}.debian"),
         debian_image_host_packages=_str_list(deb, "image_host_packages", f"{w}.debian"),
         image=_image(_get(data, "image", w, dict), f"{w}.image"),
-        python_lock=Path(lock),
+        python_lock=lock,
         python_version=py_version,
         python_platform=_get(py, "platform", f"{w}.python", str),
         python_requirements=_str_list(py, "requirements", f"{w}.python"),

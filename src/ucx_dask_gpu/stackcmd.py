@@ -59,27 +59,34 @@ def render_environment_yml(st: stackmod.Stack) -> str:
     return "\n".join(lines) + "\n"
 
 
+def locks(st: stackmod.Stack) -> list[tuple[Path, tuple[str, ...]]]:
+    """(lock path relative to the repository, its top-level requirements): the image/runtime lock and the UCXX
+    build environment's."""
+    return [(st.python_lock, st.python_requirements), (st.ucxx.lock, st.ucxx.requirements)]
+
+
 def check_lock_matches(st: stackmod.Stack) -> list[str]:
-    """Problems where the lock no longer satisfies stack.toml's requirements (empty when in sync)."""
+    """Problems where a lock no longer satisfies stack.toml's requirements (empty when in sync)."""
     from packaging.requirements import Requirement
 
-    pins = load_lock(st.lock_path())
     problems = []
-    for spec in st.python_requirements:
-        req = Requirement(spec)
-        pin = pins.get(canonical(req.name))
-        if pin is None:
-            problems.append(f"{req.name} is required by stack.toml but missing from {st.python_lock}")
-        elif not req.specifier.contains(pin.version, prereleases=True):
-            problems.append(f"{req.name}: lock has {pin.version}, stack.toml wants {req.specifier}")
+    for rel, requirements in locks(st):
+        pins = load_lock(st.root / rel)
+        for spec in requirements:
+            req = Requirement(spec)
+            pin = pins.get(canonical(req.name))
+            if pin is None:
+                problems.append(f"{req.name} is required by stack.toml but missing from {rel}")
+            elif not req.specifier.contains(pin.version, prereleases=True):
+                problems.append(f"{req.name}: {rel} has {pin.version}, stack.toml wants {req.specifier}")
     return problems
 
 
-def compile_lock(st: stackmod.Stack) -> str:
-    """Resolve stack.toml's requirements into a hash-pinned lock with uv (needs PyPI)."""
+def compile_lock(st: stackmod.Stack, requirements: tuple[str, ...]) -> str:
+    """Resolve requirements into a hash-pinned lock with uv (needs PyPI)."""
     with tempfile.TemporaryDirectory() as tmp:
         req_in = Path(tmp) / "requirements.in"
-        req_in.write_text("\n".join(st.python_requirements) + "\n")
+        req_in.write_text("\n".join(requirements) + "\n")
         out = Path(tmp) / "lock.txt"
         cmd = ["uv", "pip", "compile", str(req_in), "--python-version", st.python_version,
                "--python-platform", st.python_platform, "--generate-hashes", "--no-header",
@@ -96,8 +103,8 @@ def compile_lock(st: stackmod.Stack) -> str:
 
 def _cmd_validate(args) -> int:
     st = stackmod.load(args.file)
-    print(f"{st.path}: ok ({st.name} {st.version}, UCX {st.ucx.version}, "
-          f"{len(st.ucx_sources) - 1} fallback source(s), CUDA {st.cuda_major})")
+    print(f"{st.path}: ok ({st.name} {st.version}, UCX {st.ucx.version}, UCXX {st.ucxx.source.version}, "
+          f"CUDA {st.cuda_major})")
     return 0
 
 
@@ -143,10 +150,11 @@ def _cmd_lock(args) -> int:
         for p in problems:
             print(p, file=sys.stderr)
         if not problems:
-            print(f"{st.python_lock}: satisfies stack.toml")
+            print(f"{', '.join(str(rel) for rel, _ in locks(st))}: satisfy stack.toml")
         return 1 if problems else 0
-    atomic_write_text(st.lock_path(), compile_lock(st))
-    print(f"wrote {st.lock_path()}")
+    for rel, requirements in locks(st):
+        atomic_write_text(st.root / rel, compile_lock(st, requirements))
+        print(f"wrote {st.root / rel}")
     return 0
 
 
@@ -167,6 +175,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     e = s.add_parser("env-yml", help="generate environment.yml")
     e.add_argument("--check", action="store_true", help="fail if environment.yml is out of date")
     e.set_defaults(func=_cmd_env_yml)
-    lk = s.add_parser("lock", help="resolve the hash-pinned Python lock with uv")
-    lk.add_argument("--check", action="store_true", help="fail if the lock no longer satisfies stack.toml")
+    lk = s.add_parser("lock", help="resolve the hash-pinned Python locks (runtime, UCXX build) with uv")
+    lk.add_argument("--check", action="store_true", help="fail if a lock no longer satisfies stack.toml")
     lk.set_defaults(func=_cmd_lock)

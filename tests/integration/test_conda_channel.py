@@ -20,7 +20,7 @@ import yaml
 from rattler import MatchSpec
 
 from ucx_dask_gpu.conda import settings
-from ucx_dask_gpu.conda.channel import default_mirror
+from ucx_dask_gpu.ucxbuild.fetch import local_dirs
 from ucx_dask_gpu.errors import BUILD_FAILED, PACKAGE_INVALID, RECIPE_INVALID
 from ucx_dask_gpu.stack import load
 
@@ -162,7 +162,7 @@ def test_broken_build_script_keeps_the_existing_channel(built, tmp_path):
     build_sh = repo / "recipes/ucx/build.sh"
     build_sh.write_text(build_sh.read_text().replace("./autogen.sh", 'echo "autogen: broken on purpose" >&2; exit 2'))
     before = _tree_digest(built["channel"])
-    (mirror,) = default_mirror(load(REPO / "stack.toml"))  # the scratch repo has no mirror beside it
+    mirror = local_dirs(load(REPO / "stack.toml"))[0]  # the scratch repo has no mirror beside it
     proc = subprocess.run([*CLI, "conda", "--stack", str(repo / "stack.toml"), "--recipes", str(repo / "recipes"),
                            "channel", "--out", str(built["channel"]), "--work", str(tmp_path / "work"),
                            "--sources", str(mirror)],
@@ -180,7 +180,7 @@ def test_a_library_the_recipe_does_not_declare_is_refused(built, tmp_path):
     recipe = repo / "recipes/ucx/recipe.yaml"
     recipe.write_text(recipe.read_text().replace("    - rdma-core\n", "", 1))
     before = _tree_digest(built["channel"])
-    (mirror,) = default_mirror(load(REPO / "stack.toml"))
+    mirror = local_dirs(load(REPO / "stack.toml"))[0]
     proc = subprocess.run([*CLI, "conda", "--stack", str(repo / "stack.toml"), "--recipes", str(repo / "recipes"),
                            "channel", "--out", str(built["channel"]), "--work", str(tmp_path / "work"),
                            "--sources", str(mirror)], cwd=REPO, capture_output=True, text=True, timeout=1800)

@@ -57,11 +57,9 @@ def test_required_modules_built(prefix, st):
 
 def test_build_info_records_the_selected_source(info, st):
     src = info["source"]
-    pinned = {s.version: s for s in st.ucx_sources}
-    assert src["version"] in pinned and src["sha256"] == pinned[src["version"]].sha256
-    assert src["fallback"] == (src["version"] != st.ucx.version)
-    if src["fallback"]:
-        assert src["fallback_reason"], "a fallback says why"
+    assert (src["version"], src["tag"], src["commit"], src["content_tree"]) == \
+        (st.ucx.version, st.ucx.tag, st.ucx.commit, st.ucx.content_tree)
+    assert src["verified_by"] in ("sha256", "content tree")
     assert info["ucx_version"] == src["version"]
     for flag in st.configure_flags:
         assert flag in info["configure"]["command"].split()
@@ -201,12 +199,24 @@ def test_doctor_reports_the_ucx_it_loaded(copied, info, st):
         assert missing and not [m for m in missing if re.match(r"lib(ucs|uct|ucp|ucm)", m)], (module, missing)
 
 
-def test_doctor_says_whether_ucxx_runs_on_our_ucx(copied, info):
-    pytest.importorskip("libucx", reason="the libucx wheel (UCXX's UCX loader) is not installed")
-    ours = _doctor(env={"LD_LIBRARY_PATH": str(copied / "lib"), "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY": "true"})
-    assert ours["ucxx"]["runs_on"] == "ours" and copied in Path(ours["ucxx"]["loaded"]).parents
-    assert "OUR UCX" in ours["ucxx"]["statement"]
-    if tuple(int(x) for x in info["ucx_version"].split(".")) < (1, 19):
-        assert "refuses" in ours["ucxx"]["statement"]
-    wheel = _doctor()
-    assert wheel["ucxx"]["runs_on"] == "wheel" and "NOT ours" in wheel["ucxx"]["statement"]
+def test_doctor_says_ucxx_runs_on_our_ucx_and_is_our_build(prefix, info):
+    """The venv (`make venv`) holds our UCXX wheels and preloads our UCX: doctor proves both from the process."""
+    x = _doctor()["ucxx"]
+    assert x["runs_on"] == "ours" and prefix in Path(x["loaded"]).parents
+    assert x["version"] == info["ucx_version"] and x["libucx_wheel_version"] is None
+    assert x["provenance"]["from_source"] and x["provenance"]["checked"] >= 2 and not x["provenance"]["differing"]
+    assert x["statement"].startswith(f"UCXX {x['ucxx_version']} (built from source) on our UCX {info['ucx_version']}")
+
+
+def test_doctor_notices_ucxx_libraries_that_are_not_our_build(tmp_path):
+    from ucx_dask_gpu import doctor
+    from ucx_dask_gpu.ucxbuild.ucxx import INSTALLED_BUILD_INFO
+
+    real = json.loads((Path(sys.prefix) / INSTALLED_BUILD_INFO).read_text())
+    pkg = next(p for p in real["packages"] if p["shared_libraries"])
+    lib = next(iter(pkg["shared_libraries"]))
+    pkg["shared_libraries"][lib] = "0" * 64
+    fake = tmp_path / "ucxx-build-info.json"
+    fake.write_text(json.dumps(real))
+    prov = doctor.ucxx_provenance(fake)
+    assert not prov["from_source"] and prov["differing"] == [f"{lib} differs from the build"]

@@ -181,19 +181,24 @@ def test_configure_flags_are_generated_into_build_sh(repo):
 
 def test_ucx_patches_are_copied_into_the_recipe_and_listed(repo):
     st = load(repo / "stack.toml")
-    version = settings.settings(st).ucx.version
-    patch = repo / "ucx-src-build/patches" / version / "0001-fix.patch"
+    carried = [f"patches/{p.name}" for p in settings.ucx_patches(st)]
+    (v, *_) = render_recipe(repo / "recipes", "ucx")
+    assert v.sources[0].get("patches", []) == carried
+    for rel in carried:
+        assert (repo / "recipes/ucx" / rel).read_bytes() == \
+            (repo / "ucx-src-build/patches" / settings.settings(st).ucx.version / rel.split("/")[1]).read_bytes()
+    patch = repo / "ucx-src-build/patches" / settings.settings(st).ucx.version / "0099-fix.patch"
     patch.parent.mkdir(parents=True, exist_ok=True)
     patch.write_text("--- a/NEWS\n+++ b/NEWS\n@@ -1 +1 @@\n-x\n+y\n")
-    assert "recipes/ucx/patches/0001-fix.patch" in settings.drift(st)
+    assert "recipes/ucx/patches/0099-fix.patch" in settings.drift(st)
     settings.regen(st)
-    assert (repo / "recipes/ucx/patches/0001-fix.patch").read_bytes() == patch.read_bytes()
+    assert (repo / "recipes/ucx/patches/0099-fix.patch").read_bytes() == patch.read_bytes()
     (v, *_) = render_recipe(repo / "recipes", "ucx")
-    assert v.sources[0]["patches"] == ["patches/0001-fix.patch"]
+    assert v.sources[0]["patches"] == carried + ["patches/0099-fix.patch"]
     patch.unlink()
     assert any("not a patch of UCX" in p for p in settings.drift(st))
     settings.regen(st)
-    assert not (repo / "recipes/ucx/patches/0001-fix.patch").exists() and settings.drift(st) == []
+    assert not (repo / "recipes/ucx/patches/0099-fix.patch").exists() and settings.drift(st) == []
 
 
 def test_missing_end_marker_is_one_line(repo):
@@ -207,3 +212,12 @@ def test_bad_source_table_in_stack_toml_fails_in_the_loader(repo):
     edit(repo / "stack.toml", settings.settings(st).ucx.content_tree, "abc")
     proc = cli(repo, "lint")
     assert proc.returncode != 0 and "ucx.source.content_tree" in proc.stderr
+
+
+def test_ucxx_build_scripts_carry_the_wheels_cmake_options(repo):
+    st = load(repo / "stack.toml")
+    (libucxx,) = [p for p in st.ucxx.packages if p.name == "libucxx"]
+    assert all(a in (REPO / "recipes/ucxx/build_libucxx.sh").read_text() for a in libucxx.cmake_args
+               if not a.startswith("-DCMAKE_INSTALL_"))
+    edit(repo / "stack.toml", '"-DUCXX_ENABLE_CCCL=ON"', '"-DUCXX_ENABLE_CCCL=ON", "-DUCXX_ENABLE_RMM=ON"')
+    assert settings.drift(load(repo / "stack.toml")) == ["recipes/ucxx/build_libucxx.sh"]

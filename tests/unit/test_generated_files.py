@@ -1,4 +1,5 @@
-"""Files generated from stack.toml must not drift from it: environment.yml and the Python lock."""
+"""Files generated from stack.toml must not drift from it: environment.yml and the Python locks (runtime, UCXX
+build)."""
 import shutil
 import subprocess
 import sys
@@ -8,10 +9,11 @@ from ucx_dask_gpu.stackcmd import check_lock_matches, render_environment_yml
 
 
 def _copy_repo_inputs(tmp_path, edit):
-    """stack.toml (edited) + the lock in a scratch tree, so a drift can be provoked without touching the repo."""
+    """stack.toml (edited) + the locks in a scratch tree, so a drift can be provoked without touching the repo."""
     st = stack.load()
-    (tmp_path / st.python_lock).parent.mkdir(parents=True)
-    shutil.copy(st.lock_path(), tmp_path / st.python_lock)
+    for rel in (st.python_lock, st.ucxx.lock):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(st.root / rel, tmp_path / rel)
     (tmp_path / "stack.toml").write_text(edit(st.path.read_text()))
     return stack.load(tmp_path / "stack.toml")
 
@@ -29,6 +31,12 @@ def test_a_requirement_edit_is_caught_as_drift(tmp_path):
     st = _copy_repo_inputs(tmp_path, lambda s: s.replace('"cupy-cuda13x==14.2.0"', '"cupy-cuda13x==13.6.0"'))
     problems = check_lock_matches(st)
     assert len(problems) == 1 and "cupy-cuda13x" in problems[0] and "14.2.0" in problems[0]
+
+
+def test_a_ucxx_build_requirement_edit_is_caught_as_drift(tmp_path):
+    st = _copy_repo_inputs(tmp_path, lambda s: s.replace('"cmake>=4.0,<5"', '"cmake>=5"'))
+    problems = check_lock_matches(st)
+    assert len(problems) == 1 and "cmake" in problems[0] and str(st.ucxx.lock) in problems[0]
 
 
 def test_a_dev_tool_edit_changes_environment_yml(tmp_path):

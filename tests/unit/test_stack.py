@@ -45,35 +45,30 @@ def bad(raw: dict, mutate) -> str:
 
 def test_repository_stack_loads_and_is_consistent():
     st = stack.load(STACK_TOML)
-    assert st.ucx is st.ucx_sources[0], "the production pin is the first source"
-    assert st.ucx_sources, "at least one UCX source"
-    for src in st.ucx_sources:
-        assert stack.SHA256_RE.match(src.sha256)
-        assert src.urls and all(u.endswith(src.archive) for u in src.urls), "each URL names the archive file"
-        if src.layout == "debian-orig":
-            assert src.debian_source, "a Debian archive says which source package it is"
+    archives = st.source_archives()
+    assert [a.name for a in archives] == ["UCX", "UCXX", "rapids-cmake", "CPM.cmake"]
+    for src in archives:
+        assert stack.SHA256_RE.match(src.sha256) and len(src.content_tree) == 40 and len(src.commit) == 40
+        assert src.urls and all(src.tag in u for u in src.urls), "each URL is the archive of the pinned tag"
+    assert len({a.archive for a in archives}) == len(archives)
     assert not {f.split("=")[0] for f in st.configure_flags} & stack.BUILD_DETECTED_FLAGS
     assert st.required_modules and all(m.endswith(".so") for m in st.required_modules)
     names = [a.filename for a in st.cuda_header_wheels + st.cuda_link_debs]
     assert len(names) == len(set(names))
+    assert [p.name for p in st.ucxx.packages] == ["libucxx", "ucxx", "distributed-ucxx"], "built in this order"
+    assert not any(r.startswith(("libucx", "ucxx", "libucxx", "distributed-ucxx")) for r in st.python_requirements), \
+        "UCXX is built from source and no libucx wheel may shadow our UCX"
 
 
 def test_stack_get_reads_values_for_shell(raw):
     """Shell scripts read values with `python3 -m ucx_dask_gpu stack get KEY` (stdlib only, PYTHONPATH=src)."""
-    out = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "stack", "get", "ucx.sources.0.sha256"],
+    out = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "stack", "get", "ucx.source.content_tree"],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == raw["ucx"]["sources"][0]["sha256"]
+    assert out.stdout.strip() == raw["ucx"]["source"]["content_tree"]
 
 
 # --- bad inputs ------------------------------------------------------------------------------------------------
-
-def test_sources_order_is_kept(raw):
-    data = copy.deepcopy(raw)
-    data["ucx"]["sources"].reverse()
-    st = parse(data)
-    assert [s.version for s in st.ucx_sources] == [s["version"] for s in reversed(raw["ucx"]["sources"])]
-
 
 @pytest.mark.parametrize("value, why", [
     ("abc", "64 lowercase hex"),
@@ -82,8 +77,15 @@ def test_sources_order_is_kept(raw):
     (123, "expected str"),
 ])
 def test_bad_sha256(raw, value, why):
-    msg = bad(raw, lambda d: d["ucx"]["sources"][0].__setitem__("sha256", value))
-    assert "ucx.sources[0].sha256" in msg and why in msg
+    msg = bad(raw, lambda d: d["ucx"]["source"].__setitem__("sha256", value))
+    assert "ucx.source.sha256" in msg and why in msg
+
+
+@pytest.mark.parametrize("table", ["source", "rapids_cmake", "cpm"])
+@pytest.mark.parametrize("key, value", [("content_tree", "abc"), ("commit", "G" * 40), ("content_tree", "0" * 41)])
+def test_bad_git_ids(raw, table, key, value):
+    msg = bad(raw, lambda d: d["ucxx"][table].__setitem__(key, value))
+    assert f"ucxx.{table}.{key}" in msg and "40 lowercase hex" in msg
 
 
 @pytest.mark.parametrize("url", [
@@ -94,38 +96,36 @@ def test_bad_sha256(raw, value, why):
     "https:///ucx.tar.gz",                     # no host
 ])
 def test_bad_source_url(raw, url):
-    msg = bad(raw, lambda d: d["ucx"]["sources"][0].__setitem__("urls", [url]))
-    assert "ucx.sources[0].urls[0]" in msg and "URL" in msg
-
-
-def test_bad_layout(raw):
-    msg = bad(raw, lambda d: d["ucx"]["sources"][0].__setitem__("layout", "git"))
-    assert "layout" in msg and "release" in msg
+    msg = bad(raw, lambda d: d["ucx"]["source"].__setitem__("urls", [url]))
+    assert "ucx.source.urls[0]" in msg and "URL" in msg
 
 
 @pytest.mark.parametrize("archive", ["dir/ucx.tar.gz", "ucx.zip", ""])
 def test_bad_archive_name(raw, archive):
-    assert "archive" in bad(raw, lambda d: d["ucx"]["sources"][0].__setitem__("archive", archive))
+    assert "archive" in bad(raw, lambda d: d["ucx"]["source"].__setitem__("archive", archive))
 
 
 def test_version_must_be_a_string(raw):
-    msg = bad(raw, lambda d: d["ucx"]["sources"][0].__setitem__("version", True))
-    assert "ucx.sources[0].version" in msg and "bool" in msg
-
-
-def test_empty_sources(raw):
-    assert "at least one" in bad(raw, lambda d: d["ucx"].__setitem__("sources", []))
+    msg = bad(raw, lambda d: d["ucx"]["source"].__setitem__("version", True))
+    assert "ucx.source.version" in msg and "bool" in msg
 
 
 def test_missing_key_named(raw):
-    msg = bad(raw, lambda d: d["ucx"]["sources"][1].pop("sha256"))
-    assert "ucx.sources[1].sha256" in msg and "missing" in msg
+    msg = bad(raw, lambda d: d["ucxx"]["cpm"].pop("content_tree"))
+    assert "ucxx.cpm.content_tree" in msg and "missing" in msg
 
 
 def test_duplicate_archive(raw):
     def dup(d):
-        d["ucx"]["sources"][1]["archive"] = d["ucx"]["sources"][0]["archive"]
+        d["ucxx"]["cpm"]["archive"] = d["ucx"]["source"]["archive"]
     assert "appears twice" in bad(raw, dup)
+
+
+def test_ucxx_packages_are_checked(raw):
+    assert "-DNAME=VALUE" in bad(raw, lambda d: d["ucxx"]["build"]["packages"][0]["cmake_args"].append("ON"))
+    assert "appears twice" in bad(raw, lambda d: d["ucxx"]["build"]["packages"][1].__setitem__("name", "libucxx"))
+    assert "inside the repository" in bad(raw, lambda d: d["ucxx"]["build"].__setitem__("lock", "/tmp/x.txt"))
+    assert "at least one" in bad(raw, lambda d: d["ucxx"]["build"].__setitem__("packages", []))
 
 
 def test_configure_flag_must_be_an_option(raw):
@@ -177,8 +177,8 @@ def test_unreadable_file(tmp_path):
 
 def test_cli_bad_stack_is_one_line_and_exit_code(tmp_path):
     f = tmp_path / "stack.toml"
-    f.write_text(STACK_TOML.read_text().replace('layout = "release"', 'layout = "zip"', 1))
+    f.write_text(STACK_TOML.read_text().replace('tag = "v1.20.1"', 'tag = 1', 1))
     out = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "stack", "--file", str(f), "validate"],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert out.returncode == BAD_STACK
-    assert len(out.stderr.strip().splitlines()) == 1 and "layout" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "ucx.source.tag" in out.stderr

@@ -33,6 +33,7 @@ import yaml
 from ..errors import INSTALL_FAILED, RECIPE_INVALID, UserError
 from ..fsutil import atomic_path
 from ..stack import Stack
+from ..ucxbuild.fetch import local_dirs
 from . import recipes, standin
 from .recipes import BUILD_PLATFORM, Variant
 
@@ -52,13 +53,6 @@ class ChannelResult:
 
 def say(msg: str) -> None:
     print(f"[conda] {msg}", flush=True)
-
-
-def default_mirror(st: Stack) -> list[Path]:
-    """The source mirror: $UCX_SOURCE_DIR, else ../shared/sources beside the checkout (where it exists)."""
-    env = os.environ.get("UCX_SOURCE_DIR")
-    candidates = [Path(env)] if env else [st.root.parent / "shared" / "sources", st.root / ".." / "shared" / "sources"]
-    return [p.resolve() for p in candidates if p.is_dir()][:1]
 
 
 # --- index ----------------------------------------------------------------------------------------------------------
@@ -331,7 +325,7 @@ def build_channel(st: Stack, *, out: Path, recipes_dir: Path | None = None, mirr
                   work: Path | None = None, run_install_test: bool = True) -> ChannelResult:
     out = out.resolve()
     work = (work or st.root / "build" / "conda-work").resolve()
-    mirror = default_mirror(st) if mirror is None else [p.resolve() for p in mirror]
+    mirror = local_dirs(st, [p.resolve() for p in mirror or []])
     problems, variants = recipes.check_all(st, recipes_dir)
     if problems:
         raise UserError(f"{len(problems)} recipe problem(s): {problems[0]}", RECIPE_INVALID)

@@ -99,8 +99,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_parser("lint", help="render with rattler-build, lint, check against stack.toml").set_defaults(func=_cmd_lint)
     c = s.add_parser("channel", help="build the local channel: check, build, index, install + test")
     c.add_argument("--out", required=True, help="channel directory to create (replaced only when everything passed)")
-    c.add_argument("--sources", help="source mirror directory for the recipes' url sources (default: "
-                                     "$UCX_SOURCE_DIR, else ../shared/sources)")
+    c.add_argument("--sources", help="a source mirror directory searched first for the recipes' url sources (then "
+                                     "$UCX_DASK_GPU_SOURCE_MIRROR and stack.toml [sources].mirror_dirs)")
     c.add_argument("--work", help="work directory for builds and logs (default: <repo>/build/conda-work)")
     c.add_argument("--no-install-test", action="store_true", help="skip the install test before publishing")
     c.set_defaults(func=_cmd_channel)

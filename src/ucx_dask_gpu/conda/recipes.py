@@ -199,7 +199,7 @@ def check_against_stack(v: Variant, st: Stack) -> list[str]:
     where = f"{v.recipe_path.parent.name}/{v.name}"
     out = []
 
-    def source_is(i: int, src: cfg.TagSource) -> None:
+    def source_is(i: int, src: cfg.SourceArchive) -> None:
         if i >= len(v.sources):
             out.append(f"{where}: source[{i}] missing (stack.toml pins {src.archive})")
             return

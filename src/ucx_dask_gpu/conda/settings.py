@@ -3,7 +3,7 @@
 stack.toml is the only place a version, URL or sha256 is written. The recipes are self-contained (a feedstock copies
 one folder), so the values they need are written INTO them by `ucx-dask-gpu conda regen` (`make regen`):
 - each recipe.yaml's `context:` lines between the "Generated from stack.toml" and "End of generated lines" markers;
-- recipes/ucx/build.sh's configure flags between the same markers;
+- recipes/ucx/build.sh's configure flags and recipes/ucxx/build_*.sh's CMake options between the same markers;
 - recipes/<recipe>/conda_build_config.yaml (the recipe's own variant keys: CUDA versions, the glibc floor);
 - recipes/ucx/patches/ (copies of ucx-src-build/patches/<UCX version>/*.patch) and their list in the recipe;
 - recipes/conda_build_config.yaml: the few keys of conda-forge's global pinning (conda-forge-pinning) these recipes
@@ -20,35 +20,21 @@ from urllib.parse import urlparse
 from ..errors import RECIPE_INVALID, UserError
 from ..fsutil import atomic_write_bytes
 from ..lockfile import canonical, load_lock
-from ..stack import SHA256_RE, Stack, StackError
+from ..stack import SourceArchive, Stack, StackError
 
 RECIPES = ("ucx", "ucxx", "ucx-dask-gpu")
 PINNING_PATH = Path("recipes/conda_build_config.yaml")
 BEGIN = "Generated from stack.toml by `ucx-dask-gpu conda regen`"
 END = "# End of generated lines."
 GENERATED_HEADER = f"# {BEGIN} (make regen); do not edit by hand.\n"
-GIT_HASH_RE = re.compile(r"^[0-9a-f]{40}$")
-
-
-@dataclass(frozen=True)
-class TagSource:
-    """A git tag archive: [ucx.source], [ucxx.source], [ucxx.rapids_cmake], [ucxx.cpm]."""
-
-    version: str
-    tag: str
-    commit: str
-    archive: str
-    urls: tuple[str, ...]
-    sha256: str
-    content_tree: str
 
 
 @dataclass(frozen=True)
 class CondaSettings:
-    ucx: TagSource
-    ucxx: TagSource
-    rapids_cmake: TagSource
-    cpm: TagSource
+    ucx: SourceArchive
+    ucxx: SourceArchive
+    rapids_cmake: SourceArchive
+    cpm: SourceArchive
     cuda_versions: tuple[str, ...]
     c_stdlib_version: str
     python_min: str
@@ -70,30 +56,6 @@ def _url(value, where: str) -> str:
     return value
 
 
-def _tag_source(st: Stack, dotted: str) -> TagSource:
-    table = st.raw
-    for part in dotted.split("."):
-        table = table.get(part) if isinstance(table, dict) else None
-    w = f"{st.path.name}.{dotted}"
-    if not isinstance(table, dict):
-        raise StackError(w, "missing (a table with version, tag, commit, archive, urls, sha256, content_tree)")
-    values = {}
-    for key in ("version", "tag", "commit", "archive", "sha256", "content_tree"):
-        v = table.get(key)
-        if not isinstance(v, str) or not v:
-            raise StackError(f"{w}.{key}", f"expected a non-empty string, got {v!r}")
-        values[key] = v
-    if not SHA256_RE.match(values["sha256"]):
-        raise StackError(f"{w}.sha256", f"expected 64 lowercase hex characters, got {values['sha256']!r}")
-    for key in ("commit", "content_tree"):
-        if not GIT_HASH_RE.match(values[key]):
-            raise StackError(f"{w}.{key}", f"expected a 40-character git object id, got {values[key]!r}")
-    urls = table.get("urls")
-    if not isinstance(urls, list) or not urls:
-        raise StackError(f"{w}.urls", "expected a non-empty list of URLs")
-    return TagSource(urls=tuple(_url(u, f"{w}.urls[{i}]") for i, u in enumerate(urls)), **values)
-
-
 def settings(st: Stack) -> CondaSettings:
     conda = st.raw.get("conda", {})
     w = f"{st.path.name}.conda"
@@ -108,10 +70,10 @@ def settings(st: Stack) -> CondaSettings:
     if not isinstance(about, dict):
         raise StackError(f"{w}.about", "missing (a table with home, ucx_home, ucx_dev_url, ucxx_home)")
     return CondaSettings(
-        ucx=_tag_source(st, "ucx.source"),
-        ucxx=_tag_source(st, "ucxx.source"),
-        rapids_cmake=_tag_source(st, "ucxx.rapids_cmake"),
-        cpm=_tag_source(st, "ucxx.cpm"),
+        ucx=st.ucx,
+        ucxx=st.ucxx.source,
+        rapids_cmake=st.ucxx.rapids_cmake,
+        cpm=st.ucxx.cpm,
         cuda_versions=st.conda_cuda_versions,
         c_stdlib_version=glibc,
         python_min=st.python_version,
@@ -187,6 +149,14 @@ def configure_lines(st: Stack) -> list[str]:
         ["configure_flags=("] + [f"    {f}" for f in st.configure_flags] + [")"]
 
 
+def ucxx_cmake_lines(st: Stack, package: str) -> list[str]:
+    """The CMake options of one [[ucxx.build.packages]] entry, as the from-source wheels use them, minus the
+    CMAKE_INSTALL_* directories of the wheel layout (a conda package installs into $PREFIX/lib, include)."""
+    (pkg,) = [p for p in st.ucxx.packages if p.name == package]
+    args = [a for a in pkg.cmake_args if not a.startswith("-DCMAKE_INSTALL_")]
+    return [f"wheel_cmake_args=({' '.join(args)})"]
+
+
 def patch_lines(st: Stack) -> list[str]:
     patches = ucx_patches(st)
     return ["  patches:"] + [f"    - patches/{p.name}" for p in patches] if patches else []
@@ -248,6 +218,10 @@ def generated_files(st: Stack, recipes_dir: Path | None = None) -> dict[Path, by
             out[build_sh] = replace_region(build_sh.read_text(), configure_lines(st), str(build_sh)).encode()
             for patch in ucx_patches(st):
                 out[rdir / "patches" / patch.name] = patch.read_bytes()
+        if recipe == "ucxx":
+            for package, script in (("libucxx", "build_libucxx.sh"), ("ucxx", "build_ucxx.sh")):
+                sh = rdir / script
+                out[sh] = replace_region(sh.read_text(), ucxx_cmake_lines(st, package), str(sh)).encode()
         out[path] = text.encode()
         if recipe != st.name:
             out[rdir / "conda_build_config.yaml"] = recipe_variants(st).encode()

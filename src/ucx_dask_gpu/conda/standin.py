@@ -36,7 +36,7 @@ import yaml
 from ..errors import BUILD_FAILED, PACKAGE_INVALID, RECIPE_INVALID, SOURCE_UNREACHABLE, UserError
 from ..stack import Stack
 from ..ucxbuild import cuda as cudamod
-from ..ucxbuild.fetch import Unreachable, default_cache_dir, fetch_file
+from ..ucxbuild.fetch import Unreachable, default_cache_dir, fetch_file, sha256_verifier
 from .recipes import Variant
 
 # The sonames a conda-forge package in a recipe's build/host requirements provides at run time (directly or through
@@ -98,32 +98,19 @@ def resolve_pin_compatible(spec: str, host: list[str]) -> str:
     return f"{name} {_pin(pinned[0], kwargs.get('lower_bound'), kwargs.get('upper_bound'))}"
 
 
-def fetch_url_source(url: str, sha256: str, *, cache: Path, mirror_dirs: list[Path], offline: bool = False) -> Path:
-    """The recipe's url source, verified: the cache, then the url, then the source mirror (by file name)."""
-    names = {url.rsplit("/", 1)[-1]}
-    for d in mirror_dirs:  # mirrors name archives <repo>-<version>.tar.gz, GitHub's tag urls v<version>.tar.gz
-        names |= {p.name for p in d.glob("*.tar.*") if p.is_file() and _sha_of(d, p.name) == sha256}
-    attempts: list = []
-    for name in sorted(names):
-        try:
-            path, _ = fetch_file(name, sha256, [url] if name == url.rsplit("/", 1)[-1] else [], name, cache=cache,
-                                 dirs=mirror_dirs, offline=offline, attempts=attempts)
-            return path
-        except Unreachable:
-            continue
-    tried = "; ".join(f"{a.location}: {a.outcome}" for a in attempts) or "nothing to try"
-    raise UserError(f"source {url} (sha256 {sha256[:12]}…) unreachable: {tried}", SOURCE_UNREACHABLE)
-
-
-def _sha_of(d: Path, name: str) -> str | None:
-    """sha256 of a mirror file as the mirror's MANIFEST.tsv records it (fetch_file verifies the file itself)."""
-    manifest = d / "MANIFEST.tsv"
-    if manifest.is_file():
-        for line in manifest.read_text().splitlines()[1:]:
-            cols = line.split("\t")
-            if len(cols) > 5 and cols[0] == name:
-                return cols[5]
-    return None
+def fetch_url_source(st: Stack, url: str, sha256: str, *, cache: Path, mirror_dirs: list[Path],
+                     offline: bool = False) -> Path:
+    """The recipe's url source, the exact file its sha256 names (rattler-build checks it again): from the url, then
+    the source mirrors, then the cache. A source stack.toml pins is looked for under its archive name."""
+    known = [s for s in st.source_archives() if s.sha256 == sha256]
+    filename = known[0].archive if known else url.rsplit("/", 1)[-1]
+    try:
+        path, _, _ = fetch_file(filename, (url,), sha256_verifier(sha256, filename), filename, cache=cache,
+                                dirs=mirror_dirs, offline=offline)
+    except Unreachable as e:
+        raise UserError(f"source {url} ({filename}, sha256 {sha256[:12]}…) not found: {e}", SOURCE_UNREACHABLE) \
+            from None
+    return path
 
 
 def standin_inputs(st: Stack, v: Variant, work: Path) -> StandinInputs:
@@ -250,8 +237,8 @@ def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror
     recipe_copy = vdir / "recipe"
     shutil.copytree(v.recipe_path.parent, recipe_copy)
     cache = cache or default_cache_dir(st)
-    local = {str(s["url"]): fetch_url_source(str(s["url"]), str(s["sha256"]), cache=cache, mirror_dirs=mirror_dirs,
-                                             offline=offline)
+    local = {str(s["url"]): fetch_url_source(st, str(s["url"]), str(s["sha256"]), cache=cache,
+                                             mirror_dirs=mirror_dirs, offline=offline)
              for s in v.sources if "url" in s}
     inputs = standin_inputs(st, v, vdir)
     glibc = v.variant.get("c_stdlib_version") if "stdlib(" in v.template else None

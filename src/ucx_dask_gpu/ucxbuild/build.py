@@ -1,6 +1,6 @@
 """Build UCX from the first verified source into a relocatable prefix with share/ucx-dask-gpu/build-info.json.
 
-Steps: fetch + verify -> unpack -> patches/<version>/ -> (Debian archive) restore debian/, autogen.sh -> CUDA headers
+Steps: fetch + verify -> unpack -> patches/<version>/ -> autogen.sh (tag archives have no ./configure) -> CUDA headers
 and link libraries -> detect verbs/rdmacm -> contrib/configure-release with stack.toml's flags + detected ones ->
 make + install of the shipped components only -> strip, RUNPATH/pkg-config/CMake made relative -> build-info.json ->
 into --prefix (renamed in when the prefix is new or one of our earlier builds, otherwise merged, e.g. a conda $PREFIX).
@@ -27,7 +27,7 @@ from ..fsutil import atomic_path, atomic_write_text, sha256_file
 from ..stack import Stack
 from . import cuda as cudamod
 from . import relocate
-from .fetch import FetchedSource, default_cache_dir, fetch_ucx_source, say, warn
+from .fetch import FetchedSource, default_cache_dir, fetch_source, say, warn
 
 # Components that make up an installed UCX (libraries, modules, ucx_info/ucx_perftest/ucx_read_profile, CMake
 # config), in dependency order; `install-data-am` at the top level adds ucx.pc and share/ucx/perftest.
@@ -147,9 +147,8 @@ def compiler_version() -> str:
     return (out.splitlines() or ["unknown"])[0]
 
 
-def check_tools(layout: str, need_patch: bool) -> None:
-    tools = ["make", "patchelf", compiler()[0]]
-    tools += ["autoreconf", "libtoolize", "automake"] if layout == "debian-orig" else []
+def check_tools(need_patch: bool) -> None:
+    tools = ["make", "patchelf", compiler()[0], "autoreconf", "libtoolize", "automake"]
     tools += ["patch"] if need_patch else []
     missing = [t for t in tools if shutil.which(t) is None]
     if missing:
@@ -159,16 +158,23 @@ def check_tools(layout: str, need_patch: bool) -> None:
 
 # --- steps ---------------------------------------------------------------------------------------------------------
 
-def unpack(archive: Path, dest: Path) -> Path:
-    """Extract into dest (emptied first); return the single top-level source directory."""
+def unpack_tree(archive: Path, dest: Path) -> Path:
+    """Extract into dest (emptied first); return the single top-level directory."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     with tarfile.open(archive) as tar:
         cudamod.safe_extract(tar, dest)
     tops = [p for p in dest.iterdir() if p.is_dir()]
-    if len(tops) != 1 or not (tops[0] / "configure.ac").is_file():
-        raise UserError(f"{archive.name}: expected one top-level UCX source directory with configure.ac", BUILD_FAILED)
+    if len(tops) != 1:
+        raise UserError(f"{archive.name}: expected one top-level source directory", BUILD_FAILED)
     return tops[0]
+
+
+def unpack(archive: Path, dest: Path) -> Path:
+    src = unpack_tree(archive, dest)
+    if not (src / "configure.ac").is_file():
+        raise UserError(f"{archive.name}: not a UCX source tree (no configure.ac)", BUILD_FAILED)
+    return src
 
 
 def patches_for(version: str, root: Path) -> list[Path]:
@@ -190,14 +196,10 @@ def apply_patches(src: Path, patches: list[Path], log: Path) -> list[dict]:
     return applied
 
 
-def prepare_debian_orig(src: Path, env: dict, log: Path) -> None:
-    """Debian's orig tarball is a git archive: no ./configure, and upstream's debian/ is renamed debian.upstream.
-    configure.ac lists debian/ files as outputs, so restore it before autogen.sh."""
-    upstream = src / "debian.upstream"
-    if upstream.is_dir() and not (src / "debian").exists():
-        shutil.copytree(upstream, src / "debian", symlinks=True)
+def autogen(src: Path, env: dict, log: Path) -> None:
+    """A tag archive is the git tree: no ./configure. UCX's autogen.sh makes it (autoconf, automake, libtool)."""
     t0 = time.monotonic()
-    say("autogen.sh (Debian archive has no ./configure)")
+    say("autogen.sh (a tag archive has no ./configure)")
     rc, tail = run_logged(["./autogen.sh"], src, log, env, "autogen")
     if rc != 0:
         _print_tail(f"autogen.sh failed; last lines of {log}:", tail)
@@ -375,10 +377,10 @@ def _build(stack: Stack, opts: BuildOptions, work: Path) -> dict:
     fetch_kw = {"cache": cache, "dirs": [p.resolve() for p in opts.sources], "offline": opts.offline}
     say(f"build: prefix {prefix}, work dir {work}, -j{jobs}")
 
-    fetched: FetchedSource = fetch_ucx_source(stack, **fetch_kw)
+    fetched: FetchedSource = fetch_source(stack.ucx, **fetch_kw)
     version = fetched.source.version
     patches = patches_for(version, patches_root)
-    check_tools(fetched.source.layout, bool(patches))
+    check_tools(bool(patches))
 
     say(f"unpack {fetched.path.name}")
     src = unpack(fetched.path, work / "src")
@@ -388,8 +390,8 @@ def _build(stack: Stack, opts: BuildOptions, work: Path) -> dict:
     applied = apply_patches(src, patches, logs / "patch.log") if patches else []
     if not patches:
         say(f"  no patches for {version} in {patches_root}")
-    if fetched.source.layout == "debian-orig":
-        prepare_debian_orig(src, env, logs / "autogen.log")
+    if not (src / "configure").is_file():
+        autogen(src, env, logs / "autogen.log")
 
     cuda = cudamod.resolve(opts.cuda, stack, work, link_dir=opts.cuda_link_dir, fetch_kw=fetch_kw)
     if cuda.kind != "none":
@@ -440,7 +442,5 @@ def _build(stack: Stack, opts: BuildOptions, work: Path) -> dict:
     say(f"installed into {prefix} ({how}); {len(modules)} modules: {' '.join(modules)}")
     if stripped:
         say(f"  stripped debug info from {stripped} ELF files")
-    if fetched.fallback:
-        warn(f"FALLBACK build: UCX {version} instead of the pinned {stack.ucx.version} (recorded in {BUILD_INFO})")
     say(f"done in {_fmt_s(time.monotonic() - t_start)}")
     return info

@@ -22,10 +22,10 @@ def _cmd_fetch(args) -> int:
 
     st = _stack(args)
     dest = Path(args.dest).resolve()
-    m = fetch_all(st, dest, dirs=local_dirs([Path(p) for p in args.sources]), offline=args.offline,
+    m = fetch_all(st, dest, dirs=local_dirs(st, [Path(p) for p in args.sources]), offline=args.offline,
                   cuda=not args.no_cuda)
     say(f"{dest}: {len(m.get('files', {}))} verified files, manifest {dest / 'manifest.json'}")
-    print(dest / m["ucx"]["archive"])
+    print(dest / st.ucx.archive)
     return 0
 
 
@@ -38,7 +38,7 @@ def _cmd_build(args) -> int:
         prefix=Path(args.prefix),
         work_dir=Path(args.work_dir) if args.work_dir else None,
         cache=Path(args.cache) if args.cache else None,
-        sources=local_dirs([Path(p) for p in args.sources]),
+        sources=local_dirs(st, [Path(p) for p in args.sources]),
         offline=args.offline,
         cuda=args.cuda,
         cuda_link_dir=Path(args.cuda_link_dir).resolve() if args.cuda_link_dir else None,
@@ -48,6 +48,32 @@ def _cmd_build(args) -> int:
         keep_debug=args.keep_debug,
     )
     build(st, opts)
+    return 0
+
+
+def _cmd_ucxx(args) -> int:
+    from .fetch import local_dirs
+    from .ucxx import UcxxOptions, build_ucxx
+
+    st = _stack(args)
+    build_ucxx(st, UcxxOptions(
+        ucx_prefix=Path(args.ucx_prefix),
+        out=Path(args.out),
+        work_dir=Path(args.work_dir) if args.work_dir else None,
+        cache=Path(args.cache) if args.cache else None,
+        sources=local_dirs(st, [Path(p) for p in args.sources]),
+        find_links=[Path(p) for p in args.find_links],
+        offline=args.offline,
+        jobs=args.jobs,
+    ))
+    return 0
+
+
+def _cmd_install_ucxx(args) -> int:
+    from .ucxx import install_ucxx
+
+    pth = install_ucxx(Path(args.python), Path(args.wheels), Path(args.ucx_prefix))
+    print(f"{args.python}: UCXX wheels from {args.wheels} installed; our UCX preloaded by {pth}")
     return 0
 
 
@@ -87,12 +113,13 @@ def add_actions(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack-file", help="stack.toml to read (default: the repository's)")
     s = p.add_subparsers(dest="ucx_command", metavar="ACTION", parser_class=type(p))
     s.required = True
-    src_help = "also look for inputs in DIR (after the URLs; repeatable; $UCX_SOURCE_DIR is searched last)"
+    src_help = ("a source mirror: look for inputs in DIR after their URLs (repeatable; then $UCX_DASK_GPU_SOURCE_MIRROR "
+                "and stack.toml [sources].mirror_dirs)")
 
     f = s.add_parser("fetch", help="download + verify the UCX archive, CUDA header wheels and link .debs into DIR")
     f.add_argument("--dest", required=True, help="directory to fill (also reused as a cache)")
     f.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
-    f.add_argument("--offline", action="store_true", help="no network: only --sources/$UCX_SOURCE_DIR/DIR itself")
+    f.add_argument("--offline", action="store_true", help="no network: only source mirrors and DIR itself")
     f.add_argument("--no-cuda", action="store_true", help="skip the CUDA wheels/.debs (builder has a toolkit)")
     f.set_defaults(func=_cmd_fetch)
 
@@ -101,7 +128,7 @@ def add_actions(p: argparse.ArgumentParser) -> None:
     b.add_argument("--work-dir", help="build directory, kept for inspection (default: a temp dir, removed on success)")
     b.add_argument("--cache", help="verified download cache (default: $UCX_DASK_GPU_CACHE or <repo>/.cache/sources)")
     b.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
-    b.add_argument("--offline", action="store_true", help="no network: cache, --sources and $UCX_SOURCE_DIR only")
+    b.add_argument("--offline", action="store_true", help="no network: source mirrors and the cache only")
     b.add_argument("--cuda", default="auto", metavar="auto|none|DIR",
                    help="CUDA toolkit / conda prefix; auto: $CUDA_HOME or /usr/local/cuda if complete, else the "
                         "pinned wheels + .debs")
@@ -111,6 +138,26 @@ def add_actions(p: argparse.ArgumentParser) -> None:
     b.add_argument("--require", metavar="CAPS", help="comma list of ib,cuda,gdrcopy that must be built, else fail")
     b.add_argument("--keep-debug", action="store_true", help="do not strip debug info")
     b.set_defaults(func=_cmd_build)
+
+    x = s.add_parser("ucxx", help="build the UCXX wheels (libucxx, ucxx, distributed-ucxx) against a UCX prefix")
+    x.add_argument("--ucx-prefix", required=True, help="a UCX prefix built by `build` (its version must be stack.toml's)")
+    x.add_argument("--out", required=True, help="directory to receive the wheels + ucxx-build-info.json (replaced)")
+    x.add_argument("--work-dir", help="build directory, kept for inspection (default: a temp dir, removed on success)")
+    x.add_argument("--cache", help="verified download cache (default: $UCX_DASK_GPU_CACHE or <repo>/.cache/sources); "
+                                   "finished builds are kept beside it by input hash")
+    x.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
+    x.add_argument("--find-links", action="append", default=[], metavar="DIR",
+                   help="wheels for the build venv (its lock's); with --offline the only place they come from")
+    x.add_argument("--offline", action="store_true", help="no network for fetching either")
+    x.add_argument("--jobs", "-j", type=_jobs, default=0, help="parallel compile jobs (default: CPUs + 1)")
+    x.set_defaults(func=_cmd_ucxx)
+
+    u = s.add_parser("install-ucxx", help="put a venv on our stack: the UCXX wheels (--no-deps) and a start-up "
+                                           "preload of our UCX (no LD_LIBRARY_PATH)")
+    u.add_argument("--python", required=True, help="the venv's python")
+    u.add_argument("--wheels", required=True, help="the output directory of `ucxx`")
+    u.add_argument("--ucx-prefix", required=True, help="the UCX prefix those wheels were built against")
+    u.set_defaults(func=_cmd_install_ucxx)
 
     v = s.add_parser("verify", help="check a prefix: modules, ucx_info, host-memory ucx_perftest loopback")
     v.add_argument("--prefix", required=True)

@@ -1,34 +1,41 @@
-"""Fetch pinned inputs (UCX source archive, CUDA header wheels, link .debs) and verify their sha256.
+"""Fetch pinned inputs (source archives of release tags, CUDA header wheels, link .debs) and verify them.
 
-Order of locations for UCX: for each [[ucx.sources]] entry in stack.toml order — the download cache (only ever holds
-verified files), its URLs (unless offline), then local directories (--sources DIR, $UCX_SOURCE_DIR). The first
-verified archive wins. Unreachable or absent: try the next location. A sha256 mismatch anywhere is fatal: it means a
-tampered mirror or a wrong pin, and silently trying the next location would hide either.
+Order of locations for every file: its upstream URLs (unless offline), then source-mirror directories (--sources DIR,
+$UCX_DASK_GPU_SOURCE_MIRROR, stack.toml [sources].mirror_dirs), then the download cache (which only ever holds
+verified files). The first verified copy wins. Unreachable or absent: try the next location. A copy that fails
+verification is fatal: it means a tampered mirror or a wrong pin, and silently trying the next location would hide
+either.
 
-Downloads go to a temp file next to the cache entry, are hashed while streaming and renamed only when they match,
-so the cache never holds a partial or unverified file.
+A source archive is verified by its sha256 (the pinned archive file) or, failing that, by the git tree id of its
+content (gittree.py): GitHub's own tag archive and a mirror's `git archive` of the tag hold the same files, whatever
+their compression. Wheels and .debs are verified by sha256.
+
+Downloads go to a temp file next to the cache entry, are verified and renamed only when they match, so the cache
+never holds a partial or unverified file.
 """
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import os
 import shutil
 import socket
 import sys
+import tarfile
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import HASH_MISMATCH, SOURCE_UNREACHABLE, UserError
 from ..fsutil import atomic_write_text, sha256_file
-from ..stack import Artifact, Stack, UcxSource
+from ..stack import Artifact, SourceArchive, Stack
+from .gittree import NotASourceArchive, content_tree
 
-SOURCE_DIR_ENV = "UCX_SOURCE_DIR"
+MIRROR_ENV = "UCX_DASK_GPU_SOURCE_MIRROR"
 CACHE_ENV = "UCX_DASK_GPU_CACHE"
 MANIFEST = "manifest.json"
 # GitHub fails DNS instantly where it is blocked; a silently dropping firewall must not stall the build for minutes.
@@ -37,7 +44,7 @@ USER_AGENT = "ucx-dask-gpu-fetch/1"
 
 
 def say(msg: str) -> None:
-    """Progress: stdout, flushed (stderr is kept for the one-line error and the fallback warning)."""
+    """Progress: stdout, flushed (stderr is kept for the one-line error and warnings)."""
     print(f"[ucx-src-build] {msg}", flush=True)
 
 
@@ -62,32 +69,33 @@ class Attempt:
 
 @dataclass
 class FetchedSource:
-    source: UcxSource
+    source: SourceArchive
     path: Path
     location: Location
-    origin_url: str | None  # where a cached copy was first downloaded from
-    fallback: bool
-    fallback_reason: str | None
+    origin_url: str | None  # where a cached or mirrored copy was first downloaded from, when known
+    verified_by: str  # "sha256" (the pinned archive file) or "content tree" (same files, another archive)
     attempts: list[Attempt] = field(default_factory=list)
 
     def record(self) -> dict:
-        """The `source` block of build-info.json (sorted keys, no timestamps)."""
+        """The `source` block of a build-info.json (sorted keys, no timestamps, no machine paths)."""
         return {
+            "name": self.source.name,
             "version": self.source.version,
+            "tag": self.source.tag,
+            "commit": self.source.commit,
             "archive": self.source.archive,
-            "sha256": self.source.sha256,
-            "layout": self.source.layout,
+            "content_tree": self.source.content_tree,
+            "sha256": sha256_file(self.path),
+            "verified_by": self.verified_by,
             "location": self.location.where if self.location.kind == "url" else self.location.kind,
             "url": self.origin_url,
-            "fallback": self.fallback,
-            "fallback_reason": self.fallback_reason,
         }
 
 
 class HashMismatch(UserError):
     def __init__(self, what: str, location: str, want: str, got: str):
-        super().__init__(f"sha256 mismatch for {what} from {location}: expected {want}, got {got} "
-                         f"(tampered mirror or wrong pin in stack.toml; nothing was kept)", HASH_MISMATCH)
+        super().__init__(f"{what} from {location} does not match stack.toml: expected {want}, got {got} "
+                         f"(tampered mirror or wrong pin; nothing was kept)", HASH_MISMATCH)
 
 
 class Unreachable(Exception):
@@ -101,13 +109,14 @@ def default_cache_dir(stack: Stack) -> Path:
     return Path(env) if env else stack.root / ".cache" / "sources"
 
 
-def local_dirs(extra: list[Path] | None = None) -> list[Path]:
-    """--sources directories first, then $UCX_SOURCE_DIR."""
+def local_dirs(stack: Stack, extra: list[Path] | None = None) -> list[Path]:
+    """Source mirrors in the order they are searched: --sources directories, $UCX_DASK_GPU_SOURCE_MIRROR, then
+    stack.toml's [sources].mirror_dirs."""
     dirs = list(extra or [])
-    env = os.environ.get(SOURCE_DIR_ENV)
+    env = os.environ.get(MIRROR_ENV)
     if env:
         dirs.append(Path(env))
-    return dirs
+    return dirs + stack.mirror_paths()
 
 
 def read_manifest(d: Path) -> dict:
@@ -127,9 +136,41 @@ def _update_manifest(d: Path, filename: str, sha256: str, url: str | None) -> No
     atomic_write_text(d / MANIFEST, json.dumps(m, indent=2, sort_keys=True) + "\n")
 
 
+# --- verification ----------------------------------------------------------------------------------------------
+
+Verifier = Callable[[Path, str], str]  # (file, where it came from) -> how it was verified; raises HashMismatch
+
+
+def sha256_verifier(sha256: str, what: str) -> Verifier:
+    def verify(path: Path, location: str) -> str:
+        got = sha256_file(path)
+        if got != sha256:
+            raise HashMismatch(f"{what}: sha256", location, sha256, got)
+        return "sha256"
+    return verify
+
+
+def source_verifier(src: SourceArchive) -> Verifier:
+    """The pinned archive file by sha256, else any archive whose content has the pinned git tree id."""
+    what = f"{src.name} {src.version} ({src.archive})"
+
+    def verify(path: Path, location: str) -> str:
+        if sha256_file(path) == src.sha256:
+            return "sha256"
+        try:
+            tree = content_tree(path)
+        except (OSError, EOFError, tarfile.TarError, NotASourceArchive) as e:
+            raise HashMismatch(f"{what}: content", location, f"a source archive of tree {src.content_tree}",
+                               f"an unreadable archive ({e})") from None
+        if tree != src.content_tree:
+            raise HashMismatch(f"{what}: content tree", location, src.content_tree, tree)
+        return "content tree"
+    return verify
+
+
 # --- one file -----------------------------------------------------------------------------------------------------
 
-def _download(url: str, dest_dir: Path, filename: str, sha256: str, what: str) -> Path:
+def _download(url: str, dest_dir: Path, filename: str, verify: Verifier) -> tuple[Path, str]:
     """Stream `url` into dest_dir/.filename.XXXX, verify, rename to dest_dir/filename."""
     req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
     t0 = time.monotonic()
@@ -146,129 +187,102 @@ def _download(url: str, dest_dir: Path, filename: str, sha256: str, what: str) -
         raise Unreachable(str(e) or type(e).__name__) from None
     dest_dir.mkdir(parents=True, exist_ok=True)  # only now: an unreachable source leaves no empty directory
     fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", dir=dest_dir)
-    h = hashlib.sha256()
     size = 0
     try:
-        with resp, os.fdopen(fd, "wb") as out:
-            while block := resp.read(1 << 20):
-                h.update(block)
-                out.write(block)
-                size += len(block)
-        got = h.hexdigest()
-        if got != sha256:
-            raise HashMismatch(what, url, sha256, got)
+        try:
+            with resp, os.fdopen(fd, "wb") as out:
+                while block := resp.read(1 << 20):
+                    out.write(block)
+                    size += len(block)
+        except (OSError, http.client.HTTPException) as e:  # reset / timeout / truncated body mid-transfer
+            raise Unreachable(f"transfer failed: {e or type(e).__name__}") from None
+        how = verify(Path(tmp), url)
         os.chmod(tmp, 0o644)
         final = dest_dir / filename
         os.replace(tmp, final)
-    except (OSError, http.client.HTTPException) as e:  # reset / timeout / truncated body mid-transfer
-        raise Unreachable(f"transfer failed: {e or type(e).__name__}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    say(f"  downloaded {size / 1e6:.1f} MB in {time.monotonic() - t0:.1f} s, sha256 ok")
-    return final
+    say(f"  downloaded {size / 1e6:.1f} MB in {time.monotonic() - t0:.1f} s, {how} ok")
+    return final, how
 
 
-def _check_local(path: Path, sha256: str, what: str) -> Path:
-    if not path.is_file():
-        raise Unreachable("not present")
-    got = sha256_file(path)
-    if got != sha256:
-        raise HashMismatch(what, str(path), sha256, got)
-    return path
-
-
-def fetch_file(filename: str, sha256: str, urls: tuple[str, ...] | list[str], what: str, *, cache: Path,
-               dirs: list[Path], offline: bool, attempts: list[Attempt] | None = None) -> tuple[Path, Location]:
-    """First verified copy of one file: cache, then urls (unless offline), then local dirs. Raises Unreachable."""
+def fetch_file(filename: str, urls: tuple[str, ...] | list[str], verify: Verifier, what: str, *, cache: Path,
+               dirs: list[Path], offline: bool,
+               attempts: list[Attempt] | None = None) -> tuple[Path, Location, str]:
+    """First verified copy of one file: urls (unless offline), then mirror dirs, then the cache.
+    Returns (path in the cache, where it came from, how it was verified). Raises Unreachable."""
     attempts = attempts if attempts is not None else []
-    locations = [Location("cache", str(cache / filename))]
-    locations += [] if offline else [Location("url", u) for u in urls]
+    locations = [] if offline else [Location("url", u) for u in urls]
     locations += [Location("dir", str(d / filename)) for d in dirs]
+    locations.append(Location("cache", str(cache / filename)))
     for loc in locations:
         try:
             if loc.kind == "url":
                 say(f"{what}: trying {loc.where}")
-                path = _download(loc.where, cache, filename, sha256, what)
-                _update_manifest(cache, filename, sha256, loc.where)
+                path, how = _download(loc.where, cache, filename, verify)
+                _update_manifest(cache, filename, sha256_file(path), loc.where)
             else:
-                path = _check_local(Path(loc.where), sha256, what)
+                path = Path(loc.where)
+                if not path.is_file():
+                    raise Unreachable("not present")
+                how = verify(path, loc.where)
                 if loc.kind == "dir":
-                    say(f"{what}: found {loc.where}, sha256 ok")
+                    say(f"{what}: found {loc.where}, {how} ok")
                     # Keep a copy in the cache so one directory (the cache / `fetch --dest`) holds every input used.
                     origin = read_manifest(path.parent).get("files", {}).get(filename, {}).get("url")
                     path = _copy_verified(path, cache)
-                    _update_manifest(cache, filename, sha256, origin)
+                    _update_manifest(cache, filename, sha256_file(path), origin)
         except Unreachable as e:
             if loc.kind != "cache":  # a cache miss is routine, not worth a line
                 say(f"  {loc.where}: {e}")
             attempts.append(Attempt(loc.where, str(e)))
             continue
         attempts.append(Attempt(loc.where, "ok"))
-        return path, loc
+        return path, loc, how
     tried = "; ".join(f"{a.location}: {a.outcome}" for a in attempts if not a.location.startswith(str(cache)))
-    if offline and not dirs:
-        tried = tried or "offline and no --sources/$UCX_SOURCE_DIR given"
     raise Unreachable(tried or "no location to try")
 
 
-def fetch_ucx_source(stack: Stack, *, cache: Path, dirs: list[Path], offline: bool) -> FetchedSource:
-    """Walk [[ucx.sources]] in order; return the first verified archive. Exit SOURCE_UNREACHABLE if none."""
-    skipped: list[str] = []
-    all_attempts: list[Attempt] = []
-    for i, src in enumerate(stack.ucx_sources):
-        what = f"UCX {src.version} ({src.archive})"
-        attempts: list[Attempt] = []
-        try:
-            path, loc = fetch_file(src.archive, src.sha256, src.urls, what, cache=cache, dirs=dirs,
-                                   offline=offline, attempts=attempts)
-        except Unreachable as e:
-            skipped.append(f"{src.version}: {e}")
-            all_attempts += attempts
-            continue
-        all_attempts += attempts
-        origin = read_manifest(cache).get("files", {}).get(src.archive, {}).get("url")
-        fallback = i > 0
-        reason = ("; ".join(f"pinned {s}" if j == 0 else s for j, s in enumerate(skipped))) if fallback else None
-        if fallback:  # an offline build from a `fetch --dest` directory: add why the fetch itself fell back
-            for d in dirs:
-                earlier = read_manifest(d).get("ucx", {})
-                if earlier.get("version") == src.version and earlier.get("fallback_reason"):
-                    reason += f"; when {d} was fetched: {earlier['fallback_reason']}"
-                    break
-        fetched = FetchedSource(src, path, loc, origin, fallback, reason, all_attempts)
-        say(f"using UCX {src.version} from {loc.where} (sha256 {src.sha256[:12]}… verified)")
-        if fallback:
-            warn(f"FALLBACK: building UCX {src.version}, NOT the pinned {stack.ucx.version} — {reason}")
-        return fetched
-    detail = " | ".join(skipped)
-    raise UserError(f"no UCX source archive reachable: {detail}", SOURCE_UNREACHABLE)
+def fetch_source(src: SourceArchive, *, cache: Path, dirs: list[Path], offline: bool) -> FetchedSource:
+    """The verified archive of one pinned source; exit SOURCE_UNREACHABLE with one line naming where to put it."""
+    what = f"{src.name} {src.version} ({src.archive})"
+    attempts: list[Attempt] = []
+    try:
+        path, loc, how = fetch_file(src.archive, src.urls, source_verifier(src), what, cache=cache, dirs=dirs,
+                                    offline=offline, attempts=attempts)
+    except Unreachable as e:
+        mirrors = ", ".join(str(d) for d in dirs) or "none"
+        raise UserError(f"{what} not found ({e}): put upstream's archive of tag {src.tag} (commit "
+                        f"{src.commit[:12]}, or `git archive` of it) named {src.archive} into a source mirror: "
+                        f"--sources DIR, ${MIRROR_ENV}, or stack.toml [sources].mirror_dirs (searched: {mirrors})",
+                        SOURCE_UNREACHABLE) from None
+    origin = read_manifest(cache).get("files", {}).get(src.archive, {}).get("url")
+    say(f"using {src.name} {src.version} from {loc.where} ({how} verified)")
+    return FetchedSource(src, path, loc, origin, how, attempts)
 
 
 def fetch_artifact(art: Artifact, *, cache: Path, dirs: list[Path], offline: bool) -> Path:
     what = f"{art.name} {art.version}"
     try:
-        path, _ = fetch_file(art.filename, art.sha256, (art.url,), what, cache=cache, dirs=dirs, offline=offline)
+        path, _, _ = fetch_file(art.filename, (art.url,), sha256_verifier(art.sha256, what), what, cache=cache,
+                                dirs=dirs, offline=offline)
     except Unreachable as e:
         raise UserError(f"{what} not reachable: {e}", SOURCE_UNREACHABLE) from None
     return path
 
 
-def fetch_all(stack: Stack, dest: Path, *, dirs: list[Path], offline: bool, cuda: bool = True) -> dict:
-    """`ucx fetch --dest DIR`: UCX archive + (optionally) CUDA wheels and link .debs, verified, into DIR.
-
-    DIR doubles as a cache (already verified files are not downloaded again) and, with its manifest.json, as the
-    input of an offline build (`build --sources DIR --offline`, e.g. inside `docker build --network none`).
-    """
-    src = fetch_ucx_source(stack, cache=dest, dirs=dirs, offline=offline)
+def fetch_all(stack: Stack, dest: Path, *, dirs: list[Path], offline: bool, cuda: bool = True,
+              sources: tuple[SourceArchive, ...] | None = None) -> dict:
+    """`ucx fetch --dest DIR`: source archives (default: UCX's) + (optionally) CUDA wheels and link .debs, verified,
+    into DIR. DIR doubles as a cache and, with its manifest.json, as the input of an offline build
+    (`build --sources DIR --offline`, e.g. inside `docker build --network none`)."""
+    for src in sources or (stack.ucx,):
+        fetch_source(src, cache=dest, dirs=dirs, offline=offline)
     if cuda:
         for art in stack.cuda_header_wheels + stack.cuda_link_debs:
             fetch_artifact(art, cache=dest, dirs=dirs, offline=offline)
-    m = read_manifest(dest)
-    # Which source this directory was filled for, and why: an offline build from it reports the original reason.
-    m["ucx"] = {k: v for k, v in src.record().items() if k != "location"}
-    atomic_write_text(dest / MANIFEST, json.dumps(m, indent=2, sort_keys=True) + "\n")
-    return m
+    return read_manifest(dest)
 
 
 def _copy_verified(path: Path, dest: Path) -> Path:

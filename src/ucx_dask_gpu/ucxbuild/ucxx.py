@@ -1,0 +1,435 @@
+"""Build the UCXX wheels (libucxx, ucxx, distributed-ucxx) from the pinned tag against a UCX prefix of ours, offline.
+
+Steps: the UCX prefix's build info (its version must be stack.toml's) -> cache lookup by the hash of every input ->
+fetch + verify the UCXX, rapids-cmake and CPM.cmake archives -> a build venv from the hash-pinned build lock -> a CUDA
+toolkit directory assembled from that venv's NVIDIA wheels -> `pip wheel --no-build-isolation --no-index --no-deps`
+for each [[ucxx.build.packages]] in order, inside a network namespace with only loopback (a download attempt fails and
+names its URL) -> checks (names, versions, no libucx dependency, libucxx.so linked to libucp.so.0) ->
+ucxx-build-info.json + the wheels into --out, and into the cache.
+
+What the binding needs at run time from outside its wheels: our UCX's lib/ on the loader path (libucxx.so's RUNPATH
+is $ORIGIN only): ld.so.conf in the image, `install-ucxx` (below) in a venv.
+
+Standard library only, like the rest of ucxbuild: it runs before any venv of ours exists.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import BUILD_FAILED, MISSING_CAPABILITY, UCX_NOT_FOUND, UserError
+from ..fsutil import atomic_path, atomic_write_text, sha256_file
+from ..stack import Stack
+from .build import BUILD_INFO, _fmt_s, _print_tail, compiler_version, run_logged, unpack_tree
+from .fetch import default_cache_dir, fetch_source, say
+
+UCXX_BUILD_INFO = "ucxx-build-info.json"
+# What a venv's interpreter loads at start-up to put our UCX under the binding (see install_ucxx).
+PRELOAD_PTH = "ucx-dask-gpu-ucx.pth"
+_ELF_MAGIC = b"\x7fELF"
+
+
+@dataclass
+class UcxxOptions:
+    ucx_prefix: Path
+    out: Path
+    work_dir: Path | None = None
+    cache: Path | None = None  # verified source archives (default: the UCX build's)
+    build_cache: Path | None = None  # finished builds by input hash (default: <cache>/../ucxx-builds)
+    sources: list[Path] = field(default_factory=list)
+    find_links: list[Path] = field(default_factory=list)  # wheelhouses for the build venv (offline)
+    offline: bool = False
+    jobs: int = 0
+
+
+# --- inputs ----------------------------------------------------------------------------------------------------
+
+def read_ucx_build_info(prefix: Path) -> dict:
+    path = prefix / BUILD_INFO
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise UserError(f"--ucx-prefix {prefix}: no {BUILD_INFO} (build UCX first: ucx-src-build/build.sh build)",
+                        UCX_NOT_FOUND) from None
+
+
+def python_tag() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def ucx_identity(ucx_info: dict) -> dict:
+    """What of a UCX build the binding's wheels depend on: its source, patches and configure flags, not its prefix.
+    Wheels built against one prefix serve every prefix with the same identity (e.g. the image's /opt/ucx)."""
+    return {
+        "version": ucx_info.get("ucx_version"),
+        "content_tree": (ucx_info.get("source") or {}).get("content_tree"),
+        "patches": ucx_info.get("patches", []),
+        "stack_flags": (ucx_info.get("configure") or {}).get("stack_flags", []),
+    }
+
+
+def input_key(stack: Stack, ucx_info: dict) -> str:
+    """Hash of everything the wheels are made from: sources, build lock, build options, the UCX they link, the
+    interpreter and this builder. Two builds with the same key are interchangeable."""
+    u = stack.ucxx
+    payload = {
+        "sources": [[a.name, a.content_tree] for a in (u.source, u.rapids_cmake, u.cpm)],
+        "build_lock": sha256_file(stack.root / u.lock),
+        "matrix_entry": u.matrix_entry,
+        "packages": [[p.name, p.path, list(p.cmake_args)] for p in u.packages],
+        "ucx": ucx_identity(ucx_info),
+        "python": python_tag(),
+        "machine": platform.machine(),
+        "builder": sha256_file(Path(__file__)),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+
+# --- network isolation -------------------------------------------------------------------------------------------
+
+def _only_loopback() -> bool:
+    try:
+        return {p.name for p in Path("/sys/class/net").iterdir()} <= {"lo"}
+    except OSError:
+        return False
+
+
+def isolation_prefix() -> list[str]:
+    """The command prefix that runs a build step in a new network namespace with only (down) loopback.
+
+    Where no namespace can be made (an unprivileged container), a machine that already has only loopback (e.g.
+    `docker build --network none`) is isolated enough; anything else is refused."""
+    candidates = [["unshare", "--net", "--"]]
+    if os.geteuid() != 0:
+        candidates.insert(0, ["unshare", "--net", "--map-root-user", "--"])
+    why = "unshare not found"
+    for prefix in candidates:
+        try:
+            proc = subprocess.run(prefix + ["true"], capture_output=True, text=True)
+        except OSError:
+            break
+        if proc.returncode == 0:
+            return prefix
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    if _only_loopback():
+        return []
+    raise UserError(f"cannot build UCXX without network access: no network namespace ({why}) and this machine has "
+                    f"interfaces besides loopback; run as root or where user namespaces are allowed",
+                    MISSING_CAPABILITY)
+
+
+# --- the build venv and CUDA toolkit ------------------------------------------------------------------------------
+
+def make_build_venv(stack: Stack, venv: Path, wheels: Path, opts: UcxxOptions, logs: Path, env: dict) -> Path:
+    """A venv with exactly the build lock, installed without an index (pip verifies every hash)."""
+    lock = stack.root / stack.ucxx.lock
+    if not lock.is_file():
+        raise UserError(f"{stack.ucxx.lock}: missing (make lock)", UCX_NOT_FOUND)
+    shutil.rmtree(venv, ignore_errors=True)
+    py = venv / "bin" / "python"
+    steps = [[sys.executable, "-m", "venv", str(venv)]]
+    if not opts.offline:
+        steps.append([str(py), "-m", "pip", "download", "-q", "--disable-pip-version-check", "--require-hashes",
+                      "--no-deps", "-r", str(lock), "-d", str(wheels)])
+    links = [a for d in [wheels, *opts.find_links] for a in ("--find-links", str(d))]
+    steps.append([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index", *links,
+                  "--require-hashes", "--no-deps", "-r", str(lock)])
+    t0 = time.monotonic()
+    for cmd in steps:
+        rc, tail = run_logged(cmd, venv.parent, logs / "build-venv.log", env, "build venv")
+        if rc != 0:
+            _print_tail(f"`{shlex.join(cmd[:4])} ...` failed; last lines:", tail)
+            where = "" if opts.offline else "PyPI or "
+            raise UserError(f"UCXX build environment: {cmd[3]} of {stack.ucxx.lock} failed (are its wheels in "
+                            f"{where}--find-links?); log: {logs / 'build-venv.log'}", BUILD_FAILED)
+    say(f"build venv from {stack.ucxx.lock} in {_fmt_s(time.monotonic() - t0)}")
+    return py
+
+
+def site_packages(py: Path) -> Path:
+    out = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return Path(out)
+
+
+def assemble_toolkit(stack: Stack, site: Path, dest: Path) -> Path:
+    """CUDAToolkit_ROOT from the NVIDIA wheels: bin/ (nvcc), include/ (with CCCL), nvvm/, lib64/ (+ libcudart.so)."""
+    cu = site / "nvidia" / f"cu{stack.cuda_major}"
+    missing = [p for p in ("bin/nvcc", "include/cuda_runtime.h", "include/cccl") if not (cu / p).exists()]
+    if missing:
+        raise UserError(f"the UCXX build lock's NVIDIA wheels lack {', '.join(missing)} under {cu}",
+                        MISSING_CAPABILITY)
+    shutil.rmtree(dest, ignore_errors=True)
+    (dest / "lib64").mkdir(parents=True)
+    for d in ("bin", "include", "nvvm"):
+        if (cu / d).exists():
+            (dest / d).symlink_to(cu / d)
+    for lib in sorted((cu / "lib").iterdir()):
+        (dest / "lib64" / lib.name).symlink_to(lib)
+    cudart = sorted((dest / "lib64").glob("libcudart.so.*"))
+    if cudart:
+        (dest / "lib64" / "libcudart.so").symlink_to(cudart[0].name)
+    return dest
+
+
+# --- wheels ------------------------------------------------------------------------------------------------------
+
+def wheel_metadata(whl: Path) -> dict:
+    with zipfile.ZipFile(whl) as z:
+        name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(name).decode()
+    meta: dict = {"requires": []}
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, _, value = line.partition(": ")
+        if key == "Name":
+            meta["name"] = value
+        elif key == "Version":
+            meta["version"] = value
+        elif key == "Requires-Dist" and "extra ==" not in value:
+            meta["requires"].append(value)
+    return meta
+
+
+def wheel_elf_files(whl: Path) -> dict[str, str]:
+    """path in the wheel -> sha256, for its shared libraries (doctor compares installed copies against these)."""
+    out = {}
+    with zipfile.ZipFile(whl) as z:
+        for n in sorted(z.namelist()):
+            if ".so" in Path(n).name:
+                data = z.read(n)
+                if data[:4] == _ELF_MAGIC:
+                    out[n] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+def _needed(lib: Path) -> list[str]:
+    proc = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True)
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", proc.stdout)
+
+
+def check_wheels(stack: Stack, built: dict[str, Path]) -> list[dict]:
+    major = stack.cuda_major
+    records = []
+    for pkg in stack.ucxx.packages:
+        whl = built[pkg.name]
+        meta = wheel_metadata(whl)
+        want = f"{pkg.name}-cu{major}"
+        problems = []
+        if meta.get("name") != want:
+            problems.append(f"named {meta.get('name')!r}, expected {want!r}")
+        if any(re.match(r"libucx(-cu\d+)?\b", r) for r in meta["requires"]):
+            problems.append("depends on the libucx wheel (its libucp would shadow ours)")
+        if problems:
+            raise UserError(f"{whl.name}: {'; '.join(problems)}", BUILD_FAILED)
+        records.append({"package": pkg.name, "name": meta["name"], "version": meta["version"], "wheel": whl.name,
+                        "sha256": sha256_file(whl), "requires": meta["requires"], "cmake_args": list(pkg.cmake_args),
+                        "shared_libraries": wheel_elf_files(whl)})
+    return records
+
+
+def _check_links_ucp(site: Path) -> None:
+    lib = site / "libucxx" / "lib64" / "libucxx.so"
+    if not lib.is_file():
+        raise UserError("the libucxx wheel has no libucxx/lib64/libucxx.so", BUILD_FAILED)
+    if "libucp.so.0" not in _needed(lib):
+        raise UserError("libucxx.so does not link libucp.so.0", BUILD_FAILED)
+
+
+# --- the whole build -------------------------------------------------------------------------------------------
+
+def build_ucxx(stack: Stack, opts: UcxxOptions) -> dict:
+    prefix = opts.ucx_prefix.resolve()
+    ucx_info = read_ucx_build_info(prefix)
+    if ucx_info.get("ucx_version") != stack.ucx.version:
+        raise UserError(f"--ucx-prefix {prefix} holds UCX {ucx_info.get('ucx_version')}, stack.toml pins "
+                        f"{stack.ucx.version}: build that UCX first", UCX_NOT_FOUND)
+    cache = (opts.cache or default_cache_dir(stack)).resolve()
+    build_cache = (opts.build_cache or cache.parent / "ucxx-builds").resolve()
+    key = input_key(stack, ucx_info)
+    out = opts.out.resolve()
+    cached = build_cache / key
+    if _complete(cached):
+        _install_output(cached, out)
+        say(f"UCXX {stack.ucxx.source.version} wheels: cached build {key} (same inputs) -> {out}")
+        return json.loads((out / UCXX_BUILD_INFO).read_text())
+
+    own_work = opts.work_dir is None
+    work = Path(tempfile.mkdtemp(prefix="ucxx-build-")) if own_work else opts.work_dir.resolve()  # type: ignore
+    try:
+        info = _build(stack, opts, work, prefix, ucx_info, cache, key)
+    except UserError as e:
+        if own_work and e.exit_code == BUILD_FAILED:
+            say(f"work directory kept for inspection: {work}")
+        elif own_work:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    dist = work / "dist"
+    with atomic_path(cached) as tmp:
+        shutil.copytree(dist, tmp)
+    _install_output(cached, out)
+    if own_work:
+        shutil.rmtree(work, ignore_errors=True)
+    say(f"UCXX wheels in {out}: {', '.join(p['wheel'] for p in info['packages'])}")
+    return info
+
+
+def _complete(d: Path) -> bool:
+    try:
+        info = json.loads((d / UCXX_BUILD_INFO).read_text())
+        return all(sha256_file(d / p["wheel"]) == p["sha256"] for p in info["packages"])
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _install_output(src: Path, out: Path) -> None:
+    with atomic_path(out) as tmp:
+        shutil.copytree(src, tmp)
+
+
+def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: dict, cache: Path, key: str) -> dict:
+    t_start = time.monotonic()
+    u = stack.ucxx
+    work.mkdir(parents=True, exist_ok=True)
+    logs = work / "logs"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    jobs = opts.jobs or (os.cpu_count() or 1) + 1
+    fetch_kw = {"cache": cache, "dirs": [p.resolve() for p in opts.sources], "offline": opts.offline}
+    say(f"UCXX {u.source.version}: against UCX {ucx_info['ucx_version']} at {prefix}, work dir {work}")
+    fetched = {a.name: fetch_source(a, **fetch_kw) for a in (u.source, u.rapids_cmake, u.cpm)}
+    trees = {name: unpack_tree(f.path, work / "src" / name) for name, f in fetched.items()}
+    src, rapids_cmake, cpm = trees[u.source.name], trees[u.rapids_cmake.name], trees[u.cpm.name]
+    cpm_file = cpm / "cmake" / "CPM.cmake"
+    if not cpm_file.is_file():
+        raise UserError(f"{u.cpm.archive}: no cmake/CPM.cmake", BUILD_FAILED)
+
+    env = dict(os.environ)
+    env.update(SOURCE_DATE_EPOCH=str(stack.source_date_epoch), LC_ALL="C", TZ="UTC", PIP_NO_INPUT="1",
+               PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONDONTWRITEBYTECODE="1",
+               # rapids-build-backend records `git rev-parse HEAD`: not this repository's commit.
+               GIT_CEILING_DIRECTORIES=str(work / "src"))
+    for var in ("MAKEFLAGS", "PIP_CONSTRAINT", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS",
+                "SKBUILD_CMAKE_ARGS", "CMAKE_ARGS", "LD_LIBRARY_PATH"):
+        env.pop(var, None)
+    py = make_build_venv(stack, work / "venv", cache.parent / "wheels", opts, logs, env)
+    site = site_packages(py)
+    toolkit = assemble_toolkit(stack, site, work / "cuda-toolkit")
+    cccl = site / "librmm" / "lib64" / "rapids" / "cmake" / "cccl"
+    common = [
+        f"-DFETCHCONTENT_SOURCE_DIR_RAPIDS-CMAKE={rapids_cmake}",
+        "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+        f"-DCPM_DOWNLOAD_LOCATION={cpm_file}",
+        f"-DCCCL_DIR={cccl}",
+        f"-DCUDAToolkit_ROOT={toolkit}",
+        f"-Ducx_DIR={prefix / 'lib' / 'cmake' / 'ucx'}",
+        f"-Ducxx_DIR={site / 'libucxx' / 'lib64' / 'cmake' / 'ucxx'}",
+    ]
+    env.update(PATH=os.pathsep.join([str(py.parent), str(toolkit / "bin"), env.get("PATH", "")]),
+               CUDAToolkit_ROOT=str(toolkit), CUDA_HOME=str(toolkit), RAPIDS_MATRIX_ENTRY=u.matrix_entry,
+               CMAKE_BUILD_PARALLEL_LEVEL=str(jobs))
+    isolate = isolation_prefix()
+    say("network: " + (f"each build step runs under `{' '.join(isolate[:-1])}` (loopback only)" if isolate
+                       else "this machine has only loopback"))
+    dist = work / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    dist.mkdir()
+    built: dict[str, Path] = {}
+    for i, pkg in enumerate(u.packages, 1):
+        t0 = time.monotonic()
+        pkg_dir = src / pkg.path
+        shutil.rmtree(pkg_dir / "build", ignore_errors=True)
+        out = work / "wheels" / pkg.name
+        shutil.rmtree(out, ignore_errors=True)
+        env["SKBUILD_CMAKE_ARGS"] = ";".join([*common, *pkg.cmake_args])
+        cmd = isolate + [str(py), "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-index", "--no-deps",
+                         "-w", str(out), str(pkg_dir)]
+        log = logs / f"{pkg.name}.log"
+        rc, tail = run_logged(cmd, work, log, env, pkg.name)
+        wheels = sorted(out.glob("*.whl"))
+        if rc != 0 or len(wheels) != 1:
+            _print_tail(f"building the {pkg.name} wheel failed; last lines of {log}:", tail)
+            fetches = [ln.strip() for ln in log.read_text(errors="replace").splitlines()
+                       if re.search(r"(https?://\S+)", ln) and re.search(r"(?i)download|fetch|resolv|connect", ln)]
+            why = f"; it tried the network: {fetches[0][:200]}" if fetches else ""
+            raise UserError(f"UCXX: the {pkg.name} wheel did not build (exit {rc}){why}; log: {log}", BUILD_FAILED)
+        built[pkg.name] = shutil.copy2(wheels[0], dist / wheels[0].name)
+        if pkg.name == "libucxx":  # ucxx's CMake finds libucxx in the build venv
+            rc, tail = run_logged([str(py), "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                                   str(built[pkg.name])], work, log, env, pkg.name)
+            if rc != 0:
+                _print_tail(f"installing {wheels[0].name} into the build venv failed:", tail)
+                raise UserError(f"UCXX: installing the libucxx wheel failed; log: {log}", BUILD_FAILED)
+            _check_links_ucp(site)
+        say(f"[{i}/{len(u.packages)}] {wheels[0].name} in {_fmt_s(time.monotonic() - t0)}")
+    packages = check_wheels(stack, built)
+    info = {
+        "schema": 1,
+        "input_key": key,
+        "ucxx_version": u.source.version,
+        "sources": {name: f.record() for name, f in fetched.items()},
+        "matrix_entry": u.matrix_entry,
+        # Paths inside the build's work dir, as placeholders: the options, not where this machine kept them.
+        "cmake_args": [re.sub(re.escape(str(work)), "<work>", re.sub(re.escape(str(prefix)), "<ucx>", a))
+                       for a in common],
+        "build_lock": {"path": str(u.lock), "sha256": sha256_file(stack.root / u.lock)},
+        "ucx": ucx_identity(ucx_info),
+        "python": python_tag(),
+        "compiler": compiler_version(),
+        "network_isolation": " ".join(isolate[:-1]) or "only loopback",
+        "packages": packages,
+    }
+    atomic_write_text(dist / UCXX_BUILD_INFO, json.dumps(info, indent=2, sort_keys=True) + "\n")
+    say(f"UCXX wheels built in {_fmt_s(time.monotonic() - t_start)}")
+    return info
+
+
+# --- a venv on our UCX --------------------------------------------------------------------------------------------
+
+# Where an environment records which UCXX build it holds (below sys.prefix; `doctor` reads it).
+INSTALLED_BUILD_INFO = Path("share/ucx-dask-gpu") / UCXX_BUILD_INFO
+
+
+def install_ucxx(python: Path, wheels_dir: Path, ucx_prefix: Path) -> Path:
+    """Put a venv on our stack: our UCXX wheels --no-deps (their requirements come from the lock), their build info
+    under <venv>/share/ucx-dask-gpu/, and a .pth line that loads our UCX's libucp.so.0 at interpreter start-up (the
+    way the libucx wheel's loader loads its bundled copy), so libucxx.so's dependency is satisfied by OUR UCX without
+    LD_LIBRARY_PATH. A prefix that has gone away fails loudly at every start, never silently."""
+    lib = ucx_prefix.resolve() / "lib" / "libucp.so.0"
+    if not lib.exists():
+        raise UserError(f"--ucx-prefix {ucx_prefix}: no lib/libucp.so.0", UCX_NOT_FOUND)
+    try:
+        info = json.loads((wheels_dir / UCXX_BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        raise UserError(f"{wheels_dir}: no {UCXX_BUILD_INFO} (build the wheels first: `build.sh ucxx`)",
+                        UCX_NOT_FOUND) from None
+    wheels = [wheels_dir / p["wheel"] for p in info["packages"]]
+    for w, p in zip(wheels, info["packages"]):
+        if not w.is_file() or sha256_file(w) != p["sha256"]:
+            raise UserError(f"{w}: missing or not the wheel its build info records", BUILD_FAILED)
+    proc = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index",
+                           "--no-deps", "--force-reinstall", *map(str, wheels)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise UserError(f"installing the UCXX wheels into {python} failed: {tail}", BUILD_FAILED)
+    env_prefix = Path(subprocess.run([str(python), "-c", "import sys; print(sys.prefix)"], capture_output=True,
+                                     text=True, check=True).stdout.strip())
+    dest = env_prefix / INSTALLED_BUILD_INFO
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(wheels_dir / UCXX_BUILD_INFO, dest)
+    pth = site_packages(python) / PRELOAD_PTH
+    atomic_write_text(pth, f"import ctypes; ctypes.CDLL({str(lib)!r}, ctypes.RTLD_LOCAL)\n")
+    return pth
