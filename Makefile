@@ -80,10 +80,11 @@ check-reproducible: venv docker-engine
 
 regen: venv
 	$(CLI) stack env-yml
-	$(CLI) stack conda-build-config
+	$(CLI) conda regen
 
-# Local conda channel (README "Conda"): render + lint the recipes against stack.toml, build ucx with its recipe's
-# build.sh under conda-build's contract, pack .conda files, index, install-test; $(CHANNEL) appears only when all passed.
+# Local conda channel (README "Conda"): rattler-build renders and checks every recipe variant against stack.toml, builds
+# ucx and the metapackage from their recipes (stand-in build/host requirements), py-rattler indexes and installs,
+# rattler-build runs the recipes' tests; $(CHANNEL) appears only when all passed.
 .PHONY: channel
 CHANNEL ?= build/channel
 channel: prereqs venv
