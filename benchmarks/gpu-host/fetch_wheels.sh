@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Download the cp312 manylinux wheels that a bare GPU host lacks (no registry reachable there), at the versions
-# of OUR lock, into .whl/ (git-ignored) so the device run uses the same stack as the image.
+# of OUR lock, into .whl/ (git-ignored) so the device run uses the same stack as the image. UCXX is not among them:
+# our own wheels (build/ucxx-wheels, `make ucxx`) travel as they are.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${1:-.whl}
 # Present on the lent H200 image already (see /work/.library/device/KINDS.md): numpy, cupy, cuda-core/bindings,
 # nvidia-ml-py, pandas, pyarrow, psutil, msgpack, click, pyyaml, toolz, cloudpickle, jinja2, fsspec, packaging.
-missing="dask distributed dask-cuda rapids-dask-dependency distributed-ucxx-cu13 ucxx-cu13 libucxx-cu13 libucx-cu13
-         librmm-cu13 rmm-cu13 rapids-logger nvtx zict tblib locket partd tornado sortedcontainers lazy-importer"
+missing="dask distributed dask-cuda rapids-dask-dependency librmm-cu13 rmm-cu13 rapids-logger cuda-core nvtx zict tblib
+         locket partd tornado sortedcontainers lazy-importer"
 specs=$(PYTHONPATH=src python3 - $missing <<'PY'
 import sys
 from ucx_dask_gpu import stack

@@ -91,3 +91,10 @@ def test_prefix_of_library():
     assert install.prefix_of_library("/opt/ucx/lib/libucp.so.0.0.0") == Path("/opt/ucx")
     assert install.prefix_of_library("/usr/lib/x86_64-linux-gnu/libucp.so.0") is None
     assert install.prefix_of_library(None) is None
+
+
+@pytest.mark.parametrize("version, expected", [("1.13.1", False), ("1.18.9", False), ("1.19.0", True),
+                                               ("1.20.0", True), ("2.0", True)])
+def test_ucxx_uses_our_ucx_only_from_the_minimum_version(st, version, expected):
+    """What doctor says of a UCX: UCXX refuses one older than stack.toml [ucxx].min_ucx at import."""
+    assert install.ucxx_can_use(st, version) is expected

@@ -19,7 +19,7 @@ VERSION = re.compile(r"\d+(?:\.\d+)+")
 
 # Written in our code for a reason of its own, not as a copy of stack.toml's value.
 NOT_OURS = {
-    ("src/ucx_dask_gpu/conda/lint.py", "2.28"): "the glibc of conda-forge's alma8/ubi8 build images",
+    ("src/ucx_dask_gpu/conda/recipes.py", "2.28"): "the glibc of conda-forge's alma8/ubi8 build images",
 }
 
 

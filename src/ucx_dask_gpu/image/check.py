@@ -12,7 +12,7 @@ from .bases import KINDS
 from .build import build_image
 from .docker import docker, image_inspect
 from .normalise import ImageResult, finish_build, say
-from .paths import base_ref
+from .paths import base_ref, default_ucxx_wheels
 
 
 def clean_bases(st: Stack) -> None:
@@ -29,7 +29,7 @@ def clean_build(st: Stack, cache: Path, tag: str) -> tuple[ImageResult, float]:
     t0 = time.monotonic()
     clean_bases(st)
     say(f"clean build of {tag}: bases bootstrapped again, no Docker build cache")
-    build_image(st, cache, tag=tag)
+    build_image(st, cache, default_ucxx_wheels(), tag=tag)
     result = finish_build(st, tag, cache)
     return result, round(time.monotonic() - t0, 1)
 

@@ -15,14 +15,14 @@ from ..oci.compare import compare, render_compare
 from ..oci.layer import normalise_rootfs_tar
 from ..stack import load
 from ..stack.lock import canonical, load_lock
-from ..ucx.install import BUILD_INFO
+from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO
 from . import check, normalise
 from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
 from .cluster import remove_all_clusters
 from .demo import demo_ok, render_demo, run_demo
 from .docker import docker, engine_version, ensure_engine
-from .paths import CACHE_ENV, default_cache, image_ref
+from .paths import CACHE_ENV, default_cache, default_ucxx_wheels, image_ref
 from .wheelhouse import build_own_wheel, ensure_wheelhouse
 
 
@@ -64,7 +64,8 @@ def _cmd_base(args) -> int:
 
 def _cmd_build(args) -> int:
     st = _stack(args)
-    result = build_image(st, _cache(args), tag=args.tag, extra_wheels=[Path(w) for w in args.extra_wheel],
+    ucxx = Path(args.ucxx_wheels) if args.ucxx_wheels else default_ucxx_wheels()
+    result = build_image(st, _cache(args), ucxx, tag=args.tag, extra_wheels=[Path(w) for w in args.extra_wheel],
                          base_from=args.base_from, normalise=not args.no_normalise)
     if args.json:
         print(json.dumps(result.__dict__, indent=2, sort_keys=True))
@@ -73,7 +74,7 @@ def _cmd_build(args) -> int:
         print(f"id       {result.image_id}")
         print(f"size     {result.size} bytes ({result.size / 1e9:.2f} GB)")
         print(f"stack id {result.stack_id}")
-        print(f"UCX      {result.ucx_version} ({'UCXX uses it' if result.ucxx_on_our_ucx else 'UCXX uses the libucx wheel'})")
+        print(f"UCX      {result.ucx_version}, UCXX {result.ucxx_version} (both built from source)")
         print("timings  " + ", ".join(f"{k} {v:.0f} s" for k, v in result.timings.items()))
     return 0
 
@@ -128,6 +129,8 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     bd.add_argument("--base-from", metavar="IMAGE",
                     help="derive both bases from this registry image with apt (e.g. "
                          "debian:SUITE-slim@sha256:...) instead of debootstrap")
+    bd.add_argument("--ucxx-wheels", metavar="DIR",
+                    help="the UCXX wheels to install (`make ucxx`; default: $UCXX_WHEELS or build/ucxx-wheels)")
     bd.add_argument("--json", action="store_true", help="print the result as JSON")
     bd.add_argument("--no-normalise", action="store_true",
                     help="keep docker build's own image: not reproducible, no SBOM (see `ucx-dask-gpu repro`)")
@@ -255,18 +258,21 @@ def _cmd_sbom_check(args) -> int:
         text = _read(args.sbom, "SBOM") if args.sbom else _from_image(args.image, "/" + sbommod.SBOM_IN_IMAGE)
         status = _from_image(args.image, "/var/lib/dpkg/status")
         info_text = _from_image(args.image, f"{st.image.ucx_prefix}/{BUILD_INFO}")
+        ucxx_text = _from_image(args.image, f"{st.image.venv}/{UCXX_BUILD_INFO}")
     else:
         if not args.sbom:
             raise UserError("sbom check: give an SBOM file, --image IMAGE, or both", USAGE)
         text = _read(args.sbom, "SBOM")
         status = _read(args.dpkg_status, "dpkg status")
         info_text = _read(args.build_info, "build info")
+        ucxx_text = _read(args.ucxx_build_info, "UCXX build info")
     err = sbommod.validate(text)
     if err:
         raise UserError(f"SBOM is not valid CycloneDX 1.6: {err}", SBOM_INVALID)
     doc = json.loads(text)
     problems = sbommod.check_sbom(doc, pins=load_lock(st.lock_path()), dpkg_status=status,
                                   build_info=json.loads(info_text) if info_text else None,
+                                  ucxx_info=json.loads(ucxx_text) if ucxx_text else None,
                                   extra_dists={canonical(n) for n in args.allow_extra} | {canonical(st.name)})
     for p in problems:
         print(p)
@@ -295,7 +301,7 @@ def _cmd_sbom_generate(args) -> int:
         dists=sbommod.dists_from_files(files), pins=load_lock(st.lock_path()),
         build_info=json.loads(info_text) if info_text else None,
         build_info_sha256=hashlib.sha256(info_text.encode()).hexdigest() if info_text else None,
-        tools={gen: gen_version, st.name: st.version})
+        ucx_repository=st.conda.about.ucx_dev_url, tools={gen: gen_version, st.name: st.version})
     if args.output == "-":
         sys.stdout.write(data.decode())
     else:
@@ -314,6 +320,7 @@ def _register_sbom(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--image", help="read the SBOM, dpkg status and UCX build info from this image")
     c.add_argument("--dpkg-status", help="dpkg status file to compare with (without --image)")
     c.add_argument("--build-info", help="UCX build-info.json to compare with (without --image)")
+    c.add_argument("--ucxx-build-info", help="UCXX ucxx-build-info.json to compare with (without --image)")
     c.add_argument("--allow-extra", action="append", default=[], metavar="NAME",
                    help="a Python distribution that may be installed without being in the lock (repeatable)")
     c.set_defaults(func=_cmd_sbom_check)

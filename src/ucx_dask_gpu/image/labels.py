@@ -12,8 +12,7 @@ from ..stack import Stack
 from ..stack.lock import load_lock
 
 # Packages whose versions are worth a label of their own (all of them are in the lock and the image's SBOM).
-LABELLED_PACKAGES = ("dask", "distributed", "ucxx-cu13", "distributed-ucxx-cu13", "libucx-cu13", "dask-cuda",
-                     "numpy", "cupy-cuda13x")
+LABELLED_PACKAGES = ("dask", "distributed", "dask-cuda", "rmm-cu13", "numpy", "cupy-cuda13x")
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -34,9 +33,9 @@ def source_url(st: Stack) -> str | None:
     return st.source or _git(st.root, "remote", "get-url", "origin")
 
 
-def build_labels(st: Stack, stack_id: str, info: dict, prefer_system: bool, base: str,
+def build_labels(st: Stack, stack_id: str, info: dict, ucxx_info: dict, base: str,
                  extra_wheels: list[Path]) -> dict[str, str]:
-    """What `docker build --label` sets: versions, the stack id, the UCX build info and the UCXX decision."""
+    """What `docker build --label` sets: versions, the stack id, the UCX and UCXX build info."""
     pins = load_lock(st.lock_path())
     src = info.get("source") or {}
     labels = {
@@ -54,12 +53,16 @@ def build_labels(st: Stack, stack_id: str, info: dict, prefer_system: bool, base
         LABEL_PREFIX + "cuda.major": str(st.cuda_major),
         LABEL_PREFIX + "ucx.version": str(info.get("ucx_version", "unknown")),
         LABEL_PREFIX + "ucx.prefix": st.image.ucx_prefix,
-        LABEL_PREFIX + "ucx.source": str(src.get("archive") or src.get("url") or "unknown"),
-        LABEL_PREFIX + "ucx.sha256": str(src.get("sha256", "unknown")),
-        LABEL_PREFIX + "ucx.fallback": str(bool(src.get("fallback", False))).lower(),
+        LABEL_PREFIX + "ucx.source": f"{src.get('tag', 'unknown')} {src.get('commit', '')}".strip(),
+        LABEL_PREFIX + "ucx.content-tree": str(src.get("content_tree", "unknown")),
+        LABEL_PREFIX + "ucx.patches": " ".join(p["name"] for p in info.get("patches") or []),
         LABEL_PREFIX + "ucx.modules": " ".join(info.get("modules") or []),
         LABEL_PREFIX + "ucx.build-info.sha256": str(info.get("_sha256", "")),
-        LABEL_PREFIX + "ucxx.on-our-ucx": str(prefer_system).lower(),
+        LABEL_PREFIX + "ucxx.version": str(ucxx_info.get("ucxx_version", "unknown")),
+        LABEL_PREFIX + "ucxx.source": " ".join(filter(None, ((ucxx_info.get("sources") or {}).get("UCXX", {})
+                                                           .get(k) for k in ("tag", "commit")))),
+        LABEL_PREFIX + "ucxx.wheels": " ".join(f"{p['wheel']}@sha256:{p['sha256']}"
+                                                for p in ucxx_info.get("packages") or []),
     }
     for name in LABELLED_PACKAGES:
         if name in pins:

@@ -43,7 +43,7 @@ from ..stack import Stack
 from ..stack.lock import canonical
 from .docker import docker, image_inspect
 from .labels import oci_labels
-from .paths import work_dir
+from .paths import default_ucxx_wheels, work_dir
 from .wheelhouse import MANIFEST, wheelhouse_dir
 
 SBOM_JSON = "sbom.cdx.json"
@@ -221,8 +221,9 @@ def _previous(out_dir: Path) -> dict | None:
 
 
 def build_wheels(st: Stack, cache: Path) -> dict[str, tuple[str, str]]:
-    """The wheels an image build installs from: the verified wheelhouse of the lock and our own wheel."""
-    dirs = [d for d in (wheelhouse_dir(cache, st.lock_path()), cache / "pkg") if d.is_dir()]
+    """The wheels an image build installs from: the verified wheelhouse of the lock, our UCXX wheels and our own
+    wheel."""
+    dirs = [d for d in (wheelhouse_dir(cache, st.lock_path()), default_ucxx_wheels(), cache / "pkg") if d.is_dir()]
     return wheels_from(dirs)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..stack import Stack, find_stack_file
 
 CACHE_ENV = "UCX_DASK_GPU_BUILD_CACHE"
+UCXX_WHEELS_ENV = "UCXX_WHEELS"
 
 
 def repo_root() -> Path:
@@ -24,6 +25,14 @@ def default_cache() -> Path:
     if env:
         return Path(env)
     return repo_root() / "build" / "cache"
+
+
+def default_ucxx_wheels() -> Path:
+    """$UCXX_WHEELS (the Makefile's), else <checkout>/build/ucxx-wheels: where `make ucxx` puts the UCXX wheels."""
+    env = os.environ.get(UCXX_WHEELS_ENV)
+    if env:
+        return Path(env)
+    return repo_root() / "build" / "ucxx-wheels"
 
 
 def work_dir(cache: Path, tag: str) -> Path:

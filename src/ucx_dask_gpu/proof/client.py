@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 from typing import Iterator
 
 from ..errors import ENV_MISMATCH, SCHEDULER_UNREACHABLE, WORKLOAD_FAILED, UserError
@@ -60,6 +61,21 @@ def warm_up(client, modules: tuple[str, ...]) -> None:
 def _import_all(modules):
     for name in modules:
         importlib.import_module(name)
+
+
+def ucx_loaded() -> dict:
+    """Which UCX this process runs on: the libucp.so it has mapped and the version UCXX reports (None when no UCX)."""
+    with open("/proc/self/maps") as maps:
+        path = next((line.split()[-1] for line in maps if "/libucp.so" in line), None)
+    ucxx = sys.modules.get("ucxx")
+    version = ".".join(map(str, ucxx.get_ucx_version())) if ucxx is not None else None
+    return {"libucp": path, "ucx_version": version}
+
+
+def ucx_in_roles(client) -> dict:
+    """ucx_loaded() of the client, the scheduler and every worker."""
+    return {"client": ucx_loaded(), "scheduler": client.run_on_scheduler(ucx_loaded),
+            "workers": client.run(ucx_loaded)}
 
 
 def scheme(address: str) -> str:

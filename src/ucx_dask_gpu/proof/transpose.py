@@ -12,7 +12,7 @@ import time
 
 from ..errors import USAGE, UserError
 from ..gate.identity import compare_versions
-from .client import RTOL, n_workers, on_cluster, scheme, warm_up
+from .client import RTOL, n_workers, on_cluster, scheme, ucx_in_roles, warm_up
 
 
 def _random_block(seed: int, i: int, j: int, shape: tuple[int, int]):
@@ -118,4 +118,5 @@ def run_transpose(client, size: int = 4000, chunk: int = 1000, seed: int = 0, ba
         "value": value, "expected": expected, "rel_error": rel, "ok": rel <= RTOL and block_type == backend,
         "wall_s": round(wall, 4),
         "versions_identical": versions["identical"], "version_differences": versions["differences"],
+        "ucx": ucx_in_roles(client) if scheme(client.scheduler.address) == "ucx" else None,
     }

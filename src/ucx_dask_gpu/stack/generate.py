@@ -1,4 +1,4 @@
-"""Files generated from stack.toml: environment.yml, recipes/conda_build_config.yaml and the hash-pinned lock.
+"""Files generated from stack.toml: environment.yml and the hash-pinned locks (the conda recipes: `conda regen`).
 
 Each carries a header saying so; `ucx-dask-gpu stack … --check` fails when the committed file has drifted.
 """
@@ -14,8 +14,6 @@ from .model import Stack
 
 GENERATED = "# Generated from stack.toml by `ucx-dask-gpu stack {cmd}`; do not edit by hand.\n"
 ENVIRONMENT_YML = "environment.yml"
-CBC_PATH = "recipes/conda_build_config.yaml"
-CBC_HEADER = GENERATED.format(cmd="conda-build-config")
 
 
 def _requirement(spec: str):
@@ -46,25 +44,6 @@ def render_environment_yml(st: Stack) -> str:
         # CUDA libraries follow the cuda-version pin above: conda-forge numbers them differently from PyPI.
         lines.append(f"  - {conda}" if conda in st.conda.cuda_managed else f"  - {conda}={pins[pypi].version}")
     lines += ["  - pip:", "      - -e ."]
-    return "\n".join(lines) + "\n"
-
-
-def render_conda_build_config(st: Stack) -> str:
-    """recipes/conda_build_config.yaml: the variant keys our recipes use, every value quoted (12.10 is not 12.1)."""
-    def key(name: str, values, comment: str = "") -> list[str]:
-        out = [f"{name}:"]
-        out += [f'  - "{v}"' + (f"  {comment}" if comment else "") for v in values]
-        return out
-
-    lines = [CBC_HEADER.rstrip(),
-             "# Variant keys of recipes/ucx and recipes/ucx-dask-gpu:",
-             "#   conda build -m recipes/conda_build_config.yaml recipes/ucx recipes/ucx-dask-gpu -c conda-forge",
-             "# One ucx package per CUDA version below; the metapackage is noarch (python_min only)."]
-    lines += key("c_stdlib", ["sysroot"], "# [linux]")
-    lines += key("c_stdlib_version", [st.conda.c_stdlib_version], "# [linux]")
-    lines += key("cuda_compiler", ["cuda-nvcc"])
-    lines += key("cuda_compiler_version", st.conda.cuda_versions)
-    lines += key("python_min", [st.python.version])
     return "\n".join(lines) + "\n"
 
 

@@ -133,9 +133,12 @@ class PythonSpec:
 
 @dataclass(frozen=True)
 class CondaAbout:
+    """[conda.about]: the recipes' homepage and repository URLs."""
+
     ucx_home: str
     ucx_dev_url: str
     home: str
+    ucxx_home: str
 
 
 @dataclass(frozen=True)
@@ -413,7 +416,7 @@ def _conda(t: dict, where: str) -> CondaSpec:
         raise StackError(f"{where}.metapackage", f"expected a non-empty list of conda package names, got {meta!r}")
     about = t.get("about")
     if not isinstance(about, dict):
-        raise StackError(f"{where}.about", "missing (a table with ucx_home, ucx_dev_url, home)")
+        raise StackError(f"{where}.about", "missing (a table with home, ucx_home, ucx_dev_url, ucxx_home)")
     return CondaSpec(
         channels=_str_list(t, "channels", where),
         cuda_versions=cuda_versions,
@@ -422,7 +425,8 @@ def _conda(t: dict, where: str) -> CondaSpec:
         names=MappingProxyType(dict(names)),
         c_stdlib_version=glibc,
         metapackage=tuple(meta),
-        about=CondaAbout(**{k: _http_url(about, k, f"{where}.about") for k in ("ucx_home", "ucx_dev_url", "home")}),
+        about=CondaAbout(**{k: _http_url(about, k, f"{where}.about")
+                            for k in ("ucx_home", "ucx_dev_url", "home", "ucxx_home")}),
     )
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,8 @@ BUILD_INFO = Path("share/ucx-dask-gpu/build-info.json")
 # What our UCXX build installs below a Python environment's prefix: which wheels, built from what, against which UCX.
 UCXX_BUILD_INFO = Path("share/ucx-dask-gpu/ucxx-build-info.json")
 PREFIX_ENV = "UCX_DASK_GPU_UCX_PREFIX"
+# What a Python environment loads at start-up to put our UCX under UCXX (`ucx-src-build/build.sh install-ucxx`).
+PRELOAD_PTH = "ucx-dask-gpu-ucx.pth"
 LOADER = "loader search path"
 
 
@@ -103,6 +106,13 @@ def pip_wheel_prefix() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+def preloaded_prefix(site: Path) -> Path | None:
+    """The UCX prefix the environment of `site` (a site-packages directory) preloads at start-up, if any."""
+    pth = site / PRELOAD_PTH
+    m = re.search(r"CDLL\('([^']+)/lib/libucp\.so\.0'", pth.read_text()) if pth.is_file() else None
+    return Path(m.group(1)) if m else None
+
+
 def locate(spec: str, code: int = UCX_NOT_FOUND, tool: str = "ucx_perftest") -> UcxInstall:
     """`pip`: the libucx wheel of this Python; `path`: the UCX whose `tool` is on PATH; anything else: a prefix
     directory. UserError(`code`) with one line when there is none."""
@@ -124,8 +134,8 @@ def locate(spec: str, code: int = UCX_NOT_FOUND, tool: str = "ucx_perftest") -> 
 
 def choose(arg: str | None, default: str | None) -> tuple[UcxInstall | None, str]:
     """The UCX this environment means, and how it was found: `arg` (--ucx-prefix), else $UCX_DASK_GPU_UCX_PREFIX,
-    else `default` (the image's prefix, stack.toml [image].ucx_prefix) when it holds a lib/, else None: whatever
-    the loader finds."""
+    else the prefix this Python preloads at start-up, else `default` (the image's prefix, stack.toml
+    [image].ucx_prefix) when it holds a lib/, else None: whatever the loader finds."""
     if arg:
         inst = locate(arg)
         if not (inst.prefix / "lib").is_dir():
@@ -134,6 +144,9 @@ def choose(arg: str | None, default: str | None) -> tuple[UcxInstall | None, str
     env = os.environ.get(PREFIX_ENV)
     if env:
         return at(Path(env).resolve(), spec=env), f"${PREFIX_ENV}"
+    preloaded = preloaded_prefix(Path(sysconfig.get_paths()["purelib"]))
+    if preloaded is not None:
+        return at(preloaded, spec=str(preloaded)), "this environment's start-up preload (install-ucxx)"
     if default and (Path(default) / "lib").is_dir():
         return at(Path(default).resolve(), spec=default), f"default {default}"
     where = f", no {default}" if default else ""

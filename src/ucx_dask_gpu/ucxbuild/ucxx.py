@@ -32,14 +32,12 @@ from pathlib import Path
 from ..errors import BUILD_FAILED, MISSING_CAPABILITY, UCX_NOT_FOUND, UserError
 from ..fsutil import ELF_MAGIC, atomic_path, atomic_write_text, sha256_file
 from ..stack import Stack
-from ..ucx.install import BUILD_INFO
+from ..ucx.install import BUILD_INFO, PRELOAD_PTH
 from ..ucx.install import UCXX_BUILD_INFO as INSTALLED_BUILD_INFO
 from .build import _fmt_s, _print_tail, compiler_version, run_logged, unpack_tree
 from .fetch import default_cache_dir, fetch_source, say
 
 UCXX_BUILD_INFO = INSTALLED_BUILD_INFO.name
-# What a venv's interpreter loads at start-up to put our UCX under the binding (see install_ucxx).
-PRELOAD_PTH = "ucx-dask-gpu-ucx.pth"
 
 
 @dataclass
