@@ -12,8 +12,8 @@ cli="$py -m ucx_dask_gpu"
 rc=0
 step() { echo "== $*"; }
 
-$py -c 'import dask_cuda, distributed_ucxx' 2>/dev/null \
-  || { step "installing the carried wheels (.whl/)"; $py -m pip install -q --no-index --no-deps .whl/*.whl || exit 1; }
+# our stack from the carried .whl/ and build/ucx-prefix (fetch_wheels.sh)
+source benchmarks/gpu-host/stack_env.sh || exit 1
 
 step "nvidia-smi topo -m"
 nvidia-smi topo -m | tee "$out/nvidia-smi-topo-m.txt"
