@@ -181,3 +181,21 @@ def test_shared_gpu_cluster_puts_every_worker_on_the_first_gpu():
     for spec in c.worker_spec.values():
         assert spec["options"]["env"] == {"CUDA_VISIBLE_DEVICES": "3"}
         assert spec["options"]["plugins"]
+
+
+def test_profile_summary_of_pyspy_raw_output():
+    from ucx_dask_gpu.bench.transfer_profile import summarise
+
+    loop = "<module> (<string>:1);BaseEventLoop._run_once (asyncio/base_events.py:1922)"
+    raw = "\n".join([
+        f"{loop};Handle._run (asyncio/events.py:80);BlockingMode._fd_reader_callback (ucxx/_lib_async/x.py:177) 60",
+        f"{loop};EpollSelector.select (selectors.py:468) 40",
+        "Thread._bootstrap (threading.py:1002);Thread._bootstrap_inner (threading.py:1045);"
+        "Thread.run (threading.py:982);_worker (concurrent/futures/thread.py:81) 100",
+        "garbage line",
+    ])
+    s = summarise(raw)
+    assert s["samples"] == 200 and s["main_thread_samples"] == 100
+    assert s["threads"] == {"main thread": 100, "thread: _worker (futures/thread.py)": 100}
+    assert s["main_self_pct"][0] == ["BlockingMode._fd_reader_callback (_lib_async/x.py)", 60.0]
+    assert ["BaseEventLoop._run_once (asyncio/base_events.py)", 100.0] in s["main_inclusive_pct"]
