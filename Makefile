@@ -20,10 +20,11 @@ all: prereqs venv ucx ucxx doctor cluster-demo gpu-verify
 doctor: venv ucx
 	$(CLI) doctor --ucx-prefix $(UCX_PREFIX)
 
-# Pair by pair, from our UCX and the pip libucx side by side (scripts/verify_nvlink.sh); skipped, saying so, without GPUs.
+# Pair by pair, from our UCX (scripts/verify_nvlink.sh; `--ucx-prefix pip` adds a libucx wheel's UCX for comparison
+# where one is installed); skipped, saying so, without GPUs.
 gpu-verify: venv ucx
 	@if nvidia-smi -L >/dev/null 2>&1; then \
-	  scripts/verify_nvlink.sh --ucx-prefix $(UCX_PREFIX) --ucx-prefix pip --out build/verify-nvlink; \
+	  scripts/verify_nvlink.sh --ucx-prefix $(UCX_PREFIX) --out build/verify-nvlink; \
 	else echo "gpu-verify: no NVIDIA GPU here, NVLink not verified (run scripts/verify_nvlink.sh on a GPU host)"; fi
 
 prereqs:
@@ -80,10 +81,11 @@ check-reproducible: venv docker-engine
 
 regen: venv
 	$(CLI) stack env-yml
-	$(CLI) stack conda-build-config
+	$(CLI) conda regen
 
-# Local conda channel (README "Conda"): render + lint the recipes against stack.toml, build ucx with its recipe's
-# build.sh under conda-build's contract, pack .conda files, index, install-test; $(CHANNEL) appears only when all passed.
+# Local conda channel (README "Conda"): rattler-build renders and checks every recipe variant against stack.toml, builds
+# ucx and the metapackage from their recipes (stand-in build/host requirements), py-rattler indexes and installs,
+# rattler-build runs the recipes' tests; $(CHANNEL) appears only when all passed.
 .PHONY: channel
 CHANNEL ?= build/channel
 channel: prereqs venv

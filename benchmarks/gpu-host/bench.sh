@@ -17,8 +17,8 @@ out=${2:-${OUT:?usage: bench.sh 128mib|auto|svd|seed003 OUTDIR}}
 mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 py=${PYTHON:-python3}
-# our stack from the carried .whl/ and build/ucx-prefix (fetch_wheels.sh)
-source benchmarks/gpu-host/stack_env.sh || exit 1
+# a venv on our stack from the carried .whl/, build/ucx-prefix and build/ucxx-wheels (fetch_wheels.sh, make ucx ucxx)
+source benchmarks/gpu-host/stack_venv.sh || exit 1
 bench="$py -m ucx_dask_gpu.bench"
 
 case "$what" in

@@ -6,7 +6,8 @@
 # transfer_incoming_log (stop - start, unfloored) AND end-to-end fetch medians, a traced phase breakdown, and
 # (x + x.T).sum() at 20000^2 in 128 MiB chunks on each UCX variant's cluster as a sanity check; all in ONE invocation
 # of `python -m ucx_dask_gpu.bench.transfer`.
-# usage: transfer_session.sh [OUTDIR]   (default $OUT; carry .whl and build/ucx-prefix: fetch_wheels.sh makes them)
+# usage: transfer_session.sh [OUTDIR]   (default $OUT; carry .whl build/ucx-prefix build/ucxx-wheels: fetch_wheels.sh
+#        fills .whl, `make ucx ucxx` builds the other two)
 #   TRANSFER_MODE=cpu: the same variants with numpy blocks and UCX over TCP (rehearsal on a machine without GPU).
 # Writes OUTDIR/transfer.{json,md}, transfer-raw.json.gz, command.txt and session.txt (this script's output).
 set -uo pipefail
@@ -24,10 +25,9 @@ else
   mode=(--gpu 0 --sizes 8,1MiB,128MiB --transpose 20000 --transpose-chunks 4096)
   title="one GPU, two dask-cuda workers sharing it (cuda_ipc)"
 fi
-# shellcheck source=stack_env.sh
-source benchmarks/gpu-host/stack_env.sh || { echo "== not on our stack (see above)"; exit 1; }
-python3 -c 'import dask, dask_cuda, rmm; print("dask", dask.__version__, "dask-cuda", dask_cuda.__version__, "rmm",
-rmm.__version__)'
+# shellcheck source=stack_venv.sh
+source benchmarks/gpu-host/stack_venv.sh || { echo "== could not make the venv on our stack"; exit 1; }
+python3 -m ucx_dask_gpu doctor 2>&1 | grep -E "UCX loaded|UCXX|CUDA|GPUs"
 left=$(( deadline - $(date +%s) ))
 # In the order they matter (--budget stops starting variants in time): dask's defaults and the shipped config over
 # both protocols; the UCXX patch's event-driven waiting (UCXPY_ENABLE_PYTHON_FUTURE=1) on each; receive buffers from

@@ -22,9 +22,11 @@ import os
 import socket
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 from .errors import UCX_NOT_FOUND, UserError
+from .ucxbuild.ucxx import preloaded_prefix
 
 PREFIX_ENV = "UCX_DASK_GPU_UCX_PREFIX"
 DEFAULT_PREFIX = Path("/opt/ucx")
@@ -132,6 +134,9 @@ def choose_prefix(arg: str | None) -> tuple[Path | None, str]:
     env = os.environ.get(PREFIX_ENV)
     if env:
         return Path(env).resolve(), f"${PREFIX_ENV}"
+    preloaded = preloaded_prefix(Path(sysconfig.get_paths()["purelib"]))
+    if preloaded is not None:
+        return preloaded, "this environment's start-up preload (install-ucxx)"
     if (DEFAULT_PREFIX / "lib").is_dir():
         return DEFAULT_PREFIX.resolve(), f"default {DEFAULT_PREFIX}"
     return None, "loader search path (no --ucx-prefix, no $UCX_DASK_GPU_UCX_PREFIX, no /opt/ucx)"

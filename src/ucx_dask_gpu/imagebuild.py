@@ -7,9 +7,10 @@ Order (each step fails with one line and its own exit code, before anything late
 4. the Debian bases, debootstrapped and imported unless already there (baseimage.py);
 5. the context: only those verified files, with mtimes set to stack.toml's source_date_epoch;
 6. `docker build --target ucx` (classic builder, --network none), then the UCX build info is read from that stage:
-   it decides whether UCXX may use our UCX (version >= [image].ucxx_min_system_ucx) and enters the stack id;
-7. the full build, with OCI labels (versions, stack id, UCX build info); the stack id the image computed for
-   itself (/etc/ucx-dask-gpu/stack-id) must equal the label.
+   the UCXX wheels (`ucx-src-build/build.sh ucxx`, verified against their build info) must have been built against
+   a UCX of the same source, patches and configure flags; both enter the stack id;
+7. the full build, with OCI labels (versions, stack id, UCX and UCXX build info); the stack id the image computed
+   for itself (/etc/ucx-dask-gpu/stack-id) must equal the label.
 
 The classic builder (DOCKER_BUILDKIT=0) is used on purpose: it is what Debian's docker.io 20.10 ships, it honours
 `--network none` for every RUN, and the reproducible-image work builds on its layer format.
@@ -31,18 +32,20 @@ from pathlib import Path
 
 from . import baseimage, wheelhouse
 from .dockerutil import LABEL_PREFIX, docker, docker_bin, engine_version, human_size, image_inspect
-from .errors import BUILD_FAILED, UserError
+from .errors import BUILD_FAILED, HASH_MISMATCH, UCX_NOT_FOUND, UserError
 from .fsutil import atomic_write_text, sha256_file
 from .lockfile import load_lock
 from .stack import Stack
+from .ucxbuild.ucxx import UCXX_BUILD_INFO, ucx_identity
 
 BUILD_INFO_IN_PREFIX = "share/ucx-dask-gpu/build-info.json"
 # Base names matter: the stack id hashes files with their base names, the same inside and outside the image.
 BUILD_INFO_NAME = "build-info.json"
 EXTRA_LOCK_NAME = "extra-requirements.txt"
+# Our UCXX wheels, by sha256: installed --no-deps on top of the lock, and hashed into the stack id.
+UCXX_LOCK_NAME = "ucxx-requirements.txt"
 # Packages whose versions are worth a label of their own (all of them are in the lock and the image's SBOM).
-LABELLED_PACKAGES = ("dask", "distributed", "ucxx-cu13", "distributed-ucxx-cu13", "libucx-cu13", "dask-cuda",
-                     "numpy", "cupy-cuda13x")
+LABELLED_PACKAGES = ("dask", "distributed", "dask-cuda", "rmm-cu13", "numpy", "cupy-cuda13x")
 
 
 def say(msg: str) -> None:
@@ -56,13 +59,13 @@ class BuildResult:
     size: int
     stack_id: str
     ucx_version: str
-    ucxx_on_our_ucx: bool
+    ucxx_version: str
     timings: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
         return (f"{self.tag}  id {self.image_id}  size {human_size(self.size)}  stack id {self.stack_id}  "
-                f"UCX {self.ucx_version} ({'UCXX on it' if self.ucxx_on_our_ucx else 'UCXX on the libucx wheel'})")
+                f"UCX {self.ucx_version} + UCXX {self.ucxx_version}, both built from source")
 
 
 # --- inputs ------------------------------------------------------------------------------------------------------
@@ -167,40 +170,73 @@ def stage_ucx_context(st: Stack, ctx: Path, ucx_sources: Path) -> None:
             _link_or_copy(path, ctx / "ucx" / "sources" / path.relative_to(ucx_sources))
 
 
+def read_ucxx_wheels(st: Stack, directory: Path) -> tuple[list[Path], dict]:
+    """The UCXX wheels of `ucx-src-build/build.sh ucxx --out DIR`, each checked against its build info."""
+    try:
+        info = json.loads((directory / UCXX_BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        raise UserError(f"no UCXX wheels in {directory} (no {UCXX_BUILD_INFO}): build them first with `make ucxx` "
+                        f"(ucx-src-build/build.sh ucxx --ucx-prefix <a UCX build> --out {directory})",
+                        UCX_NOT_FOUND) from None
+    if info.get("ucxx_version") != st.ucxx.source.version:
+        raise UserError(f"{directory}: UCXX {info.get('ucxx_version')}, stack.toml pins {st.ucxx.source.version}: "
+                        "rebuild with `make ucxx`", UCX_NOT_FOUND)
+    wheels = []
+    for pkg in info["packages"]:
+        path = directory / pkg["wheel"]
+        got = sha256_file(path) if path.is_file() else "missing"
+        if got != pkg["sha256"]:
+            raise UserError(f"{path}: sha256 {got} is not the {pkg['sha256']} its build info records",
+                            HASH_MISMATCH)
+        wheels.append(path)
+    return wheels, info
+
+
+def check_ucxx_matches_ucx(ucxx_info: dict, ucx_info: dict) -> None:
+    """The wheels must have been built against a UCX of the same source, patches and configure flags."""
+    want, have = ucxx_info.get("ucx", {}), ucx_identity(ucx_info)
+    differ = [k for k in have if want.get(k) != have[k]]
+    if differ:
+        raise UserError(f"the UCXX wheels were built against another UCX than the image's (differing: "
+                        f"{', '.join(differ)}): rebuild them with `make ucxx`", BUILD_FAILED)
+
+
+def _stage_hashed_wheels(ctx: Path, folder: str, wheels: list[Path], lock_name: str | None) -> None:
+    """Wheels into <ctx>/<folder>/ with a --require-hashes requirements file naming them by their path in the build,
+    and (lock_name) the same file in etc/, which the stack id hashes. No wheels: an empty requirements file."""
+    (ctx / folder).mkdir(parents=True, exist_ok=True)
+    for w in wheels:
+        _copy(w, ctx / folder / w.name)
+    text = wheelhouse.hashed_requirements(wheels, f"/build/{folder}") if wheels else ""
+    (ctx / folder / "requirements.txt").write_text(text)
+    if wheels and lock_name:
+        (ctx / "etc").mkdir(parents=True, exist_ok=True)
+        (ctx / "etc" / lock_name).write_text(text)
+
+
 def stage_full_context(st: Stack, ctx: Path, ucx_sources: Path, wheels: Path, own_wheel: Path,
-                       extra_wheels: list[Path]) -> None:
+                       extra_wheels: list[Path], ucxx_dir: Path, ucxx_wheels: list[Path]) -> None:
     stage_ucx_context(st, ctx, ucx_sources)
     for path in sorted(wheels.glob("*.whl")):
         _link_or_copy(path, ctx / "wheelhouse" / path.name)
     _copy(wheels / wheelhouse.LOCK_NAME, ctx / "wheelhouse" / "requirements.txt")
-    (ctx / "extra").mkdir(parents=True, exist_ok=True)
-    if extra_wheels:
-        for w in extra_wheels:
-            _copy(w, ctx / "extra" / w.name)
-        text = wheelhouse.hashed_requirements(extra_wheels, "/build/extra")
-        (ctx / "extra" / "requirements.txt").write_text(text)
-        (ctx / "etc").mkdir(parents=True, exist_ok=True)
-        (ctx / "etc" / EXTRA_LOCK_NAME).write_text(text)
-    else:
-        (ctx / "extra" / "requirements.txt").write_text("")
-    _copy(own_wheel, ctx / "pkg" / own_wheel.name)
-    (ctx / "pkg" / "requirements.txt").write_text(wheelhouse.hashed_requirements([own_wheel], "/build/pkg"))
+    _stage_hashed_wheels(ctx, "ucxx", ucxx_wheels, UCXX_LOCK_NAME)
+    _copy(ucxx_dir / UCXX_BUILD_INFO, ctx / "ucxx" / UCXX_BUILD_INFO)
+    _stage_hashed_wheels(ctx, "extra", extra_wheels, EXTRA_LOCK_NAME)
+    _stage_hashed_wheels(ctx, "pkg", [own_wheel], None)
     _copy(st.path, ctx / "etc" / "stack.toml")
     _copy(st.lock_path(), ctx / "etc" / st.python_lock)
 
 
 # --- docker build ------------------------------------------------------------------------------------------------
 
-def build_args(st: Stack, base: str, builder: str, prefer_system: bool | None = None) -> dict[str, str]:
+def build_args(st: Stack, base: str, builder: str) -> dict[str, str]:
     args = {
         "BASE_IMAGE": base, "BUILDER_IMAGE": builder, "UCX_PREFIX": st.image.ucx_prefix, "VENV": st.image.venv,
         "IMAGE_USER": st.image.user, "IMAGE_UID": str(st.image.uid), "PYTHON_VERSION": st.python_version,
         "CUDA_MAJOR": str(st.cuda_major),
         "SOURCE_DATE_EPOCH": str(st.source_date_epoch),
     }
-    if prefer_system is not None:
-        args["UCXX_PREFER_SYSTEM_UCX"] = "true" if prefer_system else "false"
-        args["UCX_LIBRARY_PATH"] = f"{st.image.ucx_prefix}/lib" if prefer_system else ""
     return args
 
 
@@ -298,14 +334,6 @@ def read_build_info(st: Stack, stage_tag: str, dest: Path) -> dict:
     return info
 
 
-def _version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
-
-
-def ucxx_can_use(st: Stack, ucx_version: str) -> bool:
-    return _version_tuple(ucx_version) >= _version_tuple(st.image.ucxx_min_system_ucx)
-
-
 def git_revision(root: Path) -> str:
     try:
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -315,7 +343,7 @@ def git_revision(root: Path) -> str:
     return rev or "unknown"
 
 
-def image_labels(st: Stack, stack_id: str, info: dict, prefer_system: bool, base: str,
+def image_labels(st: Stack, stack_id: str, info: dict, ucxx_info: dict, base: str,
                  extra_wheels: list[Path]) -> dict[str, str]:
     pins = load_lock(st.lock_path())
     src = info.get("source") or {}
@@ -335,12 +363,16 @@ def image_labels(st: Stack, stack_id: str, info: dict, prefer_system: bool, base
         LABEL_PREFIX + "cuda.major": str(st.cuda_major),
         LABEL_PREFIX + "ucx.version": str(info.get("ucx_version", "unknown")),
         LABEL_PREFIX + "ucx.prefix": st.image.ucx_prefix,
-        LABEL_PREFIX + "ucx.source": str(src.get("archive") or src.get("url") or "unknown"),
-        LABEL_PREFIX + "ucx.sha256": str(src.get("sha256", "unknown")),
-        LABEL_PREFIX + "ucx.fallback": str(bool(src.get("fallback", False))).lower(),
+        LABEL_PREFIX + "ucx.source": f"{src.get('tag', 'unknown')} {src.get('commit', '')}".strip(),
+        LABEL_PREFIX + "ucx.content-tree": str(src.get("content_tree", "unknown")),
+        LABEL_PREFIX + "ucx.patches": " ".join(p["name"] for p in info.get("patches") or []),
         LABEL_PREFIX + "ucx.modules": " ".join(info.get("modules") or []),
         LABEL_PREFIX + "ucx.build-info.sha256": str(info.get("_sha256", "")),
-        LABEL_PREFIX + "ucxx.on-our-ucx": str(prefer_system).lower(),
+        LABEL_PREFIX + "ucxx.version": str(ucxx_info.get("ucxx_version", "unknown")),
+        LABEL_PREFIX + "ucxx.source": " ".join(filter(None, ((ucxx_info.get("sources") or {}).get("UCXX", {})
+                                                           .get(k) for k in ("tag", "commit")))),
+        LABEL_PREFIX + "ucxx.wheels": " ".join(f"{p['wheel']}@sha256:{p['sha256']}"
+                                                for p in ucxx_info.get("packages") or []),
     }
     for name in LABELLED_PACKAGES:
         if name in pins:
@@ -350,9 +382,11 @@ def image_labels(st: Stack, stack_id: str, info: dict, prefer_system: bool, base
     return labels
 
 
-def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: list[Path] | None = None,
-                base_from: str | None = None, normalise: bool = True) -> BuildResult:
+def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
+                extra_wheels: list[Path] | None = None, base_from: str | None = None,
+                normalise: bool = True) -> BuildResult:
     """Build `tag`; `base_from`: derive the bases from this registry image instead of debootstrapping them.
+    `ucxx_dir`: the UCXX wheels (`ucx-src-build/build.sh ucxx --out`).
 
     `normalise`: make the image reproducible and add its SBOM afterwards (reproducible.finish_build): `tag` then
     names the normalised image, whose id depends on the inputs only.
@@ -373,6 +407,8 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
         return value
 
     say(f"Docker engine {step('engine', engine_version)}")
+    ucxx_dir = ucxx_dir.resolve()
+    ucxx_wheels, ucxx_info = read_ucxx_wheels(st, ucxx_dir)
     ucx_sources = step("ucx_sources", fetch_ucx_sources, st, cache / "ucx-sources")
     if base_from:
         builder = step("base_builder", baseimage.base_from_image, st, "builder", base_from)
@@ -400,7 +436,7 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
         else:
             base = step("base_runtime", baseimage.ensure_base, st, "runtime", cache)
         shutil.rmtree(full_ctx, ignore_errors=True)
-        stage_full_context(st, full_ctx, ucx_sources, wheels, own, extra_wheels)
+        stage_full_context(st, full_ctx, ucx_sources, wheels, own, extra_wheels, ucxx_dir, ucxx_wheels)
         _set_mtimes(full_ctx, st.source_date_epoch)
         say("waiting for the ucx stage")
         ucx_build.wait()
@@ -413,15 +449,14 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
     info_path = work / BUILD_INFO_NAME
     info = read_build_info(st, stage_tag, info_path)
     info["_sha256"] = sha256_file(info_path)
-    extra_lock = [full_ctx / "etc" / EXTRA_LOCK_NAME] if extra_wheels else []
+    check_ucxx_matches_ucx(ucxx_info, info)
+    extra_lock = [full_ctx / "etc" / UCXX_LOCK_NAME] + ([full_ctx / "etc" / EXTRA_LOCK_NAME] if extra_wheels else [])
     stack_id = st.stack_id(build_info=info_path, extra_locks=tuple(extra_lock))
     ucx_version = str(info.get("ucx_version", "0"))
-    prefer = ucxx_can_use(st, ucx_version)
-    say(f"UCX {ucx_version}: " + (f"UCXX will use it (>= {st.image.ucxx_min_system_ucx})" if prefer else
-                                  f"older than {st.image.ucxx_min_system_ucx}, UCXX keeps the libucx wheel's UCX"))
-    labels = image_labels(st, stack_id, info, prefer, base, extra_wheels)
+    say(f"UCX {ucx_version} + UCXX {ucxx_info['ucxx_version']} wheels built against the same UCX source and flags")
+    labels = image_labels(st, stack_id, info, ucxx_info, base, extra_wheels)
     say(f"building {tag} (stack id {stack_id}) with --network none")
-    step("docker_build", docker_build, full_ctx, tag, build_args(st, base, builder, prefer), labels,
+    step("docker_build", docker_build, full_ctx, tag, build_args(st, base, builder), labels,
          work / "logs" / "docker-build.log")
 
     inside = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", tag, "/etc/ucx-dask-gpu/stack-id"],
@@ -439,7 +474,8 @@ def build_image(st: Stack, cache: Path, tag: str | None = None, extra_wheels: li
     timings["total"] = round(time.monotonic() - t_start, 1)
     meta = image_inspect(tag) or {}
     result = BuildResult(tag=tag, image_id=meta.get("Id", "?"), size=int(meta.get("Size", 0)), stack_id=stack_id,
-                         ucx_version=ucx_version, ucxx_on_our_ucx=prefer, timings=timings, labels=labels)
+                         ucx_version=ucx_version, ucxx_version=str(ucxx_info["ucxx_version"]), timings=timings,
+                         labels=labels)
     record = {**result.__dict__, "created_by": "ucx-dask-gpu image build"}
     atomic_write_text(work / "last-build.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
     return result

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 CACHE_ENV = "UCX_DASK_GPU_BUILD_CACHE"
+UCXX_WHEELS_ENV = "UCXX_WHEELS"
 
 
 def default_cache() -> Path:
@@ -17,6 +18,16 @@ def default_cache() -> Path:
     from .dockerutil import repo_root
 
     return repo_root() / "build" / "cache"
+
+
+def default_ucxx_wheels() -> Path:
+    """$UCXX_WHEELS (the Makefile's), else <checkout>/build/ucxx-wheels: where `make ucxx` puts the UCXX wheels."""
+    env = os.environ.get(UCXX_WHEELS_ENV)
+    if env:
+        return Path(env)
+    from .dockerutil import repo_root
+
+    return repo_root() / "build" / "ucxx-wheels"
 
 
 def _stack(args):
@@ -66,7 +77,8 @@ def _cmd_build(args) -> int:
     from .imagebuild import build_image
 
     st = _stack(args)
-    result = build_image(st, _cache(args), tag=args.tag, extra_wheels=[Path(w) for w in args.extra_wheel],
+    ucxx = Path(args.ucxx_wheels) if args.ucxx_wheels else default_ucxx_wheels()
+    result = build_image(st, _cache(args), ucxx, tag=args.tag, extra_wheels=[Path(w) for w in args.extra_wheel],
                          base_from=args.base_from, normalise=not args.no_normalise)
     if args.json:
         print(json.dumps(result.__dict__, indent=2, sort_keys=True))
@@ -75,7 +87,7 @@ def _cmd_build(args) -> int:
         print(f"id       {result.image_id}")
         print(f"size     {result.size} bytes ({result.size / 1e9:.2f} GB)")
         print(f"stack id {result.stack_id}")
-        print(f"UCX      {result.ucx_version} ({'UCXX uses it' if result.ucxx_on_our_ucx else 'UCXX uses the libucx wheel'})")
+        print(f"UCX      {result.ucx_version}, UCXX {result.ucxx_version} (both built from source)")
         print("timings  " + ", ".join(f"{k} {v:.0f} s" for k, v in result.timings.items()))
     return 0
 
@@ -183,6 +195,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     bd.add_argument("--base-from", metavar="IMAGE",
                     help="derive both bases from this registry image with apt (e.g. "
                          "debian:bookworm-slim@sha256:...) instead of debootstrap")
+    bd.add_argument("--ucxx-wheels", metavar="DIR",
+                    help="the UCXX wheels to install (`make ucxx`; default: $UCXX_WHEELS or build/ucxx-wheels)")
     bd.add_argument("--json", action="store_true", help="print the result as JSON")
     bd.add_argument("--no-normalise", action="store_true",
                     help="keep docker build's own image: not reproducible, no SBOM (see `ucx-dask-gpu repro`)")

@@ -146,6 +146,7 @@ class Overlay:
     def watch(name: str) -> bool:
         return (name in ("var/lib/dpkg/status", "usr/lib/os-release", "etc/ucx-dask-gpu/stack-id")
                 or name.endswith("/share/ucx-dask-gpu/build-info.json")
+                or name.endswith("/share/ucx-dask-gpu/ucxx-build-info.json")
                 or (name.endswith(".dist-info/METADATA") and name.count("/") >= 1))
 
     def whiteout(self, name: str) -> None:
@@ -575,10 +576,12 @@ def _previous(out_dir: Path) -> dict | None:
 
 
 def build_wheels(st, cache: Path) -> dict[str, tuple[str, str]]:
-    """The wheels an image build installs from: the verified wheelhouse of the lock and our own wheel."""
+    """The wheels an image build installs from: the verified wheelhouse of the lock, our UCXX wheels and our own
+    wheel."""
+    from .imagecmd import default_ucxx_wheels
     from .wheelhouse import wheelhouse_dir
 
-    dirs = [d for d in (wheelhouse_dir(cache, st.lock_path()), cache / "pkg") if d.is_dir()]
+    dirs = [d for d in (wheelhouse_dir(cache, st.lock_path()), default_ucxx_wheels(), cache / "pkg") if d.is_dir()]
     return wheels_from(dirs)
 
 
@@ -614,11 +617,12 @@ def clean_build(st, cache: Path, tag: str) -> tuple[ImageResult, float]:
     import time
 
     from .imagebuild import build_image
+    from .imagecmd import default_ucxx_wheels
 
     t0 = time.monotonic()
     clean_bases(st)
     say(f"clean build of {tag}: bases bootstrapped again, no Docker build cache")
-    build_image(st, cache, tag=tag)
+    build_image(st, cache, default_ucxx_wheels(), tag=tag)
     result = finish_build(st, tag, cache)
     return result, round(time.monotonic() - t0, 1)
 

@@ -5,9 +5,11 @@ Components:
   ?arch=ARCH&distro=debian-N; source package as a property) and the operating system itself;
 - every Python distribution installed outside Debian's own python3 directories (purl pkg:pypi/NAME@VERSION) with
   the sha256 of the exact wheel it was installed from when known, else every hash the lock allows for the pin;
-- UCX, from the prefix's share/ucx-dask-gpu/build-info.json: version, source archive sha256 and URL, the configure
-  line, modules and patches; the CUDA wheels/debs the build compiled against are listed with scope "excluded"
-  (used to build, not shipped).
+- UCX, from the prefix's share/ucx-dask-gpu/build-info.json: version, source tag, commit and content tree, the
+  configure line, modules and patches; the CUDA wheels/debs the build compiled against are listed with scope
+  "excluded" (used to build, not shipped);
+- UCXX, from the venv's share/ucx-dask-gpu/ucxx-build-info.json: its wheels are built from source (tag, commit,
+  content tree, CMake options, the UCX they were built against) and are the PyPI-named components not in the lock.
 
 Deterministic: metadata.timestamp is SOURCE_DATE_EPOCH, and serialNumber is a UUID derived from the document's
 own content (the same inputs give the same bytes; different inputs a different serial).
@@ -119,8 +121,8 @@ def _iso(epoch: int) -> datetime:
 def build_sbom(*, name: str, version: str, epoch: int, dpkg_status: str | None = None, os_release: str | None = None,
                dists: dict[str, dict] | None = None, pins: dict[str, Pin] | None = None,
                wheels: dict[str, tuple[str, str]] | None = None, build_info: dict | None = None,
-               build_info_sha256: str | None = None, properties: dict[str, str] | None = None,
-               tools: dict[str, str] | None = None) -> bytes:
+               build_info_sha256: str | None = None, ucxx_info: dict | None = None,
+               properties: dict[str, str] | None = None, tools: dict[str, str] | None = None) -> bytes:
     """The SBOM as bytes (JSON + newline). See the module docstring for what goes in."""
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.bom import Bom, BomMetaData
@@ -151,17 +153,28 @@ def build_sbom(*, name: str, version: str, epoch: int, dpkg_status: str | None =
                                                                                  "deb:arch": arch})))
     pins = pins or {}
     wheels = wheels or {}
+    built = {canonical(p["name"]): p for p in (ucxx_info or {}).get("packages", [])}
+    ucxx_src = ((ucxx_info or {}).get("sources") or {}).get("UCXX") or {}
     for cname, d in sorted((dists or {}).items()):
         purl = PackageURL(type="pypi", name=cname, version=d["version"])
         pin = pins.get(cname)
-        if cname in wheels:
+        if cname in built and built[cname]["version"] == d["version"]:
+            hashes, wheel = [built[cname]["sha256"]], built[cname]["wheel"]
+        elif cname in wheels:
             hashes, wheel = [wheels[cname][1]], wheels[cname][0]
         else:
             hashes, wheel = (pin.hashes if pin and pin.version == d["version"] else []), None
+        extra = {}
+        if cname in built:
+            extra = {"python:built-from-source": f"{ucxx_src.get('tag')} {ucxx_src.get('commit')}",
+                     "python:source-content-tree": ucxx_src.get("content_tree"),
+                     "python:cmake-args": " ".join([*(ucxx_info or {}).get("cmake_args", []),
+                                                    *built[cname].get("cmake_args", [])]),
+                     "python:built-against-ucx": ((ucxx_info or {}).get("ucx") or {}).get("version")}
         components.append(Component(type=ComponentType.LIBRARY, name=d["name"], version=d["version"], purl=purl,
                                     bom_ref=purl.to_string(), hashes=sha(hashes),
                                     properties=props({"python:wheel": wheel, "python:location": "/" + d["path"],
-                                                      "python:in-lock": "true" if pin else "false"})))
+                                                      "python:in-lock": "true" if pin else "false", **extra})))
     if build_info:
         components += _ucx_components(build_info, build_info_sha256, Component, ComponentType, ComponentScope,
                                       PackageURL, props, sha)
@@ -191,6 +204,8 @@ def _ucx_components(info, info_sha, Component, ComponentType, ComponentScope, Pa
         quals["download_url"] = src["url"]
     if src.get("sha256"):
         quals["checksum"] = f"sha256:{src['sha256']}"
+    if src.get("tag"):
+        quals["vcs_url"] = f"git+https://github.com/openucx/ucx@{src['tag']}"
     purl = PackageURL(type="generic", name="ucx", version=info.get("ucx_version"), qualifiers=quals)
     caps = info.get("capabilities") or {}
     ucx = Component(type=ComponentType.LIBRARY, name="ucx", version=info.get("ucx_version"), purl=purl,
@@ -199,9 +214,9 @@ def _ucx_components(info, info_sha, Component, ComponentType, ComponentScope, Pa
                     properties=props({
                         "ucx:source-archive": src.get("archive"),
                         "ucx:source-url": src.get("url"),
-                        "ucx:source-layout": src.get("layout"),
-                        "ucx:fallback": str(bool(src.get("fallback"))).lower(),
-                        "ucx:fallback-reason": src.get("fallback_reason"),
+                        "ucx:source-tag": src.get("tag"),
+                        "ucx:source-commit": src.get("commit"),
+                        "ucx:source-content-tree": src.get("content_tree"),
                         "ucx:configure": conf.get("command"),
                         "ucx:modules": " ".join(info.get("modules") or []),
                         "ucx:patches": " ".join(p if isinstance(p, str) else p.get("name", str(p))
@@ -237,6 +252,11 @@ def sbom_from_overlay(st, files: dict[str, bytes], labels: dict[str, str],
         except ValueError:
             raise UserError(f"/{info_paths[0]} in the image is not JSON", SBOM_MISMATCH) from None
         info_sha = hashlib.sha256(raw).hexdigest()
+    ucxx_paths = sorted(p for p in files if p.endswith("/share/ucx-dask-gpu/ucxx-build-info.json"))
+    try:
+        ucxx_info = json.loads(files[ucxx_paths[0]]) if ucxx_paths else None
+    except ValueError:
+        raise UserError(f"/{ucxx_paths[0]} in the image is not JSON", SBOM_MISMATCH) from None
     keep = {"revision": "org.opencontainers.image.revision", "source": "org.opencontainers.image.source",
             "stack-id": "io.ucx-dask-gpu.stack-id"}
     return build_sbom(
@@ -244,7 +264,7 @@ def sbom_from_overlay(st, files: dict[str, bytes], labels: dict[str, str],
         dpkg_status=files.get("var/lib/dpkg/status", b"").decode("utf-8", "replace"),
         os_release=files.get("usr/lib/os-release", b"").decode("utf-8", "replace"),
         dists=dists_from_files(files), pins=load_lock(st.lock_path()), wheels=wheels, build_info=info,
-        build_info_sha256=info_sha, tools={gen: gen_version, st.name: st.version},
+        build_info_sha256=info_sha, ucxx_info=ucxx_info, tools={gen: gen_version, st.name: st.version},
         properties={short: labels[long] for short, long in keep.items() if labels.get(long)})
 
 
@@ -266,8 +286,10 @@ def _purl_parts(purl: str):
 
 
 def check_sbom(doc: dict, *, pins: dict[str, Pin] | None = None, dpkg_status: str | None = None,
-               build_info: dict | None = None, extra_dists: set[str] = frozenset()) -> list[str]:
-    """Problems where the SBOM disagrees with the lock, the dpkg status or the UCX build info (empty: agrees)."""
+               build_info: dict | None = None, ucxx_info: dict | None = None,
+               extra_dists: set[str] = frozenset()) -> list[str]:
+    """Problems where the SBOM disagrees with the lock, the dpkg status, the UCX build info or the UCXX build info
+    (empty: agrees). Our UCXX wheels are the PyPI components the lock may lack, each with its built wheel's sha256."""
     problems: list[str] = []
     pypi: dict[str, tuple[str, set[str]]] = {}
     debs: dict[tuple[str, str], str] = {}
@@ -294,7 +316,14 @@ def check_sbom(doc: dict, *, pins: dict[str, Pin] | None = None, dpkg_status: st
                 problems.append(f"{name}: no sha256 in the SBOM")
             elif not hashes <= set(pin.hashes):
                 problems.append(f"{name}: SBOM hash {sorted(hashes - set(pin.hashes))[0]} is not one the lock allows")
-        for name in sorted(set(pypi) - set(pins) - set(extra_dists)):
+        built = {canonical(p["name"]): p for p in (ucxx_info or {}).get("packages", [])}
+        for name, p in sorted(built.items()):
+            if name not in pypi:
+                problems.append(f"{name}=={p['version']} (built from source) is not in the SBOM")
+            elif pypi[name] != (p["version"], {p["sha256"]}):
+                problems.append(f"{name}: SBOM has {pypi[name][0]} {sorted(pypi[name][1])}, the UCXX build made "
+                                f"{p['version']} sha256 {p['sha256']}")
+        for name in sorted(set(pypi) - set(pins) - set(extra_dists) - set(built)):
             problems.append(f"{name}=={pypi[name][0]} is in the SBOM but not in the lock")
     if dpkg_status is not None:
         want = {k: v["Version"] for k, v in installed_debs(dpkg_status).items()}
@@ -349,18 +378,21 @@ def _cmd_check(args) -> int:
         text = _read(args.sbom, "SBOM") if args.sbom else _from_image(args.image, "/" + SBOM_IN_IMAGE)
         status = _from_image(args.image, "/var/lib/dpkg/status")
         info_text = _from_image(args.image, f"{st.image.ucx_prefix}/share/ucx-dask-gpu/build-info.json")
+        ucxx_text = _from_image(args.image, f"{st.image.venv}/share/ucx-dask-gpu/ucxx-build-info.json")
     else:
         if not args.sbom:
             raise UserError("sbom check: give an SBOM file, --image IMAGE, or both", USAGE)
         text = _read(args.sbom, "SBOM")
         status = _read(args.dpkg_status, "dpkg status")
         info_text = _read(args.build_info, "build info")
+        ucxx_text = _read(args.ucxx_build_info, "UCXX build info")
     err = validate(text)
     if err:
         raise UserError(f"SBOM is not valid CycloneDX 1.6: {err}", SBOM_INVALID)
     doc = json.loads(text)
     problems = check_sbom(doc, pins=load_lock(st.lock_path()), dpkg_status=status,
                           build_info=json.loads(info_text) if info_text else None,
+                          ucxx_info=json.loads(ucxx_text) if ucxx_text else None,
                           extra_dists={canonical(n) for n in args.allow_extra} | {canonical(st.name)})
     for p in problems:
         print(p)
@@ -409,6 +441,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--image", help="read the SBOM, dpkg status and UCX build info from this image")
     c.add_argument("--dpkg-status", help="dpkg status file to compare with (without --image)")
     c.add_argument("--build-info", help="UCX build-info.json to compare with (without --image)")
+    c.add_argument("--ucxx-build-info", help="UCXX ucxx-build-info.json to compare with (without --image)")
     c.add_argument("--allow-extra", action="append", default=[], metavar="NAME",
                    help="a Python distribution that may be installed without being in the lock (repeatable)")
     c.set_defaults(func=_cmd_check)

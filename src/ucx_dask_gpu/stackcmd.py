@@ -143,12 +143,6 @@ def _cmd_env_yml(args) -> int:
     return _regen(args, Path("environment.yml"), render_environment_yml)
 
 
-def _cmd_conda_build_config(args) -> int:
-    from .conda.settings import CBC_PATH, render_conda_build_config
-
-    return _regen(args, Path(CBC_PATH), render_conda_build_config)
-
-
 def _cmd_lock(args) -> int:
     st = stackmod.load(args.file)
     if args.check:
@@ -181,9 +175,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     e = s.add_parser("env-yml", help="generate environment.yml")
     e.add_argument("--check", action="store_true", help="fail if environment.yml is out of date")
     e.set_defaults(func=_cmd_env_yml)
-    c = s.add_parser("conda-build-config", help="generate recipes/conda_build_config.yaml (conda variants)")
-    c.add_argument("--check", action="store_true", help="fail if it is out of date")
-    c.set_defaults(func=_cmd_conda_build_config)
     lk = s.add_parser("lock", help="resolve the hash-pinned Python locks (runtime, UCXX build) with uv")
     lk.add_argument("--check", action="store_true", help="fail if a lock no longer satisfies stack.toml")
     lk.set_defaults(func=_cmd_lock)

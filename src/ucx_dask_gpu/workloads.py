@@ -187,6 +187,21 @@ def on_cluster(what: str, future, timeout: float | None = None):
         raise UserError(f"{what} failed on the cluster: {type(e).__name__}: {e}", WORKLOAD_FAILED) from None
 
 
+def ucx_loaded() -> dict:
+    """Which UCX this process runs on: the libucp.so it has mapped and the version UCXX reports (None when no UCX)."""
+    with open("/proc/self/maps") as maps:
+        path = next((line.split()[-1] for line in maps if "/libucp.so" in line), None)
+    ucxx = sys.modules.get("ucxx")
+    version = ".".join(map(str, ucxx.get_ucx_version())) if ucxx is not None else None
+    return {"libucp": path, "ucx_version": version}
+
+
+def ucx_in_roles(client) -> dict:
+    """ucx_loaded() of the client, the scheduler and every worker."""
+    return {"client": ucx_loaded(), "scheduler": client.run_on_scheduler(ucx_loaded),
+            "workers": client.run(ucx_loaded)}
+
+
 def run_transpose(client, size: int = 4000, chunk: int = 1000, seed: int = 0, backend: str = "numpy",
                   retries: int = 2) -> dict:
     import dask.array as da
@@ -219,6 +234,7 @@ def run_transpose(client, size: int = 4000, chunk: int = 1000, seed: int = 0, ba
         "value": value, "expected": expected, "rel_error": rel, "ok": rel <= RTOL and block_type == backend,
         "wall_s": round(wall, 4),
         "versions_identical": versions["identical"], "version_differences": versions["differences"],
+        "ucx": ucx_in_roles(client) if _scheme(client.scheduler.address) == "ucx" else None,
     }
 
 

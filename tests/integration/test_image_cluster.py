@@ -79,18 +79,17 @@ def test_image_labels_and_stack_id(image, st):
     assert json.loads(out.stdout)["stack_id"] == image["stack_id"]
 
 
-def test_doctor_in_the_image_says_which_ucx_ucxx_uses(image):
+def test_doctor_in_the_image_says_ucxx_runs_on_our_ucx(image, st):
     out = subprocess.run([docker_bin(), "run", "--rm", "--network", "none", image["tag"], "ucx-dask-gpu", "doctor",
                           "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    text = json.dumps(report)
-    if image["ucxx_on_our_ucx"]:
-        assert "/opt/ucx" in json.dumps(report.get("ucxx"))
-    else:
-        # UCX from the reachable source is too old for UCXX: it stays on the libucx wheel, and doctor says so.
-        assert "libucx" in json.dumps(report.get("ucxx")), text[:2000]
-    assert image["stack_id"] in text
+    x = report["ucxx"]
+    assert x["runs_on"] == "ours" and x["loaded"].startswith(f"{st.image.ucx_prefix}/lib/libucp.so")
+    assert x["provenance"]["from_source"] and x["libucx_wheel_version"] is None
+    assert x["statement"].startswith(f"UCXX {x['ucxx_version']} (built from source) on our UCX {st.ucx.version}")
+    assert image["ucx_version"] == st.ucx.version and image["ucxx_version"] == st.ucxx.source.version
+    assert image["stack_id"] in json.dumps(report)
 
 
 def test_unknown_role_is_one_line_and_nonzero(image):
@@ -137,6 +136,16 @@ def test_transpose_over_ucx_gives_the_numpy_answer(ucx_cluster):
     r = ucx_cluster.workload("transpose", "--size", "4000", "--chunk", "1000")
     assert r["protocol"] == "ucx" and r["workers_start"] == 2 and r["blocks"] == 16
     assert r["ok"] and abs(r["value"] - r["expected"]) <= 1e-9 * abs(r["expected"])
+
+
+def test_every_role_runs_on_the_ucx_built_in_the_image(ucx_cluster, st):
+    """Client, scheduler and both workers: libucp mapped from the image's UCX prefix, at stack.toml's version."""
+    r = ucx_cluster.workload("transpose", "--size", "1000", "--chunk", "500")
+    roles = [r["ucx"]["client"], r["ucx"]["scheduler"], *r["ucx"]["workers"].values()]
+    assert len(roles) == 4
+    for role in roles:
+        assert role["libucp"].startswith(f"{st.image.ucx_prefix}/lib/libucp.so"), role
+        assert role["ucx_version"] == st.ucx.version, role
 
 
 VERSIONS_CLIENT = """

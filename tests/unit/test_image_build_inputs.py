@@ -1,6 +1,8 @@
 """Image build inputs without Docker: build args match the Dockerfile, the UCX stage gets only what the UCX build
-imports, the staged context has the layout the Dockerfile copies, labels and the UCXX decision follow the build info,
-and base root filesystems are tarred deterministically."""
+imports, the staged context has the layout the Dockerfile copies, the UCXX wheels are checked against their build
+info and against the image's UCX, labels follow the build info, and base root filesystems are tarred
+deterministically."""
+import json
 import re
 import subprocess
 import sys
@@ -9,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from ucx_dask_gpu import baseimage, imagebuild, stack, wheelhouse
-from ucx_dask_gpu.errors import USAGE, UserError
+from ucx_dask_gpu.errors import BUILD_FAILED, HASH_MISMATCH, UCX_NOT_FOUND, USAGE, UserError
+from ucx_dask_gpu.fsutil import sha256_file
+from ucx_dask_gpu.ucxbuild.ucxx import UCXX_BUILD_INFO, ucx_identity
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -25,13 +29,18 @@ def dockerfile_args() -> set[str]:
 
 
 def test_every_dockerfile_arg_comes_from_stack_toml(st):
-    provided = set(imagebuild.build_args(st, "base:x", "builder:x", prefer_system=False))
+    provided = set(imagebuild.build_args(st, "base:x", "builder:x"))
     assert provided == dockerfile_args()
     # The values are stack.toml's, not literals in the Dockerfile.
-    args = imagebuild.build_args(st, "b", "bb", prefer_system=True)
+    args = imagebuild.build_args(st, "b", "bb")
     assert args["UCX_PREFIX"] == st.image.ucx_prefix and args["VENV"] == st.image.venv
     assert args["IMAGE_UID"] == str(st.image.uid) and args["SOURCE_DATE_EPOCH"] == str(st.source_date_epoch)
-    assert args["UCX_LIBRARY_PATH"] == f"{st.image.ucx_prefix}/lib"
+
+
+def test_ucxx_finds_our_ucx_through_the_loader_cache_not_an_environment_variable():
+    text = DOCKERFILE.read_text()
+    assert 'echo "${UCX_PREFIX}/lib" > /etc/ld.so.conf.d/' in text
+    assert "LD_LIBRARY_PATH" not in text and "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY" not in text
 
 
 def test_dockerfile_writes_no_versions_or_paths():
@@ -40,10 +49,59 @@ def test_dockerfile_writes_no_versions_or_paths():
     assert "/opt/" not in text and "bookworm" not in text and "10001" not in text
 
 
-@pytest.mark.parametrize("version, expected", [("1.13.1", False), ("1.18.9", False), ("1.19.0", True),
-                                               ("1.20.0", True), ("2.0", True)])
-def test_ucxx_uses_our_ucx_only_from_the_minimum_version(st, version, expected):
-    assert imagebuild.ucxx_can_use(st, version) is expected
+def ucxx_dir(tmp_path: Path, st, make_wheel) -> Path:
+    """An output directory of `build.sh ucxx`: three wheels and their build info, built against `UCX_INFO`."""
+    d = tmp_path / "ucxx-wheels"
+    d.mkdir()
+    packages = []
+    for pkg in st.ucxx.packages:
+        w = make_wheel(d, f"{pkg.name}-cu13", "0.51.1")
+        packages.append({"package": pkg.name, "name": f"{pkg.name}-cu13", "version": "0.51.1", "wheel": w.name,
+                         "sha256": sha256_file(w), "requires": [], "cmake_args": list(pkg.cmake_args),
+                         "shared_libraries": {}})
+    info = {"ucxx_version": st.ucxx.source.version, "packages": packages, "ucx": ucx_identity(UCX_INFO),
+            "sources": {"UCXX": {"tag": st.ucxx.source.tag, "commit": st.ucxx.source.commit}}}
+    (d / UCXX_BUILD_INFO).write_text(json.dumps(info))
+    return d
+
+
+UCX_INFO = {"ucx_version": "1.20.1", "source": {"content_tree": "c1" * 20, "tag": "v1.20.1", "commit": "d8" * 20},
+            "patches": [{"name": "1.20.1/0001-x.patch", "sha256": "ab" * 32}],
+            "configure": {"stack_flags": ["--enable-mt"], "command": "contrib/configure-release --prefix=/opt/ucx"},
+            "modules": ["libuct_ib.so", "libuct_cuda.so"], "_sha256": "ab" * 32}
+
+
+def _make_wheel():
+    sys.path.insert(0, str(ROOT / "tests"))
+    from image_helpers import make_wheel
+    return make_wheel
+
+
+def test_ucxx_wheels_are_read_with_their_hashes(tmp_path, st):
+    d = ucxx_dir(tmp_path, st, _make_wheel())
+    wheels, info = imagebuild.read_ucxx_wheels(st, d)
+    assert [w.name for w in wheels] == [p["wheel"] for p in info["packages"]]
+    wheels[1].write_bytes(wheels[1].read_bytes() + b"x")
+    with pytest.raises(UserError) as e:
+        imagebuild.read_ucxx_wheels(st, d)
+    assert e.value.exit_code == HASH_MISMATCH and wheels[1].name in str(e.value)
+
+
+def test_no_ucxx_wheels_says_how_to_build_them(tmp_path, st):
+    with pytest.raises(UserError) as e:
+        imagebuild.read_ucxx_wheels(st, tmp_path / "nothing")
+    assert e.value.exit_code == UCX_NOT_FOUND and "make ucxx" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_ucxx_wheels_must_match_the_images_ucx(tmp_path, st):
+    _, info = imagebuild.read_ucxx_wheels(st, ucxx_dir(tmp_path, st, _make_wheel()))
+    other_prefix = {**UCX_INFO, "configure": {**UCX_INFO["configure"], "command": "configure --prefix=/elsewhere"}}
+    imagebuild.check_ucxx_matches_ucx(info, other_prefix)  # the prefix does not matter, the identity does
+    for change in ({"patches": []}, {"ucx_version": "1.21.0"},
+                   {"configure": {"stack_flags": ["--enable-mt", "--enable-debug"]}}):
+        with pytest.raises(UserError) as e:
+            imagebuild.check_ucxx_matches_ucx(info, {**UCX_INFO, **change})
+        assert e.value.exit_code == BUILD_FAILED and "make ucxx" in str(e.value)
 
 
 def test_ucx_stage_gets_the_import_closure_of_the_ucx_build_only():
@@ -75,8 +133,9 @@ def test_ucx_build_runs_from_the_staged_tree_alone(tmp_path, st):
 
 
 def test_full_context_layout(tmp_path, st):
-    sys.path.insert(0, str(ROOT / "tests"))
-    from image_helpers import make_wheel
+    make_wheel = _make_wheel()
+    ucxx = ucxx_dir(tmp_path, st, make_wheel)
+    ucxx_wheels, _ = imagebuild.read_ucxx_wheels(st, ucxx)
 
     sources = tmp_path / "sources"
     sources.mkdir()
@@ -90,8 +149,13 @@ def test_full_context_layout(tmp_path, st):
     extra_dir.mkdir()
     extra = make_wheel(extra_dir, "marker", "1")
     ctx = tmp_path / "ctx"
-    imagebuild.stage_full_context(st, ctx, sources, wheels, own, [extra])
+    imagebuild.stage_full_context(st, ctx, sources, wheels, own, [extra], ucxx, ucxx_wheels)
     assert (ctx / "ucx" / "sources" / "ucx.tar.xz").is_file()
+    assert sorted(p.name for p in (ctx / "ucxx").glob("*.whl")) == sorted(w.name for w in ucxx_wheels)
+    reqs = (ctx / "ucxx" / "requirements.txt").read_text().splitlines()
+    assert reqs == [f"/build/ucxx/{w.name} --hash=sha256:{sha256_file(w)}" for w in sorted(ucxx_wheels)]
+    assert (ctx / "etc" / imagebuild.UCXX_LOCK_NAME).read_text() == (ctx / "ucxx" / "requirements.txt").read_text()
+    assert (ctx / "ucxx" / UCXX_BUILD_INFO).read_bytes() == (ucxx / UCXX_BUILD_INFO).read_bytes()
     assert (ctx / "wheelhouse" / "requirements.txt").read_text() == "alpha==1.0\n"
     assert (ctx / "pkg" / "requirements.txt").read_text().startswith(f"/build/pkg/{own.name} --hash=sha256:")
     assert (ctx / "etc" / "stack.toml").read_bytes() == st.path.read_bytes()
@@ -99,7 +163,7 @@ def test_full_context_layout(tmp_path, st):
     assert (ctx / "etc" / imagebuild.EXTRA_LOCK_NAME).read_text() == (ctx / "extra" / "requirements.txt").read_text()
     # Without extra wheels: an empty extra requirements file and no extra lock in /etc (the stack id is unchanged).
     ctx2 = tmp_path / "ctx2"
-    imagebuild.stage_full_context(st, ctx2, sources, wheels, own, [])
+    imagebuild.stage_full_context(st, ctx2, sources, wheels, own, [], ucxx, ucxx_wheels)
     assert (ctx2 / "extra" / "requirements.txt").read_text() == ""
     assert not (ctx2 / "etc" / imagebuild.EXTRA_LOCK_NAME).exists()
 
@@ -120,14 +184,16 @@ def test_stack_id_covers_build_info_and_extra_locks_by_content_and_name(tmp_path
     assert st.stack_id(build_info=info, extra_locks=(extra,)) != base
 
 
-def test_labels_carry_stack_id_ucx_and_versions(st):
-    info = {"ucx_version": "1.13.1", "modules": ["libuct_ib.so", "libuct_cuda.so"], "_sha256": "ab" * 32,
-            "source": {"archive": "ucx_1.13.1.orig.tar.xz", "sha256": "cd" * 32, "fallback": True}}
-    labels = imagebuild.image_labels(st, "0123456789abcdef", info, False, "base:1", [])
+def test_labels_carry_stack_id_ucx_ucxx_and_versions(tmp_path, st):
+    _, ucxx_info = imagebuild.read_ucxx_wheels(st, ucxx_dir(tmp_path, st, _make_wheel()))
+    labels = imagebuild.image_labels(st, "0123456789abcdef", UCX_INFO, ucxx_info, "base:1", [])
     assert labels["io.ucx-dask-gpu.stack-id"] == "0123456789abcdef"
-    assert labels["io.ucx-dask-gpu.ucx.version"] == "1.13.1"
-    assert labels["io.ucx-dask-gpu.ucx.fallback"] == "true"
-    assert labels["io.ucx-dask-gpu.ucxx.on-our-ucx"] == "false"
+    assert labels["io.ucx-dask-gpu.ucx.version"] == "1.20.1"
+    assert labels["io.ucx-dask-gpu.ucx.source"] == f"v1.20.1 {'d8' * 20}"
+    assert labels["io.ucx-dask-gpu.ucx.patches"] == "1.20.1/0001-x.patch"
+    assert labels["io.ucx-dask-gpu.ucxx.version"] == st.ucxx.source.version
+    assert labels["io.ucx-dask-gpu.ucxx.source"] == f"{st.ucxx.source.tag} {st.ucxx.source.commit}"
+    assert labels["io.ucx-dask-gpu.ucxx.wheels"].count("@sha256:") == 3
     assert labels["org.opencontainers.image.version"] == st.version
     assert labels["org.opencontainers.image.created"] == "2025-11-30T00:00:00Z" or labels[
         "org.opencontainers.image.created"].endswith("Z")

@@ -52,13 +52,13 @@ Version: 3.11.2-6+deb12u8
 OS_RELEASE = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\nID=debian\n'
 
 BUILD_INFO = {
-    "ucx_version": "1.13.1",
-    "source": {"version": "1.13.1", "archive": "ucx_1.13.1.orig.tar.xz", "sha256": "1a" * 32,
-               "url": "http://deb.debian.org/debian/pool/main/u/ucx/ucx_1.13.1.orig.tar.xz", "layout": "debian-orig",
-               "fallback": True, "fallback_reason": "github unreachable"},
+    "ucx_version": "1.20.1",
+    "source": {"version": "1.20.1", "archive": "ucx-1.20.1.tar.gz", "sha256": "1a" * 32, "tag": "v1.20.1",
+               "commit": "d8" * 20, "content_tree": "c1" * 20, "verified_by": "sha256",
+               "url": "https://github.com/openucx/ucx/archive/refs/tags/v1.20.1.tar.gz"},
     "configure": {"command": "./contrib/configure-release --prefix=/opt/ucx --enable-mt --with-verbs"},
     "modules": ["libuct_cuda.so", "libuct_ib.so"],
-    "patches": ["1.13.1/0001-uct_md-enum.patch"],
+    "patches": [{"name": "1.20.1/0001-uct-tcp-loopback-reachability.patch", "sha256": "ef" * 32}],
     "capabilities": {"cuda": {"inputs": [
         {"name": "nvidia-cuda-runtime", "version": "13.0.96", "sha256": "7f" * 32, "kind": "wheel"},
         {"name": "libcuda1", "version": "535.261.03-1", "sha256": "de" * 32, "kind": "deb"}]}},
@@ -66,7 +66,15 @@ BUILD_INFO = {
 }
 
 PINS = {"dask": Pin("dask", "2026.7.1", ("aa" * 32, "ab" * 32)), "numpy": Pin("numpy", "2.3.5", ("bb" * 32,))}
+UCXX_INFO = {
+    "ucxx_version": "0.51.01", "cmake_args": ["-DFETCHCONTENT_FULLY_DISCONNECTED=ON"],
+    "sources": {"UCXX": {"tag": "v0.51.01", "commit": "2c" * 20, "content_tree": "ae" * 20}},
+    "ucx": {"version": "1.20.1"},
+    "packages": [{"package": "ucxx", "name": "ucxx-cu13", "version": "0.51.1", "sha256": "9a" * 32,
+                  "wheel": "ucxx_cu13-0.51.1-cp311-abi3-linux_x86_64.whl", "cmake_args": ["-DFIND_UCXX_CPP=ON"]}],
+}
 DISTS = {"dask": {"name": "dask", "version": "2026.7.1", "path": "opt/venv/lib/python3.11/site-packages"},
+         "ucxx-cu13": {"name": "ucxx-cu13", "version": "0.51.1", "path": "opt/venv/lib/python3.11/site-packages"},
          "numpy": {"name": "numpy", "version": "2.3.5", "path": "opt/venv/lib/python3.11/site-packages"},
          "ucx-dask-gpu": {"name": "ucx-dask-gpu", "version": "0.1.0",
                           "path": "opt/venv/lib/python3.11/site-packages"}}
@@ -75,7 +83,8 @@ DISTS = {"dask": {"name": "dask", "version": "2026.7.1", "path": "opt/venv/lib/p
 def make(**over) -> bytes:
     kw = dict(name="ucx-dask-gpu", version="0.1.0", epoch=EPOCH, dpkg_status=DPKG_STATUS, os_release=OS_RELEASE,
               dists=DISTS, pins=PINS, wheels={"dask": ("dask-2026.7.1-py3-none-any.whl", "ab" * 32)},
-              build_info=BUILD_INFO, build_info_sha256="cd" * 32, properties={"stack-id": "0123456789abcdef"})
+              build_info=BUILD_INFO, build_info_sha256="cd" * 32, ucxx_info=UCXX_INFO,
+              properties={"stack-id": "0123456789abcdef"})
     kw.update(over)
     return sbom.build_sbom(**kw)
 
@@ -113,11 +122,18 @@ def test_sbom_contents():
     own = purls["pkg:pypi/ucx-dask-gpu@0.1.0"]
     assert {"name": "ucx-dask-gpu:python:in-lock", "value": "false"} in own["properties"]
     ucx = next(c for c in doc["components"] if c["name"] == "ucx")
-    assert ucx["version"] == "1.13.1" and ucx["hashes"] == [{"alg": "SHA-256", "content": "1a" * 32}]
+    assert ucx["version"] == "1.20.1" and ucx["hashes"] == [{"alg": "SHA-256", "content": "1a" * 32}]
     props = {p["name"]: p["value"] for p in ucx["properties"]}
     assert props["ucx-dask-gpu:ucx:configure"] == BUILD_INFO["configure"]["command"]
-    assert props["ucx-dask-gpu:ucx:fallback"] == "true"
+    assert (props["ucx-dask-gpu:ucx:source-tag"], props["ucx-dask-gpu:ucx:source-commit"]) == ("v1.20.1", "d8" * 20)
+    assert props["ucx-dask-gpu:ucx:patches"] == "1.20.1/0001-uct-tcp-loopback-reachability.patch"
     assert "checksum=sha256:" + "1a" * 32 in ucx["purl"]
+    ucxx = purls["pkg:pypi/ucxx-cu13@0.51.1"]
+    assert ucxx["hashes"] == [{"alg": "SHA-256", "content": "9a" * 32}]  # the wheel our build made
+    uprops = {p["name"]: p["value"] for p in ucxx["properties"]}
+    assert uprops["ucx-dask-gpu:python:built-from-source"] == f"v0.51.01 {'2c' * 20}"
+    assert uprops["ucx-dask-gpu:python:cmake-args"] == "-DFETCHCONTENT_FULLY_DISCONNECTED=ON -DFIND_UCXX_CPP=ON"
+    assert uprops["ucx-dask-gpu:python:built-against-ucx"] == "1.20.1"
     excluded = [c for c in doc["components"] if c.get("scope") == "excluded"]
     assert {c["name"] for c in excluded} == {"nvidia-cuda-runtime", "libcuda1"}
     assert any(c["type"] == "operating-system" and c["version"] == "12" for c in doc["components"])
@@ -130,7 +146,7 @@ def test_sbom_contents():
 
 def test_cross_check_agrees_with_its_sources():
     doc = json.loads(make())
-    assert sbom.check_sbom(doc, pins=PINS, dpkg_status=DPKG_STATUS, build_info=BUILD_INFO,
+    assert sbom.check_sbom(doc, pins=PINS, dpkg_status=DPKG_STATUS, build_info=BUILD_INFO, ucxx_info=UCXX_INFO,
                            extra_dists={"ucx-dask-gpu"}) == []
 
 
@@ -142,12 +158,16 @@ def test_cross_check_agrees_with_its_sources():
     (dict(dpkg_status=DPKG_STATUS + "\nPackage: tini\nStatus: install ok installed\nArchitecture: amd64\n"
                                     "Version: 0.19.0-1\n"), "deb tini:amd64 0.19.0-1 is installed but not in the SBOM"),
     (dict(build_info={**BUILD_INFO, "configure": {"command": "./configure --without-verbs"}}), "configure line"),
-    (dict(build_info={**BUILD_INFO, "ucx_version": "1.20.0"}), "ucx: SBOM has 1.13.1"),
+    (dict(build_info={**BUILD_INFO, "ucx_version": "1.20.0"}), "ucx: SBOM has 1.20.1"),
     (dict(extra_dists=set()), "ucx-dask-gpu==0.1.0 is in the SBOM but not in the lock"),
+    (dict(ucxx_info=None), "ucxx-cu13==0.51.1 is in the SBOM but not in the lock"),
+    (dict(ucxx_info={**UCXX_INFO, "packages": [{**UCXX_INFO["packages"][0], "sha256": "00" * 32}]}),
+     "the UCXX build made 0.51.1 sha256 0000"),
 ])
 def test_cross_check_finds_each_disagreement(tamper, expect):
     doc = json.loads(make())
-    kw = dict(pins=PINS, dpkg_status=DPKG_STATUS, build_info=BUILD_INFO, extra_dists={"ucx-dask-gpu"})
+    kw = dict(pins=PINS, dpkg_status=DPKG_STATUS, build_info=BUILD_INFO, ucxx_info=UCXX_INFO,
+              extra_dists={"ucx-dask-gpu"})
     kw.update(tamper)
     problems = sbom.check_sbom(doc, **kw)
     assert any(expect in p for p in problems), problems

@@ -1,19 +1,20 @@
-"""The local channel: render + lint -> build -> pack -> index -> install-test, all-or-nothing.
+"""The local channel: check -> build -> index -> install + test, all-or-nothing.
 
-`build_channel` fetches (or takes) the verified sources, renders and lints every recipe variant against stack.toml,
-builds the ucx variant this machine can build (the CUDA major of stack.toml's header wheels) and the noarch
-metapackage under conda-build's contract, packs `.conda` archives, indexes the channel with py-rattler
-(`linux-64/`, `noarch/`, a repodata.json in each) and installs `ucx` from it into a fresh prefix before the channel
-directory appears: it is assembled in a temporary directory next to the destination and renamed over it only when
+`build_channel` checks every recipe (generated lines up to date, every variant rendered by rattler-build and checked
+against stack.toml), builds what this machine can build with rattler-build on the stand-in recipe (standin.py): the
+ucx variant for stack.toml's CUDA major (the CUDA stand-in is the pinned CUDA wheels of that major) and the noarch
+metapackage; indexes the channel with py-rattler (`linux-64/`, `noarch/`, a repodata.json in each); installs and
+tests before the channel directory appears. It is assembled next to the destination and renamed over it only when
 every step passed, so a failure leaves the previous channel (or nothing) in place.
 
-`install_test` is that last step on its own: py-rattler solves `ucx` against the channel with the virtual packages
-declared explicitly (`__glibc`, `__cuda`, `__linux`, `__unix`), installs it into a fresh prefix (prefix replacement
-in text and binary files), runs the recipe's test commands from the package's info/test/run_test.sh without
-LD_LIBRARY_PATH, and checks that no file still holds the build placeholder and every library resolves. The
-metapackage cannot be installed here (python, dask, ucxx… live on conda-forge): its dependencies are parsed as
-MatchSpecs, its `ucx` spec must select this channel's ucx, and its recipe tests run against its packed
-site-packages with the CLI entry point written as conda writes it.
+`install_test` is that last step on its own. For each linux-64 package: py-rattler solves it against the channel with
+the virtual packages declared (`__glibc`, `__cuda`, `__linux`, `__unix`) and installs it into a fresh prefix (prefix
+replacement in text and binary files); no installed file may still hold the build placeholder and every library must
+resolve without LD_LIBRARY_PATH (except the GPU driver's and the CUDA runtime's, which the recipe allows to be absent);
+then rattler-build runs the recipe's own tests (info/tests/tests.yaml) in a test environment it solves from the channel.
+The noarch metapackage's dependencies (python, dask, ucxx …) live on conda-forge: its dependencies are parsed as
+MatchSpecs, its `ucx` spec must select this channel's ucx, and its recipe tests (python imports, script) run against
+its packed site-packages with the entry point written as conda writes it.
 """
 from __future__ import annotations
 
@@ -24,22 +25,22 @@ import platform as _platform
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import BUILD_FAILED, INSTALL_FAILED, RECIPE_INVALID, SOURCE_UNREACHABLE, UserError
+import yaml
+
+from ..errors import INSTALL_FAILED, RECIPE_INVALID, UserError
 from ..fsutil import atomic_path
 from ..stack import Stack
-from . import build as buildmod
-from .lint import lint_all
-from .package import pack
-from .render import PLATFORM, Rendered
-from .settings import CBC_PATH
+from ..ucxbuild.fetch import local_dirs
+from . import recipes, standin
+from .recipes import BUILD_PLATFORM, Variant
 
-SUBDIRS = (PLATFORM, "noarch")
-DRIVER_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1")
+SUBDIRS = (BUILD_PLATFORM, "noarch")
+# Loaded only where a GPU is: a CPU-only host (and this machine) has none of them; the recipe allows them absent.
+GPU_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1", "libcudart.so.12", "libcudart.so.13")
+ELF_MAGIC = b"\x7fELF"
 
 
 @dataclass
@@ -47,7 +48,6 @@ class ChannelResult:
     channel: Path
     packages: list[Path] = field(default_factory=list)
     rendered_only: list[str] = field(default_factory=list)
-    ucx_version: str = ""
     install: dict = field(default_factory=dict)
 
 
@@ -55,20 +55,16 @@ def say(msg: str) -> None:
     print(f"[conda] {msg}", flush=True)
 
 
-# --- sources ------------------------------------------------------------------------------------------------------
-
-def fetch_sources(st: Stack, dest: Path) -> None:
-    """`ucx-src-build/build.sh fetch --dest DEST`: the verified UCX archive + CUDA inputs."""
-    script = st.root / "ucx-src-build" / "build.sh"
-    if not script.is_file():
-        raise UserError(f"{script} missing (the UCX build script the recipe uses)", BUILD_FAILED)
-    say(f"fetching sources with {script.relative_to(st.root)} fetch --dest {dest}")
-    proc = subprocess.run([str(script), "fetch", "--dest", str(dest)], stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise UserError(f"ucx-src-build fetch failed (exit {proc.returncode})", proc.returncode or SOURCE_UNREACHABLE)
-
-
 # --- index ----------------------------------------------------------------------------------------------------------
+
+def write_empty_channel(path: Path) -> Path:
+    """A channel with no packages: what rattler-build solves the stand-in's empty build/host environments from."""
+    for sub in SUBDIRS:
+        (path / sub).mkdir(parents=True, exist_ok=True)
+        (path / sub / "repodata.json").write_text(json.dumps({"info": {"subdir": sub}, "packages": {},
+                                                              "packages.conda": {}}))
+    return path
+
 
 def index_channel(channel: Path) -> None:
     """py-rattler's indexer: one repodata.json per subdir (no .zst, no shards: the plain layout conda reads)."""
@@ -122,39 +118,21 @@ def solve(channel: Path, specs: list[str], vps) -> list:
             from None
 
 
-def _placeholders(pkg_file: Path, extract_to: Path) -> tuple[set[str], Path]:
-    import conda_package_handling.api as cph
-
-    cph.extract(str(pkg_file), dest_dir=str(extract_to), components="info")
-    paths = json.loads((extract_to / "info" / "paths.json").read_text())["paths"]
-    return {p["prefix_placeholder"] for p in paths if p.get("prefix_placeholder")}, extract_to / "info"
-
-
-def _run_test_script(script: Path, env: dict, cwd: Path, what: str, skip_prefixes: tuple[str, ...] = ()) -> str:
-    lines = script.read_text().splitlines()
-    kept = [ln for ln in lines if not ln.strip().startswith(skip_prefixes)] if skip_prefixes else lines
-    runnable = cwd / "run_test.sh"
-    runnable.write_text("\n".join(kept) + "\n")
-    proc = subprocess.run(["bash", str(runnable)], cwd=cwd, env=env, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
-    out = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        failed = [ln for ln in proc.stderr.splitlines() if ln.startswith("+ ")]
-        print(out[-4000:], file=sys.stderr)
-        raise UserError(f"{what}: recipe test failed (exit {proc.returncode}) at `{failed[-1][2:] if failed else '?'}`",
-                        INSTALL_FAILED)
-    return out
+def is_elf(path: Path) -> bool:
+    if path.is_symlink() or not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == ELF_MAGIC
 
 
-def check_relocated(prefix: Path, placeholders: set[str]) -> dict:
+def check_relocated(prefix: Path, placeholder: str) -> dict:
     """No installed file may still hold the build placeholder; every ELF's libraries must resolve (ldd, no
-    LD_LIBRARY_PATH), except the GPU driver's, which a GPU-less machine does not have."""
+    LD_LIBRARY_PATH), except the GPU libraries a GPU-less machine does not have."""
     leaked = []
     for p in prefix.rglob("*"):
         if p.is_symlink() or not p.is_file() or "conda-meta" in p.relative_to(prefix).parts:
             continue
-        data = p.read_bytes()
-        if any(ph.encode() in data for ph in placeholders):
+        if placeholder.encode() in p.read_bytes():
             leaked.append(str(p.relative_to(prefix)))
     if leaked:
         raise UserError(f"{len(leaked)} installed file(s) still contain the build prefix, e.g. {leaked[0]}",
@@ -163,20 +141,49 @@ def check_relocated(prefix: Path, placeholders: set[str]) -> dict:
     own = {p.name for p in prefix.rglob("*.so*") if "conda-meta" not in p.parts}
     unresolved, checked = [], 0
     for p in sorted(prefix.rglob("*")):
-        if not buildmod.is_elf(p):
+        if not is_elf(p):
             continue
         checked += 1
         out = subprocess.run(["ldd", str(p)], capture_output=True, text=True, env=env).stdout
         for line in out.splitlines():
             soname = line.split()[0] if line.split() else ""
-            if "not found" in line and soname not in DRIVER_SONAMES:
+            if "not found" in line and soname not in GPU_SONAMES:
                 unresolved.append(f"{p.relative_to(prefix)}: {line.strip()}")
             elif "=>" in line and soname in own and str(prefix.resolve()) not in line:
                 unresolved.append(f"{p.relative_to(prefix)}: {line.strip()} (the package's own library, resolved "
                                   f"outside the prefix)")
     if unresolved:
         raise UserError(f"after installation {unresolved[0]}", INSTALL_FAILED)
-    return {"elf_files_checked": checked, "placeholders_absent": sorted(placeholders)}
+    return {"elf_files_checked": checked}
+
+
+def _placeholder(pkg_file: Path, work: Path) -> str:
+    import conda_package_handling.api as cph
+
+    dest = work / f"info-{pkg_file.stem}"
+    shutil.rmtree(dest, ignore_errors=True)
+    cph.extract(str(pkg_file), dest_dir=str(dest), components="info")
+    paths = json.loads((dest / "info" / "paths.json").read_text())["paths"]
+    found = {p["prefix_placeholder"] for p in paths if p.get("prefix_placeholder")}
+    return found.pop() if found else "host_env_placehold_placehold"
+
+
+def run_recipe_tests(pkg_file: Path, channel: Path) -> list[str]:
+    """rattler-build runs the package's tests (info/tests/tests.yaml) in a test environment solved from `channel`."""
+    from rattler_build import Package
+    from rattler_build._rattler_build import RattlerBuildError
+
+    pkg = Package.from_file(pkg_file)
+    try:
+        results = pkg.run_tests(channel=[channel.resolve().as_uri()])
+    except RattlerBuildError as e:
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "failed")
+        raise UserError(f"{pkg_file.name}: rattler-build test: {first}", INSTALL_FAILED) from None
+    failed = [r for r in results if not r.success]
+    if failed:
+        tail = [ln for ln in failed[0].output if ln.strip()][-1:] or ["no output"]
+        raise UserError(f"{pkg_file.name}: recipe test {failed[0].test_index} failed: {tail[0]}", INSTALL_FAILED)
+    return [f"test {r.test_index}: passed" for r in results]
 
 
 def check_binary_package(channel: Path, name: str, work: Path, vps) -> dict:
@@ -192,26 +199,29 @@ def check_binary_package(channel: Path, name: str, work: Path, vps) -> dict:
     except Exception as e:
         raise UserError(f"installing {name} into {prefix} failed: {str(e).splitlines()[0]}", INSTALL_FAILED) from None
     pkg_file = channel / rec.subdir / rec.file_name
-    placeholders, info = _placeholders(pkg_file, work / f"info-{name}")
     result = {"package": rec.file_name, "solved": [r.file_name for r in records], "prefix": str(prefix)}
-    script = info / "test" / "run_test.sh"
-    if script.is_file():
-        env = {"PATH": f"{prefix}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"),
-               "LANG": "C.UTF-8", "PREFIX": str(prefix), "SHLIB_EXT": ".so", "PKG_NAME": name,
-               "PKG_VERSION": str(rec.version), "CONDA_PREFIX": str(prefix)}
-        out = _run_test_script(script, env, work, f"{rec.file_name} installed in {prefix}")
-        result["test_output_tail"] = out.strip().splitlines()[-12:]
-    result.update(check_relocated(prefix, placeholders))
+    result.update(check_relocated(prefix, _placeholder(pkg_file, work)))
+    result["recipe_tests"] = run_recipe_tests(pkg_file, channel)
     return result
 
 
+def _noarch_test_lines(tests: list[dict]) -> list[str]:
+    lines = []
+    for t in tests:
+        for mod in (t.get("python") or {}).get("imports") or []:
+            lines.append(f'"$PYTHON" -c "import {mod}"')
+        script = t.get("script")
+        lines += [script] if isinstance(script, str) else list(script or [])
+    return lines
+
+
 def check_noarch_python_package(channel: Path, pkg_file: Path, work: Path, env_prefix: Path | None = None) -> dict:
-    """What can be checked here of a noarch python package whose deps are on conda-forge (see module docstring).
+    """What can be checked here of a noarch python package whose dependencies are on conda-forge (module docstring).
 
     It is linked the way conda links noarch python (site-packages + entry point scripts) into `env_prefix`, the prefix
     where the channel's ucx was installed, so its tests see that ucx as they would in one conda environment."""
     import conda_package_handling.api as cph
-    from rattler import MatchSpec
+    from rattler import MatchSpec, PackageName
 
     dest = work / f"unpacked-{pkg_file.stem}"
     shutil.rmtree(dest, ignore_errors=True)
@@ -225,8 +235,6 @@ def check_noarch_python_package(channel: Path, pkg_file: Path, work: Path, env_p
             raise UserError(f"{pkg_file.name}: dependency {dep!r} is not a valid MatchSpec ({e})", INSTALL_FAILED) \
                 from None
     ucx_specs = [s for s in specs if s.name.normalized == "ucx"]
-    from rattler import PackageName
-
     channel_ucx = [r for sub in _repodata(channel) for r in sub.load_records(PackageName("ucx"))]
     if not ucx_specs or not channel_ucx or not any(s.matches(r) for s in ucx_specs for r in channel_ucx):
         raise UserError(f"{pkg_file.name}: its ucx requirement {[str(s) for s in ucx_specs]} matches none of the "
@@ -236,8 +244,7 @@ def check_noarch_python_package(channel: Path, pkg_file: Path, work: Path, env_p
         env_prefix = work / f"noarch-{index['name']}"
         shutil.rmtree(env_prefix, ignore_errors=True)
     (env_prefix / "bin").mkdir(parents=True, exist_ok=True)
-    py_ver = "%d.%d" % sys.version_info[:2]
-    site = env_prefix / "lib" / f"python{py_ver}" / "site-packages"
+    site = env_prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     shutil.copytree(dest / "site-packages", site, dirs_exist_ok=True)
     for ep in link["noarch"].get("entry_points", []):
         cmd, _, target = (x.strip() for x in ep.partition("="))
@@ -257,14 +264,18 @@ def check_noarch_python_package(channel: Path, pkg_file: Path, work: Path, env_p
     if not where.startswith(str(site)):
         raise UserError(f"{pkg_file.name}: ucx_dask_gpu imported from {where or '?'}, not from the package",
                         INSTALL_FAILED)
-    result = {"package": pkg_file.name, "depends": index.get("depends", []),
-              "ucx_spec_matches": sorted(r.file_name for r in channel_ucx if any(s.matches(r) for s in ucx_specs))}
-    script = dest / "info" / "test" / "run_test.sh"
-    if script.is_file():
-        out = _run_test_script(script, env, work, pkg_file.name, skip_prefixes=("pip check",))
-        result["test_output_tail"] = out.strip().splitlines()[-12:]
-        result["skipped"] = ["pip check (needs the conda-forge run dependencies installed by conda)"]
-    return result
+    tests = yaml.safe_load((dest / "info" / "tests" / "tests.yaml").read_text()) or []
+    script = work / f"test-{pkg_file.stem}.sh"
+    script.write_text("set -ex\n" + "\n".join(_noarch_test_lines(tests)) + "\n")
+    proc = subprocess.run(["bash", str(script)], cwd=work, env=env, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        failed = [ln for ln in proc.stderr.splitlines() if ln.startswith("+ ")]
+        raise UserError(f"{pkg_file.name}: recipe test failed (exit {proc.returncode}) at "
+                        f"`{failed[-1][2:] if failed else '?'}`", INSTALL_FAILED)
+    return {"package": pkg_file.name, "depends": index.get("depends", []),
+            "ucx_spec_matches": sorted(r.file_name for r in channel_ucx if any(s.matches(r) for s in ucx_specs)),
+            "test_output_tail": (proc.stdout + proc.stderr).strip().splitlines()[-12:]}
 
 
 def install_test(channel: Path, *, work: Path, cuda: str | None, glibc: str | None = None) -> dict:
@@ -294,65 +305,52 @@ def install_test(channel: Path, *, work: Path, cuda: str | None, glibc: str | No
 
 # --- the chain ------------------------------------------------------------------------------------------------------
 
-def _buildable(rendered: list[Rendered], st: Stack) -> tuple[list[Rendered], list[str]]:
-    """Which variants this machine can build: the noarch ones, and the ucx variant for stack.toml's CUDA major (its
-    header wheels); the other CUDA variants need conda-forge's CUDA packages."""
+def buildable(variants: list[Variant], st: Stack) -> tuple[list[Variant], list[str]]:
+    """What this machine builds: single-output recipes for linux-64 (or noarch) whose CUDA variant, if any, is
+    stack.toml's CUDA major (the CUDA stand-in is the pinned wheels of that major). The rest is rendered and checked."""
     build, skip = [], []
-    ucx = [r for r in rendered if r.name == "ucx"]
-    mine = [r for r in ucx if str(r.variant.get("cuda_compiler_version", "")).split(".")[0] == str(st.cuda_major)]
-    if not mine:
-        raise UserError(f"no ucx variant for CUDA {st.cuda_major} (stack.toml [stack].cuda_major) in "
-                        f"{CBC_PATH}", RECIPE_INVALID)
-    build.append(mine[0])
-    skip += [r.dist for r in ucx if r is not mine[0]]
-    build += [r for r in rendered if r.name != "ucx"]
-    return build, skip
+    for v in variants:
+        cuda = str(v.variant.get("cuda_compiler_version", ""))
+        ok = v.outputs_in_recipe == 1 and v.platform == BUILD_PLATFORM and \
+            (not cuda or v.subdir == "noarch" or cuda.split(".")[0] == str(st.cuda_major))
+        (build if ok else skip).append(v)
+    if not any(v.name == "ucx" for v in build):
+        raise UserError(f"no ucx variant for CUDA {st.cuda_major} (stack.toml [stack].cuda_major) renders for "
+                        f"{BUILD_PLATFORM}", RECIPE_INVALID)
+    build.sort(key=lambda v: v.subdir != BUILD_PLATFORM)  # binary packages first
+    return build, [f"{v.subdir}/{v.dist}" for v in skip]
 
 
-def build_channel(st: Stack, *, out: Path, recipes_dir: Path | None = None, sources: Path | None = None,
-                  work: Path | None = None, caller_env: dict[str, str] | None = None,
-                  run_install_test: bool = True) -> ChannelResult:
-    recipes_dir = (recipes_dir or st.root / "recipes").resolve()
+def build_channel(st: Stack, *, out: Path, recipes_dir: Path | None = None, mirror: list[Path] | None = None,
+                  work: Path | None = None, run_install_test: bool = True) -> ChannelResult:
     out = out.resolve()
     work = (work or st.root / "build" / "conda-work").resolve()
-    caller_env = dict(os.environ if caller_env is None else caller_env)
-    if sources is None:
-        sources = (st.root / ".cache" / "sources").resolve()
-        fetch_sources(st, sources)
-    sources = sources.resolve()
-    ucx_version = st.ucx.version
-    problems, rendered = lint_all(st, recipes_dir)
+    mirror = local_dirs(st, [p.resolve() for p in mirror or []])
+    problems, variants = recipes.check_all(st, recipes_dir)
     if problems:
-        for p in problems:
-            print(f"  {p}", file=sys.stderr)
         raise UserError(f"{len(problems)} recipe problem(s): {problems[0]}", RECIPE_INVALID)
-    to_build, rendered_only = _buildable(rendered, st)
-    say(f"rendered + linted: {', '.join(r.dist for r in rendered)}")
-    say(f"building here: {', '.join(r.dist for r in to_build)}; rendered only: {', '.join(rendered_only) or '-'}")
-
-    cbc_text = (recipes_dir / Path(CBC_PATH).name).read_text()
-    timestamp_ms = st.source_date_epoch * 1000
-    croot = work / "croot"
-    caller_env["UCX_DASK_GPU_SOURCE_MIRROR"] = str(sources)  # the recipe's script_env: build offline from the fetched dir
-    result = ChannelResult(channel=out, rendered_only=rendered_only, ucx_version=ucx_version)
+    to_build, rendered_only = buildable(variants, st)
+    say(f"rendered + checked by rattler-build: {len(variants)} outputs of {', '.join(recipes.cfg.RECIPES)}")
+    say(f"building here (rattler-build, stand-in requirements): {', '.join(v.dist for v in to_build)}")
+    result = ChannelResult(channel=out, rendered_only=rendered_only)
+    empty = write_empty_channel(work / "empty-channel")
+    build_out = work / "rattler-build"
+    shutil.rmtree(build_out, ignore_errors=True)
     try:
         with atomic_path(out) as staging:
             staging.mkdir()
-            for r in to_build:
-                t0 = time.monotonic()
-                pkg = buildmod.build(r, croot=croot, sources_dir=sources, caller_env=caller_env,
-                                     log_dir=work / "logs")
-                path = pack(pkg, staging, timestamp_ms, cbc_text)
-                say(f"packed {path.parent.name}/{path.name} ({path.stat().st_size / 1e6:.2f} MB, "
-                    f"{len(pkg.files)} files, {len(pkg.prefix_files)} with the prefix) in {time.monotonic() - t0:.0f} s")
-                shutil.rmtree(croot / f"{r.name}_{r.build_string}", ignore_errors=True)
+            for v in to_build:
+                say(f"building {v.dist} (log: {work / 'logs' / (v.dist + '.log')})")
+                pkg = standin.build_variant(st, v, work=work / "standin", output_dir=build_out,
+                                            mirror_dirs=mirror, log_dir=work / "logs", channel=empty.as_uri())
+                (staging / v.subdir).mkdir(exist_ok=True)
+                shutil.copy2(pkg, staging / v.subdir / pkg.name)
+                say(f"built {v.subdir}/{pkg.name} ({pkg.stat().st_size / 1e6:.2f} MB)")
             index_channel(staging)
             if run_install_test:
-                result.install = install_test(staging, work=work / "install-test",
-                                              cuda=f"{st.cuda_major}.0")
-            result.packages = sorted(staging.rglob("*.conda"))
+                result.install = install_test(staging, work=work / "install-test", cuda=f"{st.cuda_major}.0")
         result.packages = sorted(out.rglob("*.conda"))
     finally:
-        shutil.rmtree(croot, ignore_errors=True)
+        shutil.rmtree(build_out / "bld", ignore_errors=True)
         shutil.rmtree(work / "install-test", ignore_errors=True)
     return result

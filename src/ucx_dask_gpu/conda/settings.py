@@ -1,29 +1,53 @@
-"""The recipe-related keys of stack.toml's [conda] table, validated, and conda_build_config.yaml rendered from them.
+"""What the recipes take from stack.toml, validated, and the recipe files generated from it (`conda regen`).
 
-stack.py validates what every consumer reads; the keys only the recipes read are validated here, with the same
-one-line StackError, so a typo fails before any rendering starts.
+stack.toml is the only place a version, URL or sha256 is written. The recipes are self-contained (a feedstock copies
+one folder), so the values they need are written INTO them by `ucx-dask-gpu conda regen` (`make regen`):
+- each recipe.yaml's `context:` lines between the "Generated from stack.toml" and "End of generated lines" markers;
+- recipes/ucx/build.sh's configure flags and recipes/ucxx/build_*.sh's CMake options between the same markers;
+- recipes/<recipe>/conda_build_config.yaml (the recipe's own variant keys: CUDA versions, the glibc floor);
+- recipes/ucx/patches/ (copies of ucx-src-build/patches/<UCX version>/*.patch) and their list in the recipe;
+- recipes/conda_build_config.yaml: the few keys of conda-forge's global pinning (conda-forge-pinning) these recipes
+  read, for rendering where conda-forge-pinning is unreachable.
+`conda regen --check` (and the recipe check of `conda lint|channel`) reports drift without writing.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlparse
 
-from ..stack import Stack, StackError
+from ..errors import RECIPE_INVALID, UserError
+from ..fsutil import atomic_write_bytes
+from ..lockfile import canonical, load_lock
+from ..stack import SourceArchive, Stack, StackError
 
-CBC_PATH = "recipes/conda_build_config.yaml"
-CBC_HEADER = "# Generated from stack.toml by `ucx-dask-gpu stack conda-build-config`; do not edit by hand.\n"
+RECIPES = ("ucx", "ucxx", "ucx-dask-gpu")
+PINNING_PATH = Path("recipes/conda_build_config.yaml")
+BEGIN = "Generated from stack.toml by `ucx-dask-gpu conda regen`"
+END = "# End of generated lines."
+GENERATED_HEADER = f"# {BEGIN} (make regen); do not edit by hand.\n"
 
 
 @dataclass(frozen=True)
 class CondaSettings:
+    ucx: SourceArchive
+    ucxx: SourceArchive
+    rapids_cmake: SourceArchive
+    cpm: SourceArchive
     cuda_versions: tuple[str, ...]
     c_stdlib_version: str
     python_min: str
     metapackage: tuple[str, ...]
+    home: str
     ucx_home: str
     ucx_dev_url: str
-    home: str
+    ucxx_home: str
+
+    @property
+    def rapids_version(self) -> str:
+        """RAPIDS release of the UCXX build (26.08 from rapids-cmake 26.08.00): librmm/rmm pins."""
+        return ".".join(self.rapids_cmake.version.split(".")[:2])
 
 
 def _url(value, where: str) -> str:
@@ -44,34 +68,193 @@ def settings(st: Stack) -> CondaSettings:
         raise StackError(f"{w}.metapackage", f"expected a non-empty list of conda package names, got {meta!r}")
     about = conda.get("about")
     if not isinstance(about, dict):
-        raise StackError(f"{w}.about", "missing (a table with ucx_home, ucx_dev_url, home)")
+        raise StackError(f"{w}.about", "missing (a table with home, ucx_home, ucx_dev_url, ucxx_home)")
     return CondaSettings(
+        ucx=st.ucx,
+        ucxx=st.ucxx.source,
+        rapids_cmake=st.ucxx.rapids_cmake,
+        cpm=st.ucxx.cpm,
         cuda_versions=st.conda_cuda_versions,
         c_stdlib_version=glibc,
         python_min=st.python_version,
         metapackage=tuple(meta),
+        home=_url(about.get("home"), f"{w}.about.home"),
         ucx_home=_url(about.get("ucx_home"), f"{w}.about.ucx_home"),
         ucx_dev_url=_url(about.get("ucx_dev_url"), f"{w}.about.ucx_dev_url"),
-        home=_url(about.get("home"), f"{w}.about.home"),
+        ucxx_home=_url(about.get("ucxx_home"), f"{w}.about.ucxx_home"),
     )
 
 
-def render_conda_build_config(st: Stack) -> str:
-    """recipes/conda_build_config.yaml: the variant keys our recipes use, every value quoted (12.10 is not 12.1)."""
+def lock_versions_by_conda_name(st: Stack) -> dict[str, str]:
+    """conda name -> version in the lock, through [conda.names]."""
+    pins = load_lock(st.lock_path())
+    to_conda = {canonical(k): v for k, v in st.conda_names.items()}
+    out = {}
+    for pypi, pin in pins.items():
+        conda = to_conda.get(pypi, pypi)
+        if conda:
+            out[conda] = pin.version
+    return out
+
+
+def context_key(package: str) -> str:
+    """The recipe context variable that pins a package: dask-cuda -> dask_cuda_version."""
+    return re.sub(r"[^a-z0-9]", "_", package) + "_version"
+
+
+def ucx_patches(st: Stack) -> list[Path]:
+    """The patches the UCX build carries for the packaged version (ucx-src-build/patches/<version>/)."""
+    d = st.root / "ucx-src-build" / "patches" / settings(st).ucx.version
+    return sorted(d.glob("*.patch")) if d.is_dir() else []
+
+
+# --- what each generated region holds ------------------------------------------------------------------------------
+
+def _yaml_str(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def context_values(st: Stack, recipe: str) -> dict[str, str]:
     s = settings(st)
+    if recipe == "ucx":
+        return {"version": s.ucx.version, "url": s.ucx.urls[0], "sha256": s.ucx.sha256, "home": s.ucx_home,
+                "repository": s.ucx_dev_url}
+    if recipe == "ucxx":
+        return {"version": s.ucxx.version, "url": s.ucxx.urls[0], "sha256": s.ucxx.sha256,
+                "rapids_cmake_url": s.rapids_cmake.urls[0], "rapids_cmake_sha256": s.rapids_cmake.sha256,
+                "cpm_url": s.cpm.urls[0], "cpm_sha256": s.cpm.sha256,
+                "rapids_version": s.rapids_version, "ucx_version": s.ucx.version, "home": s.ucxx_home}
+    if recipe == st.name:
+        locked = lock_versions_by_conda_name(st)
+        values = {"version": st.version, "home": s.home, "ucx_version": s.ucx.version,
+                  "ucxx_version": s.ucxx.version}
+        for name in s.metapackage:
+            if name in ("ucxx", "distributed-ucxx"):
+                continue  # this channel's ucxx recipe: ucxx_version
+            if name not in locked:
+                raise UserError(f"{name} (stack.toml [conda].metapackage) is not in the lock {st.python_lock}",
+                                RECIPE_INVALID)
+            values[context_key(name)] = locked[name]
+        return values
+    raise KeyError(recipe)
 
-    def key(name: str, values, comment: str = "") -> list[str]:
-        out = [f"{name}:"]
-        out += [f'  - "{v}"' + (f"  {comment}" if comment else "") for v in values]
-        return out
 
-    lines = [CBC_HEADER.rstrip(),
-             "# Variant keys of recipes/ucx and recipes/ucx-dask-gpu:",
-             "#   conda build -m recipes/conda_build_config.yaml recipes/ucx recipes/ucx-dask-gpu -c conda-forge",
-             "# One ucx package per CUDA version below; the metapackage is noarch (python_min only)."]
-    lines += key("c_stdlib", ["sysroot"], "# [linux]")
-    lines += key("c_stdlib_version", [s.c_stdlib_version], "# [linux]")
-    lines += key("cuda_compiler", ["cuda-nvcc"])
-    lines += key("cuda_compiler_version", s.cuda_versions)
-    lines += key("python_min", [s.python_min])
-    return "\n".join(lines) + "\n"
+def context_lines(st: Stack, recipe: str) -> list[str]:
+    return [f"  {k}: {_yaml_str(v)}" for k, v in context_values(st, recipe).items()]
+
+
+def configure_lines(st: Stack) -> list[str]:
+    flags = " ".join(st.configure_flags)
+    return [f"configure_flags=({flags})"] if len(flags) < 90 else \
+        ["configure_flags=("] + [f"    {f}" for f in st.configure_flags] + [")"]
+
+
+def ucxx_cmake_lines(st: Stack, package: str) -> list[str]:
+    """The CMake options of one [[ucxx.build.packages]] entry, as the from-source wheels use them, minus the
+    CMAKE_INSTALL_* directories of the wheel layout (a conda package installs into $PREFIX/lib, include)."""
+    (pkg,) = [p for p in st.ucxx.packages if p.name == package]
+    args = [a for a in pkg.cmake_args if not a.startswith("-DCMAKE_INSTALL_")]
+    return [f"wheel_cmake_args=({' '.join(args)})"]
+
+
+def patch_lines(st: Stack) -> list[str]:
+    patches = ucx_patches(st)
+    return ["  patches:"] + [f"    - patches/{p.name}" for p in patches] if patches else []
+
+
+def replace_region(text: str, lines: list[str], where: str, occurrence: int = 0) -> str:
+    """Replace the lines between the n-th BEGIN marker line and the END line after it (markers kept)."""
+    src = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(src) if BEGIN in line]
+    if len(starts) <= occurrence:
+        raise UserError(f"{where}: no '{BEGIN}' marker #{occurrence + 1} for the generated lines", RECIPE_INVALID)
+    start = starts[occurrence]
+    end = next((i for i in range(start + 1, len(src)) if src[i].strip() == END), None)
+    if end is None:
+        raise UserError(f"{where}: the generated lines after line {start + 1} lack their '{END}' line", RECIPE_INVALID)
+    return "".join(src[: start + 1] + [ln + "\n" for ln in lines] + src[end:])
+
+
+def _variants_yaml(keys: dict[str, list[str]], comment: str) -> str:
+    out = [GENERATED_HEADER.rstrip(), comment]
+    for key, values in keys.items():
+        out.append(f"{key}:")
+        out += [f"  - {_yaml_str(v)}" for v in values]
+    return "\n".join(out) + "\n"
+
+
+def pinning_standin(st: Stack) -> str:
+    s = settings(st)
+    return _variants_yaml(
+        {"c_stdlib": ["sysroot"], "cuda_compiler": ["cuda-nvcc"], "python": [s.python_min],
+         "python_min": [s.python_min]},
+        "# The keys of conda-forge's global pinning (conda-forge-pinning) that recipes/*/recipe.yaml read, for\n"
+        "# rendering where conda-forge-pinning is unreachable. On conda-forge the real pinning takes its place; each\n"
+        "# recipe's own conda_build_config.yaml (CUDA versions, glibc floor) applies on top of either.")
+
+
+def recipe_variants(st: Stack) -> str:
+    s = settings(st)
+    return _variants_yaml(
+        {"cuda_compiler_version": list(s.cuda_versions), "c_stdlib_version": [s.c_stdlib_version]},
+        "# This recipe's variants: one package per CUDA version; the glibc floor of the linux packages.")
+
+
+def generated_files(st: Stack, recipes_dir: Path | None = None) -> dict[Path, bytes]:
+    """Every generated file (or file with generated lines) under recipes/, as it should be: path -> bytes."""
+    recipes_dir = recipes_dir or st.root / "recipes"
+    out: dict[Path, bytes] = {recipes_dir / PINNING_PATH.name: pinning_standin(st).encode()}
+    for recipe in RECIPES:
+        rdir = recipes_dir / recipe
+        path = rdir / "recipe.yaml"
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise UserError(f"cannot read {path}: {e.strerror}", RECIPE_INVALID) from None
+        text = replace_region(text, context_lines(st, recipe), str(path))
+        if recipe == "ucx":
+            text = replace_region(text, patch_lines(st), str(path), occurrence=1)
+            build_sh = rdir / "build.sh"
+            out[build_sh] = replace_region(build_sh.read_text(), configure_lines(st), str(build_sh)).encode()
+            for patch in ucx_patches(st):
+                out[rdir / "patches" / patch.name] = patch.read_bytes()
+        if recipe == "ucxx":
+            for package, script in (("libucxx", "build_libucxx.sh"), ("ucxx", "build_ucxx.sh")):
+                sh = rdir / script
+                out[sh] = replace_region(sh.read_text(), ucxx_cmake_lines(st, package), str(sh)).encode()
+        out[path] = text.encode()
+        if recipe != st.name:
+            out[rdir / "conda_build_config.yaml"] = recipe_variants(st).encode()
+    return out
+
+
+def stale_patches(st: Stack, recipes_dir: Path | None = None) -> list[Path]:
+    """Patches in recipes/ucx/patches/ that are no longer UCX's (a version change): removed by regen."""
+    d = (recipes_dir or st.root / "recipes") / "ucx" / "patches"
+    want = {p.name for p in ucx_patches(st)}
+    return sorted(p for p in d.glob("*.patch") if p.name not in want) if d.is_dir() else []
+
+
+def drift(st: Stack, recipes_dir: Path | None = None) -> list[str]:
+    """Generated files that differ from what stack.toml generates (empty: in sync)."""
+    out = []
+    for path, want in generated_files(st, recipes_dir).items():
+        have = path.read_bytes() if path.is_file() else None
+        if have != want:
+            out.append(str(path.relative_to(st.root)) if path.is_relative_to(st.root) else str(path))
+    out += [f"{p} (not a patch of UCX {settings(st).ucx.version})" for p in stale_patches(st, recipes_dir)]
+    return out
+
+
+def regen(st: Stack, recipes_dir: Path | None = None) -> list[Path]:
+    """Write every generated file that changed; returns the paths written or removed."""
+    changed = []
+    for path, want in generated_files(st, recipes_dir).items():
+        if not path.is_file() or path.read_bytes() != want:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, want, mode=0o755 if path.suffix == ".sh" else 0o644)
+            changed.append(path)
+    for p in stale_patches(st, recipes_dir):
+        p.unlink()
+        changed.append(p)
+    return changed

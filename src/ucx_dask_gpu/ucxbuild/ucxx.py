@@ -448,3 +448,10 @@ def install_ucxx(python: Path, wheels_dir: Path, ucx_prefix: Path) -> Path:
     pth = site_packages(python) / PRELOAD_PTH
     atomic_write_text(pth, f"import ctypes; ctypes.CDLL({str(lib)!r}, ctypes.RTLD_LOCAL)\n")
     return pth
+
+
+def preloaded_prefix(site: Path) -> Path | None:
+    """The UCX prefix the environment of `site` (a site-packages directory) preloads at start-up, if any."""
+    pth = site / PRELOAD_PTH
+    m = re.search(r"CDLL\('([^']+)/lib/libucp\.so\.0'", pth.read_text()) if pth.is_file() else None
+    return Path(m.group(1)) if m else None

@@ -1,0 +1,320 @@
+"""Render the v1 recipes with the real rattler-build (py-rattler-build), for every variant, and check them.
+
+rattler-build parses each recipe.yaml (its schema: unknown keys, wrong types and bad Jinja are errors), evaluates it
+for every combination of the variant config (recipes/conda_build_config.yaml, the stand-in for the keys of
+conda-forge's global pinning, then the recipe's own conda_build_config.yaml) on linux-64 and linux-aarch64, and gives
+the rendered (stage1) recipe of every output. What rattler-build does not check and conda-smithy's linter would
+(about, maintainers, tests, checksums, `stdlib` with compilers, CFEP-25 for noarch python) and what this project
+requires (the rendered recipes agree with stack.toml and the lock; the generated lines are up to date) is checked
+here, on rattler-build's rendering.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import RECIPE_INVALID, UserError
+from ..stack import Stack
+from . import settings as cfg
+
+PLATFORMS = ("linux-64", "linux-aarch64")
+BUILD_PLATFORM = "linux-64"
+
+
+@dataclass
+class Variant:
+    """One rendered output of one recipe for one variant and platform."""
+
+    recipe_path: Path
+    platform: str
+    variant: dict[str, str]
+    stage1: dict
+    outputs_in_recipe: int
+    template: str
+
+    @property
+    def name(self) -> str:
+        return str(self.stage1["package"]["name"])
+
+    @property
+    def version(self) -> str:
+        return str(self.stage1["package"]["version"])
+
+    @property
+    def build(self) -> dict:
+        return self.stage1.get("build") or {}
+
+    @property
+    def build_string(self) -> str:
+        return str(self.build.get("string"))
+
+    @property
+    def noarch(self) -> str | None:
+        return self.build.get("noarch")
+
+    @property
+    def subdir(self) -> str:
+        return "noarch" if self.noarch else self.platform
+
+    @property
+    def dist(self) -> str:
+        return f"{self.name}-{self.version}-{self.build_string}"
+
+    @property
+    def sources(self) -> list[dict]:
+        return list(self.stage1.get("source") or [])
+
+    @property
+    def tests(self) -> list[dict]:
+        return list(self.stage1.get("tests") or [])
+
+    def requirements(self, kind: str) -> list[str]:
+        return [spec_text(s) for s in (self.stage1.get("requirements") or {}).get(kind) or []]
+
+    def run_exports(self) -> list[str]:
+        exports = (self.stage1.get("requirements") or {}).get("run_exports") or {}
+        items = exports.get("weak", []) if isinstance(exports, dict) else exports
+        return [spec_text(s) for s in items]
+
+    def render_config(self):
+        from rattler_build import PlatformConfig, RenderConfig
+
+        return RenderConfig(platform=PlatformConfig(target_platform=self.platform))
+
+
+def spec_text(spec) -> str:
+    """A rendered requirement: a string, or a pin (pin_subpackage / pin_compatible) as rattler-build leaves it."""
+    if isinstance(spec, str):
+        return spec
+    if isinstance(spec, dict) and len(spec) == 1:
+        (kind, pin), = spec.items()
+        if kind in ("pin_subpackage", "pin_compatible") and isinstance(pin, dict):
+            bounds = ", ".join(f'{k}="{pin[k]}"' for k in ("lower_bound", "upper_bound") if pin.get(k))
+            exact = ", exact=True" if pin.get("exact") else ""
+            return f'${{{{ {kind}("{pin["name"]}"{", " + bounds if bounds else ""}{exact}) }}}}'
+    return str(spec)
+
+
+def variant_files(recipes_dir: Path, recipe: str) -> list[Path]:
+    files = [recipes_dir / cfg.PINNING_PATH.name]
+    local = recipes_dir / recipe / "conda_build_config.yaml"
+    return files + ([local] if local.is_file() else [])
+
+
+def render_recipe(recipes_dir: Path, recipe: str, platforms: tuple[str, ...] = PLATFORMS) -> list[Variant]:
+    """Every rendered output of one recipe for every variant and platform (rattler-build); duplicates (a noarch
+    output rendered once per variant of its siblings) once."""
+    from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, VariantConfig
+    from rattler_build._rattler_build import RattlerBuildError
+
+    path = recipes_dir / recipe / "recipe.yaml"
+    if not path.is_file():
+        raise UserError(f"{path}: missing", RECIPE_INVALID)
+    template = path.read_text()
+    try:
+        stage0 = Stage0Recipe.from_file(path)
+        config = VariantConfig.from_files([str(p) for p in variant_files(recipes_dir, recipe)])
+        out: dict[tuple, Variant] = {}
+        for platform in platforms:
+            rendered = stage0.render(config, RenderConfig(platform=PlatformConfig(target_platform=platform)))
+            for r in rendered:
+                v = Variant(path, platform, {k: str(x) for k, x in r.variant.items()}, r.recipe.to_dict(),
+                            len({x.recipe.package.name for x in rendered}), template)
+                out.setdefault((v.subdir, v.dist), v)
+    except (RattlerBuildError, ValueError) as e:
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise UserError(f"{path.relative_to(recipes_dir.parent)}: rattler-build rejects it: {first}",
+                        RECIPE_INVALID) from None
+    return list(out.values())
+
+
+# --- checks rattler-build does not make ------------------------------------------------------------------------------
+
+def lint(v: Variant) -> list[str]:
+    """conda-smithy's rules that rattler-build's schema does not enforce, on one rendered output."""
+    where = f"{v.recipe_path.parent.name}/{v.name}"
+    out = []
+    about = v.stage1.get("about") or {}
+    for key in ("homepage", "license", "license_file", "summary"):
+        if not about.get(key):
+            out.append(f"{where}: about.{key} is missing")
+    license_file = about.get("license_file") or []
+    for f in license_file if isinstance(license_file, list) else [license_file]:
+        if not (v.recipe_path.parent / str(f)).is_file() and not v.sources:
+            out.append(f"{where}: about.license_file {f} is neither in the recipe folder nor in a source")
+    if not (v.stage1.get("extra") or {}).get("recipe-maintainers"):
+        out.append(f"{where}: extra.recipe-maintainers is missing")
+    if not v.tests:
+        out.append(f"{where}: no tests")
+    for i, src in enumerate(v.sources):
+        if "url" in src and not re.match(r"^[0-9a-f]{64}$", str(src.get("sha256", ""))):
+            out.append(f"{where}: source[{i}] {src['url']} has no sha256")
+    build_reqs = v.requirements("build")
+    if any(re.match(r"^(gcc|gxx|clang|clangxx|gfortran|cuda-nvcc)_", s) for s in build_reqs) and \
+            not any(s.startswith("sysroot_") for s in build_reqs):
+        out.append(f"{where}: compilers without ${{{{ stdlib(\"c\") }}}} in requirements.build")
+    for kind in ("host", "run"):
+        for s in v.requirements(kind):
+            if re.match(r"^(gcc|gxx|clang|cuda-nvcc|sysroot)_linux", s):
+                out.append(f"{where}: {s} belongs in requirements.build, not {kind}")
+    if v.noarch == "python":
+        pmin = v.variant.get("python_min")
+        if not pmin:
+            out.append(f"{where}: noarch python must use python_min (CFEP-25)")
+        else:
+            if f"python {pmin}.*" not in v.requirements("host"):
+                out.append(f"{where}: requirements.host needs `python ${{{{ python_min }}}}.*` (CFEP-25)")
+            if f"python >={pmin}" not in v.requirements("run"):
+                out.append(f"{where}: requirements.run needs `python >=${{{{ python_min }}}}` (CFEP-25)")
+            py_tests = [t["python"] for t in v.tests if "python" in t]
+            if py_tests and not all(str(t.get("python_version", "")).startswith(pmin) for t in py_tests):
+                out.append(f"{where}: python tests need `python_version: ${{{{ python_min }}}}.*` (CFEP-25)")
+    return out
+
+
+def same_spec(a: str | None, b: str) -> bool:
+    """Two requirement specs mean the same (rattler's MatchSpec: `ucxx ==0.51.01` is `ucxx ==0.51.1`)."""
+    from rattler import MatchSpec
+
+    if a is None:
+        return False
+    try:
+        return str(MatchSpec(a)) == str(MatchSpec(b))
+    except Exception:  # rattler's InvalidMatchSpecError: not the same as a valid spec
+        return a == b
+
+
+def _by_name(specs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for s in specs:
+        out.setdefault(s.split()[0], s)
+    return out
+
+
+def check_against_stack(v: Variant, st: Stack) -> list[str]:
+    """The rendered recipe uses what stack.toml and the lock say (the generated context alone proves nothing if a
+    recipe line bypasses it)."""
+    s = cfg.settings(st)
+    where = f"{v.recipe_path.parent.name}/{v.name}"
+    out = []
+
+    def source_is(i: int, src: cfg.SourceArchive) -> None:
+        if i >= len(v.sources):
+            out.append(f"{where}: source[{i}] missing (stack.toml pins {src.archive})")
+            return
+        got = v.sources[i]
+        if str(got.get("url")) != src.urls[0] or str(got.get("sha256")) != src.sha256:
+            out.append(f"{where}: source[{i}] is {got.get('url')} sha256 {got.get('sha256')}, stack.toml pins "
+                       f"{src.urls[0]} sha256 {src.sha256}")
+
+    if v.name == "ucx":
+        if v.version != s.ucx.version:
+            out.append(f"{where}: version {v.version}, stack.toml [ucx.source] says {s.ucx.version}")
+        source_is(0, s.ucx)
+        want_patches = [f"patches/{p.name}" for p in cfg.ucx_patches(st)]
+        got_patches = [str(p) for p in (v.sources[0].get("patches") or [])] if v.sources else []
+        if got_patches != want_patches:
+            out.append(f"{where}: patches {got_patches}, ucx-src-build carries {want_patches}")
+        exports = v.run_exports()
+        if len(exports) != 1 or not exports[0].startswith('${{ pin_subpackage("ucx"') or \
+                'upper_bound="x.x"' not in exports[0]:
+            out.append(f"{where}: run_exports {exports}: expected pin_subpackage(ucx, upper_bound=x.x)")
+        ignored = ((v.stage1.get("requirements") or {}).get("ignore_run_exports") or {}).get("from_package") or []
+        if not any(str(x).startswith("cuda-nvcc_") for x in ignored) or "cuda-cudart-dev" not in ignored:
+            out.append(f"{where}: ignore_run_exports.from_package must list the CUDA compiler and cuda-cudart-dev")
+        if not any("cuda-version" in c for c in v.requirements("run_constraints")):
+            out.append(f"{where}: requirements.run_constraints must constrain cuda-version")
+        if (v.build.get("dynamic_linking") or {}).get("overlinking_behavior") != "error":
+            out.append(f"{where}: build.dynamic_linking.overlinking_behavior must be error")
+    elif v.recipe_path.parent.name == "ucxx":
+        if v.version != s.ucxx.version:
+            out.append(f"{where}: version {v.version}, stack.toml [ucxx.source] says {s.ucxx.version}")
+        for i, src in enumerate((s.ucxx, s.rapids_cmake, s.cpm)):
+            source_is(i, src)
+        host = _by_name(v.requirements("host"))
+        if v.name in ("libucxx", "ucxx"):
+            if not same_spec(host.get("ucx"), f"ucx {s.ucx.version}.*"):
+                out.append(f"{where}: host ucx is {host.get('ucx')!r}, expected this channel's `ucx {s.ucx.version}.*`")
+            if not same_spec(host.get("librmm"), f"librmm {s.rapids_version}.*"):
+                out.append(f"{where}: host librmm is {host.get('librmm')!r}, expected `librmm {s.rapids_version}.*`")
+    elif v.name == st.name:
+        if v.version != st.version:
+            out.append(f"{where}: version {v.version}, stack.toml says {st.version}")
+        run = _by_name(v.requirements("run"))
+        locked = cfg.lock_versions_by_conda_name(st)
+        want = {"ucx": f"ucx {s.ucx.version}.*"}
+        for name in s.metapackage:
+            want[name] = f"{name} =={s.ucxx.version}" if name in ("ucxx", "distributed-ucxx") else \
+                f"{name} =={locked.get(name)}"
+        for name, spec in want.items():
+            if not same_spec(run.get(name), spec):
+                out.append(f"{where}: run requirement {run.get(name)!r}, expected {spec!r}")
+        extra = sorted(set(run) - set(want) - {"python"})
+        if extra:
+            out.append(f"{where}: run requirements not in stack.toml [conda].metapackage: {', '.join(extra)}")
+    return out
+
+
+def check_variants(variants: list[Variant], st: Stack) -> list[str]:
+    """Every CUDA version of stack.toml is rendered for the CUDA recipes, on every platform."""
+    out = []
+    want = set(cfg.settings(st).cuda_versions)
+    for recipe in ("ucx", "ucxx"):
+        for platform in PLATFORMS:
+            got = {v.variant.get("cuda_compiler_version") for v in variants
+                   if v.recipe_path.parent.name == recipe and v.platform == platform and v.subdir != "noarch"}
+            if got != want:
+                out.append(f"{recipe}: renders CUDA {sorted(filter(None, got))} on {platform}, stack.toml lists "
+                           f"{sorted(want)}")
+    return out
+
+
+def check_all(st: Stack, recipes_dir: Path | None = None) -> tuple[list[str], list[Variant]]:
+    """Drift of the generated lines, then every recipe rendered by rattler-build and checked.
+    Returns (problems, every rendered output)."""
+    recipes_dir = (recipes_dir or st.root / "recipes").resolve()
+    problems = [f"{p} is out of date with stack.toml; run `make regen`" for p in cfg.drift(st, recipes_dir)]
+    variants: list[Variant] = []
+    for recipe in cfg.RECIPES:
+        try:
+            rendered = render_recipe(recipes_dir, recipe)
+        except UserError as e:
+            problems.append(str(e))
+            continue
+        variants += rendered
+        for v in rendered:
+            problems += lint(v) + check_against_stack(v, st)
+    if variants:
+        problems += check_variants(variants, st)
+    problems += check_conda_forge_yml(st, recipes_dir)
+    return list(dict.fromkeys(problems)), variants
+
+
+# conda-forge's build images and their glibc (conda-forge.yml os_version).
+OS_VERSION_GLIBC = {"cos7": "2.17", "alma8": "2.28", "alma9": "2.34", "ubi8": "2.28"}
+
+
+def check_conda_forge_yml(st: Stack, recipes_dir: Path) -> list[str]:
+    """conda-forge.yml: rattler-build is the build tool, and the build image's glibc is not older than the
+    c_stdlib_version the recipes declare."""
+    import yaml
+
+    path = st.root / "conda-forge.yml"
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError:
+        return [f"{path.name} is missing"]
+    except yaml.YAMLError as e:
+        return [f"{path.name}: not YAML: {e}"]
+    out = []
+    if data.get("conda_build_tool") != "rattler-build":
+        out.append(f"{path.name}: conda_build_tool must be rattler-build (the recipes are v1 recipe.yaml)")
+    image = (data.get("os_version") or {}).get("linux_64", "cos7")
+    glibc = OS_VERSION_GLIBC.get(str(image))
+    want = cfg.settings(st).c_stdlib_version
+    if glibc is None:
+        out.append(f"{path.name}: os_version linux_64 {image!r} is not one of {', '.join(OS_VERSION_GLIBC)}")
+    elif tuple(map(int, glibc.split("."))) < tuple(map(int, want.split("."))):
+        out.append(f"{path.name}: os_version linux_64 {image} has glibc {glibc}, older than c_stdlib_version {want}")
+    return out
