@@ -43,6 +43,7 @@ def test_every_variant_measured_every_size(run):
     assert report["sizes"] == SIZES
     for v in report["variants"]:
         assert v["status"] == "ok", v
+        assert v["cluster"] == "LocalCluster, two CPU workers"
         for row in v["rows"]:
             assert row["samples"] == 3 and row["missing_log"] == 0
             assert row["transfer_ms_median"] > 0 and row["e2e_ms_median"] >= row["transfer_ms_median"]

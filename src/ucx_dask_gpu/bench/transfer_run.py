@@ -141,19 +141,30 @@ class SharedGPUCluster(LocalCUDACluster):
         return {max(taken, default=-1) + 1: spec}
 
 
-def start_cluster(spec: dict):
+def start_cluster(spec: dict) -> tuple[object, str]:
+    """The cluster and what it is. GPU: dask-cuda workers sharing one GPU; should dask-cuda's cluster not come up,
+    distributed's LocalCluster with that GPU visible to both workers (as tests/gpu/test_ucxx_gpu.py runs it), said so
+    in the result (its RMM settings are then dask-cuda's alone and do not apply)."""
     common = dict(protocol=spec["protocol"], threads_per_worker=spec.get("threads_per_worker", 1),
                   dashboard_address=None, silence_logs=logging.WARNING, local_directory=spec.get("local_directory"))
     if spec["mode"] == "gpu":
         c = spec.get("cluster", {})
-        return SharedGPUCluster(CUDA_VISIBLE_DEVICES=str(spec.get("gpu", 0)), n_workers=2,
-                                rmm_pool_size=c.get("rmm-pool-size"), rmm_async=c.get("rmm-async", False),
-                                rmm_maximum_pool_size=c.get("rmm-maximum-pool-size"),
-                                rmm_allocator_external_lib_list=c.get("rmm-allocator-external-lib-list"),
-                                device_memory_limit=c.get("device-memory-limit", "default"),
-                                memory_limit=c.get("memory-limit", "auto"), **common)
+        gpu = str(spec.get("gpu", 0))
+        try:
+            return SharedGPUCluster(CUDA_VISIBLE_DEVICES=gpu, n_workers=2,
+                                    rmm_pool_size=c.get("rmm-pool-size"), rmm_async=c.get("rmm-async", False),
+                                    rmm_maximum_pool_size=c.get("rmm-maximum-pool-size"),
+                                    rmm_allocator_external_lib_list=c.get("rmm-allocator-external-lib-list"),
+                                    device_memory_limit=c.get("device-memory-limit", "default"),
+                                    memory_limit=c.get("memory-limit", "auto"), **common), \
+                f"dask-cuda, two workers on GPU {gpu}"
+        except Exception as e:
+            progress(f"dask-cuda's cluster did not start ({one_line(e)}): LocalCluster instead")
+            return LocalCluster(n_workers=2, processes=True, host="127.0.0.1", env={"CUDA_VISIBLE_DEVICES": gpu},
+                                **common), \
+                f"LocalCluster, two workers on GPU {gpu} (dask-cuda's failed: {one_line(e)})"
     return LocalCluster(n_workers=2, processes=True, host="127.0.0.1", memory_limit=spec.get("memory_limit", "4GiB"),
-                        **common)
+                        **common), "LocalCluster, two CPU workers"
 
 
 SAMPLE_TIMEOUT_S = 30.0  # one transfer that takes longer is a hang, not a measurement
@@ -272,7 +283,7 @@ def run(spec: dict) -> dict:
     try:
         progress(f"starting cluster: {spec['protocol']}, 2 {'GPU' if gpu else 'CPU'} workers")
         t = time.perf_counter()
-        cluster = start_cluster(spec)
+        cluster, res["cluster"] = start_cluster(spec)
         client = Client(cluster, timeout="60s")
         client.wait_for_workers(2, timeout=spec.get("start_timeout", 120))
         res["timings"]["cluster_start_s"] = round(time.perf_counter() - t, 3)

@@ -155,71 +155,60 @@ class _Stream:
         return {ep for ep, c in self.ep_owner.items() if c == comm}
 
 
+def _put(m: dict[str, float], name: str, event):
+    """Record `event`'s time as milestone `name` (when there is one); return the event."""
+    if event is not None:
+        m[name] = event[0]
+    return event
+
+
 def milestones(sample: dict) -> dict[str, float]:
     """Milestone name -> time (s, the tracer's clock) for one traced sample; missing ones are left out."""
     ev = sample.get("events") or {}
     A = _Stream(ev.get("A", {}).get("events", []), ev.get("A", {}).get("ep_owner"))
     B = _Stream(ev.get("B", {}).get("events", []), ev.get("B", {}).get("ep_owner"))
     m: dict[str, float] = {"submit": float(sample["submit"]), "result": float(sample["result"])}
-    g0 = B.first("gather_dep", "b")
+    g0 = _put(m, "B.gather.b", B.first("gather_dep", "b"))
     if g0 is None:
         return m
-    m["B.gather.b"] = g0[0]
-    ct = B.last("stimulus:ComputeTaskEvent", "i", g0[0])
-    if ct:
-        m["B.compute_task"] = ct[0]
-    g1 = B.first("gather_dep", "e", g0[0])
-    if g1:
-        m["B.gather.e"] = g1[0]
-        x0 = B.first("execute", "b", g1[0])
-        if x0:
-            m["B.execute.b"] = x0[0]
-            x1 = B.first("execute", "e", x0[0])
-            if x1:
-                m["B.execute.e"] = x1[0]
+    _put(m, "B.compute_task", B.last("stimulus:ComputeTaskEvent", "i", g0[0]))
+    g1 = _put(m, "B.gather.e", B.first("gather_dep", "e", g0[0]))
+    x0 = _put(m, "B.execute.b", B.first("execute", "b", g1[0])) if g1 else None
+    if x0:
+        _put(m, "B.execute.e", B.first("execute", "e", x0[0]))
     conn = B.first("connect", "e", g0[0])
     if conn is None:
         return m
-    cb = conn[3]
+    cb = conn[3]  # the comm B's pool gave it: the request, response and "OK" travel on it
     wr0 = B.first("comm.write", "b", conn[0], ident=cb)
     wr1 = B.first("comm.write", "e", wr0[0], ident=cb) if wr0 else None
     if not (wr0 and wr1):
         return m
     m["B.write_req.b"], m["B.write_req.e"] = wr0[0], wr1[0]
-    tf = B.first("to_frames", "e", wr0[0], wr1[0])
-    if tf:
-        m["B.req_frames.e"] = tf[0]
+    _put(m, "B.req_frames.e", B.first("to_frames", "e", wr0[0], wr1[0]))
     rd1 = B.first("comm.read", "e", wr1[0], ident=cb)
     eps = B.eps_of(cb)
     if eps:
-        first_recv = B.first("ep.recv", "e", wr1[0], rd1[0] if rd1 else math.inf, idents=eps)
-        if first_recv:
-            m["B.resp_first.e"] = first_recv[0]
+        _put(m, "B.resp_first.e", B.first("ep.recv", "e", wr1[0], rd1[0] if rd1 else math.inf, idents=eps))
     if rd1:
         ff0 = B.first("from_frames", "b", wr1[0], rd1[0])
         ff1 = B.first("from_frames", "e", ff0[0], rd1[0]) if ff0 else None
         if ff0 and ff1:
             m["B.from_frames.b"], m["B.from_frames.e"] = ff0[0], ff1[0]
         ok0 = B.first("comm.write", "b", rd1[0], ident=cb)
-        ok1 = B.first("comm.write", "e", ok0[0], ident=cb) if ok0 else None
-        if ok1:
-            m["B.write_ok.e"] = ok1[0]
-    gd = A.first("get_data", "b", wr0[0])
-    if gd:
-        ca = gd[3]
-        m["A.get_data.b"] = gd[0]
-        rq = A.last("comm.read", "e", gd[0], ident=ca)
-        if rq and rq[0] >= wr0[0]:
-            m["A.read_req.e"] = rq[0]
-        w0 = A.first("comm.write", "b", gd[0], ident=ca)
-        if w0:
-            m["A.write_resp.b"] = w0[0]
-            tf = A.first("to_frames", "e", w0[0])
-            if tf:
-                m["A.to_frames.e"] = tf[0]
-            w1 = A.first("comm.write", "e", w0[0], ident=ca)
-            if w1:
-                m["A.write_resp.e"] = w1[0]
+        if ok0:
+            _put(m, "B.write_ok.e", B.first("comm.write", "e", ok0[0], ident=cb))
+    gd = _put(m, "A.get_data.b", A.first("get_data", "b", wr0[0]))
+    if gd is None:
+        return m
+    ca = gd[3]  # A's side of the same connection
+    rq = A.last("comm.read", "e", gd[0], ident=ca)
+    if rq and rq[0] >= wr0[0]:
+        m["A.read_req.e"] = rq[0]
+    w0 = _put(m, "A.write_resp.b", A.first("comm.write", "b", gd[0], ident=ca))
+    if w0:
+        _put(m, "A.to_frames.e", A.first("to_frames", "e", w0[0]))
+        _put(m, "A.write_resp.e", A.first("comm.write", "e", w0[0], ident=ca))
     return m
 
 
@@ -303,7 +292,8 @@ def variant_summary(result: dict) -> dict:
     out = {"label": result.get("label"), "protocol": result.get("protocol"), "status": result.get("status"),
            "error": result.get("error"), "rounds": result.get("rounds"), "rows": rows,
            "fit_transfer": fixed_and_per_byte(rows, "transfer_ms_median"),
-           "fit_e2e": fixed_and_per_byte(rows, "e2e_ms_median"), "applied": _one_applied(result.get("applied"))}
+           "fit_e2e": fixed_and_per_byte(rows, "e2e_ms_median"), "applied": _one_applied(result.get("applied")),
+           "cluster": result.get("cluster")}
     if result.get("transpose"):
         out["transpose"] = result["transpose"]
     if result.get("proto_info"):
@@ -415,7 +405,7 @@ def markdown(report: dict) -> str:
         lines.append("```")
     for v in variants:
         if v.get("applied"):
-            lines += ["", f"- applied ({v['protocol']} {v['label']}): `{v['applied']}`"]
+            lines += ["", f"- applied ({v['protocol']} {v['label']}; {v.get('cluster')}): `{v['applied']}`"]
     return "\n".join(lines) + "\n"
 
 
