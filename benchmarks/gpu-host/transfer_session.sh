@@ -30,13 +30,14 @@ source benchmarks/gpu-host/stack_venv.sh || { echo "== could not make the venv o
 python3 -m ucx_dask_gpu doctor 2>&1 | grep -E "UCX loaded|UCXX|CUDA|GPUs"
 left=$(( deadline - $(date +%s) ))
 # In the order they matter (--budget stops starting variants in time): dask's defaults and the shipped config over
-# both protocols; the UCXX patch's event-driven waiting (UCXPY_ENABLE_PYTHON_FUTURE=1) on each; receive buffers from
-# an RMM pool on top.
+# both protocols; the UCXX patch's event-driven waiting (UCXPY_ENABLE_PYTHON_FUTURE=1) on each, and with 200 us of
+# polling before it blocks; receive buffers from an RMM pool on top.
 python3 -m ucx_dask_gpu.bench.transfer "${mode[@]}" --rounds 30 --warmup 3 \
   --variant 'ucx,tcp@baseline:none' \
   --variant 'ucx@tuned+event:tuned:UCXPY_ENABLE_PYTHON_FUTURE=1' \
   --variant 'ucx,tcp@tuned:tuned' \
   --variant 'ucx@baseline+event:none:UCXPY_ENABLE_PYTHON_FUTURE=1' \
+  --variant 'ucx@tuned+event+spin:tuned:UCXPY_ENABLE_PYTHON_FUTURE=1;UCXPY_BLOCKING_SPIN_US=200' \
   --variant 'ucx@tuned+event+rmm-async:tuned:UCXPY_ENABLE_PYTHON_FUTURE=1;ucx-dask-gpu.cluster.rmm-async=true' \
   --variant 'ucx@tuned+event+rmm-pool:tuned:UCXPY_ENABLE_PYTHON_FUTURE=1;ucx-dask-gpu.cluster.rmm-pool-size=8GiB' \
   --trace baseline,tuned+event --trace-rounds 10 --trace-seconds 20 --transpose-runs 3 --transpose-protocols ucx \
