@@ -22,7 +22,7 @@ def run(tmp_path_factory):
         [sys.executable, "-m", "ucx_dask_gpu.bench.transfer", "--sizes", "8,64KiB", "--rounds", "3", "--warmup", "1",
          "--variant", "ucx,tcp@baseline:none", "--variant", "ucx@event:none:UCXPY_ENABLE_PYTHON_FUTURE=1",
          "--trace", "event", "--trace-rounds", "2", "--transpose", "400", "--transpose-chunks", "100",
-         "--transpose-runs", "1", "--seconds", "60", "--out", str(out)],
+         "--transpose-runs", "1", "--transpose-protocols", "ucx,tcp", "--seconds", "60", "--out", str(out)],
         capture_output=True, text=True, timeout=600)
     report = json.loads((out / "transfer.json").read_text()) if (out / "transfer.json").exists() else None
     return proc, report, out
