@@ -82,7 +82,8 @@ def _function(frame: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ucx_dask_gpu.bench.transfer_profile", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ucx_dask_gpu.bench.transfer_profile",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--protocol", default="ucx", choices=("ucx", "tcp"))
     p.add_argument("--seconds", type=float, default=15.0, help="sampling time (default 15)")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second (default 250)")

@@ -5,8 +5,8 @@ fetch + verify the UCXX, rapids-cmake and CPM.cmake archives -> ucx-src-build/pa
 to the UCXX tree in name order (recorded in the build info, part of the input hash) -> a build venv from the
 hash-pinned build lock -> a CUDA toolkit directory assembled from that venv's NVIDIA wheels ->
 `pip wheel --no-build-isolation --no-index --no-deps` for each [[ucxx.build.packages]] in order, inside a network
-namespace with only loopback (a download attempt fails and names its URL) -> checks (names, versions, no libucx dependency, libucxx.so linked to libucp.so.0) ->
-ucxx-build-info.json + the wheels into --out, and into the cache.
+namespace with only loopback (a download attempt fails and names its URL) -> checks (names, versions, no libucx
+dependency, libucxx.so linked to libucp.so.0) -> ucxx-build-info.json + the wheels into --out, and into the cache.
 
 What the binding needs at run time from outside its wheels: our UCX's lib/ on the loader path (libucxx.so's RUNPATH
 is $ORIGIN only): ld.so.conf in the image, `install-ucxx` (below) in a venv.
