@@ -52,14 +52,15 @@ $(VENV)/.installed: pyproject.toml stack.toml $(IMAGE_LOCK) $(UCXX_WHEELS).stamp
 # The integration tests use this prefix (UCX_PREFIX).
 # A separate stamp: the prefix's own files carry source_date_epoch mtimes (reproducible), too old for make.
 ucx: $(UCX_PREFIX).stamp
-$(UCX_PREFIX).stamp: stack.toml $(wildcard ucx-src-build/patches/*/*.patch) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py) | prereqs
+$(UCX_PREFIX).stamp: stack.toml $(filter-out ucx-src-build/patches/ucxx-%,$(wildcard ucx-src-build/patches/*/*.patch)) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py) | prereqs
 	ucx-src-build/build.sh build --prefix $(UCX_PREFIX) --work-dir build/ucx-work --require ib,cuda
 	touch $@
 
 # UCXX (libucxx, ucxx, distributed-ucxx wheels) from verified source against that UCX, offline in a network namespace;
-# a build with the same inputs is taken from .cache/ucxx-builds. The venv and the image install these wheels.
+# a build with the same inputs (patches under ucx-src-build/patches/ucxx-<version>/ included) is taken from
+# .cache/ucxx-builds. The venv and the image install these wheels.
 ucxx: $(UCXX_WHEELS).stamp
-$(UCXX_WHEELS).stamp: $(UCX_PREFIX).stamp stack.toml $(UCXX_BUILD_LOCK) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py)
+$(UCXX_WHEELS).stamp: $(UCX_PREFIX).stamp stack.toml $(UCXX_BUILD_LOCK) $(wildcard ucx-src-build/patches/ucxx-*/*.patch) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py)
 	ucx-src-build/build.sh ucxx --ucx-prefix $(UCX_PREFIX) --out $(UCXX_WHEELS) --work-dir build/ucxx-work
 	touch $@
 

@@ -17,8 +17,8 @@ out=${2:-${OUT:?usage: bench.sh 128mib|auto|svd|seed003 OUTDIR}}
 mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 py=${PYTHON:-python3}
-$py -c 'import dask_cuda, distributed_ucxx, nvtx' 2>/dev/null \
-  || { echo "== installing the carried wheels (.whl/)"; $py -m pip install -q --no-index --no-deps .whl/*.whl || exit 1; }
+# a venv on our stack from the carried .whl/, build/ucx-prefix and build/ucxx-wheels (fetch_wheels.sh, make ucx ucxx)
+source benchmarks/gpu-host/stack_venv.sh || exit 1
 bench="$py -m ucx_dask_gpu.bench"
 
 case "$what" in

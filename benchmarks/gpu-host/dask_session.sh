@@ -2,7 +2,7 @@
 # On a GPU host, in one bounded call (~9.5 min at most): the GPU-to-GPU chunk test (bench.sh seed003), the topology
 # plan + cluster helper, bench transpose with chunks="auto", bench svd, the 128 MiB transpose with the knobs that
 # helped combined, the workloads GPU test, and (on spare cores, CPU only) the gcc 13 compile check of the UCX patches.
-# usage: dask_session.sh OUTDIR   (carry .whl/ and build/gcc13-check/)
+# usage: dask_session.sh OUTDIR   (carry .whl/, build/ucx-prefix, build/ucxx-wheels and build/gcc13-check/)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=$PWD
@@ -13,8 +13,8 @@ export NCCL_NVLS_ENABLE=0 CUDA_DEVICE_ORDER=PCI_BUS_ID PYTHONUNBUFFERED=1 PYTHON
 deadline=$(( $(date +%s) + ${SESSION_SECONDS:-570} ))
 left() { local l=$(( deadline - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 5 ? l : 5 )); }
 step() { echo "== $(date +%T) $*"; }
-python3 -c 'import dask_cuda, distributed_ucxx, nvtx' 2>/dev/null \
-  || python3 -m pip install -q --no-index --no-deps .whl/*.whl || exit 1
+# a venv on our stack from the carried .whl/, build/ucx-prefix and build/ucxx-wheels (fetch_wheels.sh, make ucx ucxx)
+source benchmarks/gpu-host/stack_venv.sh || exit 1
 
 if [ -f build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz ]; then
   bash benchmarks/gpu-host/gcc13_check.sh "$W" 6 &

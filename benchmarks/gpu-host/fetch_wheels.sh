@@ -2,13 +2,25 @@
 # Download the cp312 manylinux wheels that a bare GPU host lacks (no registry reachable there), at the versions
 # of OUR lock, into .whl/ (git-ignored) so the device run uses the same stack as the image. UCXX is not among them:
 # our own wheels (build/ucxx-wheels, `make ucxx`) travel as they are.
+# usage: fetch_wheels.sh [DEST]   (default .whl)
+#   REHEARSAL=1 (default DEST build/whl-rehearsal): for THIS machine's python3 instead of the GPU host's 3.12, plus the
+#   packages the GPU host already has, so a device session can be rehearsed here, e.g.
+#   UCX_DASK_GPU_WHEELS=build/whl-rehearsal TRANSFER_MODE=cpu benchmarks/gpu-host/transfer_session.sh OUTDIR
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${1:-.whl}
+[ "${REHEARSAL:-0}" = 1 ] && dest=${1:-build/whl-rehearsal}
 # Present on the lent H200 image already (see /work/.library/device/KINDS.md): numpy, cupy, cuda-core/bindings,
 # nvidia-ml-py, pandas, pyarrow, psutil, msgpack, click, pyyaml, toolz, cloudpickle, jinja2, fsspec, packaging.
 missing="dask distributed dask-cuda rapids-dask-dependency librmm-cu13 rmm-cu13 rapids-logger cuda-core nvtx zict tblib
          locket partd tornado sortedcontainers lazy-importer"
+pyver=3.12
+if [ "${REHEARSAL:-0}" = 1 ]; then
+  pyver=$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  missing="$missing numpy cupy-cuda13x cuda-bindings cuda-pathfinder nvidia-cuda-runtime nvidia-ml-py pandas pyarrow
+           psutil msgpack click pyyaml toolz cloudpickle jinja2 markupsafe fsspec packaging python-dateutil tzdata
+           importlib-metadata zipp"
+fi
 specs=$(PYTHONPATH=src python3 - $missing <<'PY'
 import sys
 from ucx_dask_gpu import stack
@@ -22,7 +34,7 @@ for name in sys.argv[1:]:
 PY
 )
 rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
-python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$dest.tmp" $specs
 rm -rf "$dest" && mv "$dest.tmp" "$dest"

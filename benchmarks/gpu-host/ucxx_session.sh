@@ -7,19 +7,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: ucxx_session.sh OUTDIR}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 CUDA_DEVICE_ORDER=PCI_BUS_ID PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
-venv=/tmp/udg-venv
-python3 -m venv "$venv" || exit 1
-site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-# The host's own packages (cupy, numpy, pytest, ...) stay visible: its sys.path, after the venv's own site-packages.
-python3 -c 'import sys; print("\n".join(p for p in sys.path if p.startswith("/") and "site-packages" in p or "dist-packages" in p))' \
-  > "$site/zz-host-packages.pth"
-"$venv/bin/python" -m pip install -q --no-index --no-deps .whl/*.whl \
-  && ucx-src-build/build.sh install-ucxx --python "$venv/bin/python" --wheels build/ucxx-wheels \
-       --ucx-prefix build/ucx-prefix || exit 1
-# UCX's CUDA modules link libcudart.so.13: the host's nvidia-cuda-runtime wheel (the image has it in ld.so.conf).
-cudart=$(python3 -c 'import glob, sys; print(next(iter(sorted(g for p in sys.path for g in glob.glob(p + "/nvidia/cu13/lib"))), ""))')
-export LD_LIBRARY_PATH=${cudart}
+# shellcheck source=stack_venv.sh
+source benchmarks/gpu-host/stack_venv.sh || exit 1   # makes and activates $venv
 { command -v python3; python3 -c 'import sys; print(sys.path)'; echo "cudart: $cudart"; } > "$out/host-python.txt" 2>&1
 {
   build/ucx-prefix/bin/ucx_info -v

@@ -21,6 +21,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from ucx_dask_gpu import stack
+from ucx_dask_gpu.fsutil import sha256_file
 from ucx_dask_gpu.ucxbuild import ucxx as ucxxbuild
 from ucx_dask_gpu.ucxbuild.build import BUILD_INFO
 
@@ -77,6 +78,8 @@ def test_build_info_records_sources_options_and_isolation(info, st):
     ucx = json.loads((PREFIX / BUILD_INFO).read_text())
     assert info["ucx"] == ucxxbuild.ucx_identity(ucx), "built against the UCX `make ucx` made"
     assert [p["package"] for p in info["packages"]] == [p.name for p in st.ucxx.packages]
+    assert info["patches"] == [{"name": f"{p.parent.name}/{p.name}", "sha256": sha256_file(p)}
+                               for p in ucxxbuild.ucxx_patches(st)], "the carried UCXX patches, in order"
 
 
 def test_wheels_are_named_for_cuda_and_need_no_libucx(info, st):

@@ -1,11 +1,12 @@
 """Build the UCXX wheels (libucxx, ucxx, distributed-ucxx) from the pinned tag against a UCX prefix of ours, offline.
 
 Steps: the UCX prefix's build info (its version must be stack.toml's) -> cache lookup by the hash of every input ->
-fetch + verify the UCXX, rapids-cmake and CPM.cmake archives -> a build venv from the hash-pinned build lock -> a CUDA
-toolkit directory assembled from that venv's NVIDIA wheels -> `pip wheel --no-build-isolation --no-index --no-deps`
-for each [[ucxx.build.packages]] in order, inside a network namespace with only loopback (a download attempt fails and
-names its URL) -> checks (names, versions, no libucx dependency, libucxx.so linked to libucp.so.0) ->
-ucxx-build-info.json + the wheels into --out, and into the cache.
+fetch + verify the UCXX, rapids-cmake and CPM.cmake archives -> ucx-src-build/patches/ucxx-<version>/*.patch applied
+to the UCXX tree in name order (recorded in the build info, part of the input hash) -> a build venv from the
+hash-pinned build lock -> a CUDA toolkit directory assembled from that venv's NVIDIA wheels ->
+`pip wheel --no-build-isolation --no-index --no-deps` for each [[ucxx.build.packages]] in order, inside a network
+namespace with only loopback (a download attempt fails and names its URL) -> checks (names, versions, no libucx
+dependency, libucxx.so linked to libucp.so.0) -> ucxx-build-info.json + the wheels into --out, and into the cache.
 
 What the binding needs at run time from outside its wheels: our UCX's lib/ on the loader path (libucxx.so's RUNPATH
 is $ORIGIN only): ld.so.conf in the image, `install-ucxx` (below) in a venv.
@@ -34,7 +35,7 @@ from ..fsutil import ELF_MAGIC, atomic_path, atomic_write_text, sha256_file
 from ..stack import Stack
 from ..ucx.install import BUILD_INFO, PRELOAD_PTH
 from ..ucx.install import UCXX_BUILD_INFO as INSTALLED_BUILD_INFO
-from .build import _fmt_s, _print_tail, compiler_version, run_logged, unpack_tree
+from .build import _fmt_s, _print_tail, apply_patches, compiler_version, patches_for, run_logged, unpack_tree
 from .fetch import default_cache_dir, fetch_source, say
 
 UCXX_BUILD_INFO = INSTALLED_BUILD_INFO.name
@@ -51,6 +52,7 @@ class UcxxOptions:
     find_links: list[Path] = field(default_factory=list)  # wheelhouses for the build venv (offline)
     offline: bool = False
     jobs: int = 0
+    patches_root: Path | None = None  # default: ucx-src-build/patches (UCXX's own under ucxx-<version>/)
 
 
 # --- inputs ----------------------------------------------------------------------------------------------------
@@ -79,12 +81,18 @@ def ucx_identity(ucx_info: dict) -> dict:
     }
 
 
-def input_key(stack: Stack, ucx_info: dict) -> str:
-    """Hash of everything the wheels are made from: sources, build lock, build options, the UCX they link, the
-    interpreter and this builder. Two builds with the same key are interchangeable."""
+def ucxx_patches(stack: Stack, root: Path | None = None) -> list[Path]:
+    """The patches carried for the pinned UCXX: <root>/ucxx-<version>/*.patch, in the order they apply."""
+    return patches_for(f"ucxx-{stack.ucxx.source.version}", root or stack.root / "ucx-src-build" / "patches")
+
+
+def input_key(stack: Stack, ucx_info: dict, patches: list[Path] | None = None) -> str:
+    """Hash of everything the wheels are made from: sources, patches, build lock, build options, the UCX they link,
+    the interpreter and this builder. Two builds with the same key are interchangeable."""
     u = stack.ucxx
     payload = {
         "sources": [[a.name, a.content_tree] for a in (u.source, u.rapids_cmake, u.cpm)],
+        "patches": [[p.name, sha256_file(p)] for p in (patches or [])],
         "build_lock": sha256_file(stack.root / u.lock),
         "matrix_entry": u.matrix_entry,
         "packages": [[p.name, p.path, list(p.cmake_args)] for p in u.packages],
@@ -258,7 +266,8 @@ def build_ucxx(stack: Stack, opts: UcxxOptions) -> dict:
                         f"{stack.ucx.version}: build that UCX first", UCX_NOT_FOUND)
     cache = (opts.cache or default_cache_dir(stack)).resolve()
     build_cache = (opts.build_cache or cache.parent / "ucxx-builds").resolve()
-    key = input_key(stack, ucx_info)
+    patches = ucxx_patches(stack, opts.patches_root)
+    key = input_key(stack, ucx_info, patches)
     out = opts.out.resolve()
     cached = build_cache / key
     if _complete(cached):
@@ -269,7 +278,7 @@ def build_ucxx(stack: Stack, opts: UcxxOptions) -> dict:
     own_work = opts.work_dir is None
     work = Path(tempfile.mkdtemp(prefix="ucxx-build-")) if own_work else opts.work_dir.resolve()  # type: ignore
     try:
-        info = _build(stack, opts, work, prefix, ucx_info, cache, key)
+        info = _build(stack, opts, work, prefix, ucx_info, cache, key, patches)
     except UserError as e:
         if own_work and e.exit_code == BUILD_FAILED:
             say(f"work directory kept for inspection: {work}")
@@ -299,7 +308,8 @@ def _install_output(src: Path, out: Path) -> None:
         shutil.copytree(src, tmp)
 
 
-def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: dict, cache: Path, key: str) -> dict:
+def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: dict, cache: Path, key: str,
+           patches: list[Path]) -> dict:
     t_start = time.monotonic()
     u = stack.ucxx
     work.mkdir(parents=True, exist_ok=True)
@@ -312,6 +322,9 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
     fetched = {a.name: fetch_source(a, **fetch_kw) for a in (u.source, u.rapids_cmake, u.cpm)}
     trees = {name: unpack_tree(f.path, work / "src" / name) for name, f in fetched.items()}
     src, rapids_cmake, cpm = trees[u.source.name], trees[u.rapids_cmake.name], trees[u.cpm.name]
+    if patches and shutil.which("patch") is None:
+        raise UserError("`patch` is needed to apply the UCXX patches (apt-get install patch)", MISSING_CAPABILITY)
+    applied = apply_patches(src, patches, logs / "patch.log") if patches else []
     cpm_file = cpm / "cmake" / "CPM.cmake"
     if not cpm_file.is_file():
         raise UserError(f"{u.cpm.archive}: no cmake/CPM.cmake", BUILD_FAILED)
@@ -380,6 +393,7 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
         "input_key": key,
         "ucxx_version": u.source.version,
         "sources": {name: f.record() for name, f in fetched.items()},
+        "patches": applied,
         "matrix_entry": u.matrix_entry,
         # Paths inside the build's work dir, as placeholders: the options, not where this machine kept them.
         "cmake_args": [re.sub(re.escape(str(work)), "<work>", re.sub(re.escape(str(prefix)), "<ucx>", a))
