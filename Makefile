@@ -9,6 +9,11 @@ CLI := $(VENV)/bin/ucx-dask-gpu
 # Where UCX (make ucx) and the UCXX wheels (make ucxx) are built; the tests and the image build read them from here.
 export UCX_PREFIX ?= build/ucx-prefix
 export UCXX_WHEELS ?= build/ucxx-wheels
+# The hash-pinned Python locks are where stack.toml says ([python].lock, [ucxx.build].lock); `stack get` needs only the
+# standard library, so the system python3 reads them before the venv exists.
+STACK_GET := PYTHONPATH=src $(PY) -m ucx_dask_gpu stack get
+IMAGE_LOCK := $(shell $(STACK_GET) python.lock)
+UCXX_BUILD_LOCK := $(shell $(STACK_GET) ucxx.build.lock)
 
 .PHONY: all test prereqs venv regen check-generated unit ucx ucxx doctor gpu-verify lock
 
@@ -33,9 +38,9 @@ prereqs:
 # The venv runs on our stack: the hashed lock (no UCXX, no libucx wheel), our UCXX wheels --no-deps on top with a
 # start-up preload of our UCX's libucp (ucx-src-build/build.sh install-ucxx: UCXX loads no other UCX), this package.
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml stack.toml locks/image-py311-linux-64.txt $(UCXX_WHEELS).stamp
+$(VENV)/.installed: pyproject.toml stack.toml $(IMAGE_LOCK) $(UCXX_WHEELS).stamp
 	$(PY) -m venv --clear $(VENV)
-	$(VPY) -m pip install -q --require-hashes -r locks/image-py311-linux-64.txt
+	$(VPY) -m pip install -q --require-hashes -r $(IMAGE_LOCK)
 	ucx-src-build/build.sh install-ucxx --python $(VPY) --wheels $(UCXX_WHEELS) --ucx-prefix $(UCX_PREFIX)
 	$(VPY) -m pip install -q -e '.[test]'
 	$(VPY) -m pip check
@@ -55,7 +60,7 @@ $(UCX_PREFIX).stamp: stack.toml $(filter-out ucx-src-build/patches/ucxx-%,$(wild
 # a build with the same inputs (patches under ucx-src-build/patches/ucxx-<version>/ included) is taken from
 # .cache/ucxx-builds. The venv and the image install these wheels.
 ucxx: $(UCXX_WHEELS).stamp
-$(UCXX_WHEELS).stamp: $(UCX_PREFIX).stamp stack.toml locks/ucxx-build-py311-linux-64.txt $(wildcard ucx-src-build/patches/ucxx-*/*.patch) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py)
+$(UCXX_WHEELS).stamp: $(UCX_PREFIX).stamp stack.toml $(UCXX_BUILD_LOCK) $(wildcard ucx-src-build/patches/ucxx-*/*.patch) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py)
 	ucx-src-build/build.sh ucxx --ucx-prefix $(UCX_PREFIX) --out $(UCXX_WHEELS) --work-dir build/ucxx-work
 	touch $@
 

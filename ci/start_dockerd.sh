@@ -3,7 +3,7 @@
 # but no engine: stack.toml [debian].image_host_packages (Debian's docker.io, debootstrap, openssl) are installed
 # when missing and dockerd is started in the background (overlay2 works as root). Without an engine and unable to
 # start one: one line, exit 7.
-# The logic is `ucx-dask-gpu image engine` (src/ucx_dask_gpu/dockerutil.py); `--no-start` only checks.
+# The logic is `ucx-dask-gpu image engine` (src/ucx_dask_gpu/image/docker.py); `--no-start` only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x .venv/bin/python ]; then

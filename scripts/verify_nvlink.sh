@@ -7,11 +7,11 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 if [ -x "$here/.venv/bin/python" ]; then
-  exec "$here/.venv/bin/python" -m ucx_dask_gpu.verify_nvlink "$@"
+  exec "$here/.venv/bin/python" -m ucx_dask_gpu.nvlink "$@"
 elif command -v ucx-dask-gpu >/dev/null 2>&1; then
   exec ucx-dask-gpu verify-nvlink "$@"
 elif [ -d "$here/src/ucx_dask_gpu" ] && command -v python3 >/dev/null 2>&1; then
-  PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}" exec python3 -m ucx_dask_gpu.verify_nvlink "$@"
+  PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}" exec python3 -m ucx_dask_gpu.nvlink "$@"
 fi
 echo "verify_nvlink.sh: no ucx-dask-gpu: run \`make venv\`, or install the package, or use python3 with $here/src" >&2
 exit 2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU host: ONE study of issue 9 per call, bounded by --budget, reports into OUTDIR (default $OUT).
-#   bench.sh 128mib  OUTDIR  the seed's workload: 40000^2 float64 in 128 MiB (4096^2) chunks, ucx vs tcp, the tuned
+# On the GPU host: ONE benchmark study per call, bounded by --budget, reports into OUTDIR (default $OUT).
+#   bench.sh 128mib  OUTDIR  the transpose workload: 40000^2 float64 in 128 MiB (4096^2) chunks, ucx vs tcp, the tuned
 #                            config, local_cupy beside it, and the knob sweep                     (~5 min, <= 9.5 min)
 #   bench.sh auto    OUTDIR  chunks="auto" (the tuned config's array.chunk-size) + array.chunk-size sweep, ucx
 #                                                                                                (~2 min, <= 7 min)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On a GPU host, in one bounded call (~9.5 min at most): the seed-003 GPU test, the topology plan + cluster helper,
-# bench transpose with chunks="auto", bench svd, the 128 MiB transpose with the knobs that helped combined, the
-# workloads GPU test, and (on spare cores, CPU only) the gcc 13 compile check of the UCX patches.
+# On a GPU host, in one bounded call (~9.5 min at most): the GPU-to-GPU chunk test (bench.sh seed003), the topology
+# plan + cluster helper, bench transpose with chunks="auto", bench svd, the 128 MiB transpose with the knobs that
+# helped combined, the workloads GPU test, and (on spare cores, CPU only) the gcc 13 compile check of the UCX patches.
 # usage: dask_session.sh OUTDIR   (carry .whl/, build/ucx-prefix, build/ucxx-wheels and build/gcc13-check/)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +22,7 @@ if [ -f build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz ]; then
 fi
 bench="python3 -m ucx_dask_gpu.bench"
 
-step "seed 003: CuPy chunks move GPU-to-GPU over UCX"
+step "CuPy chunks move GPU-to-GPU over UCX"
 timeout "$(left 90)" python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_bench_gpu.py -k device_to_device \
   > "$W/pytest-bench-seed003.txt" 2>&1; echo "seed003 rc=$?" | tee -a "$W/pytest-bench-seed003.txt"
 step "topology plan + cluster helper running the transpose"

@@ -23,10 +23,11 @@ if [ "${REHEARSAL:-0}" = 1 ]; then
 fi
 specs=$(PYTHONPATH=src python3 - $missing <<'PY'
 import sys
-from ucx_dask_gpu import stack, lockfile
-pins = lockfile.load_lock(stack.load().lock_path())
+from ucx_dask_gpu import stack
+from ucx_dask_gpu.stack import lock
+pins = lock.load_lock(stack.load().lock_path())
 for name in sys.argv[1:]:
-    pin = pins.get(lockfile.canonical(name))
+    pin = pins.get(lock.canonical(name))
     if pin is None:
         sys.exit(f"fetch_wheels: {name} is not in the lock")
     print(f"{name}=={pin.version}")

@@ -41,13 +41,13 @@ tail -3 "$W/pytest-gpu-ucx.txt"
 unset LD_LIBRARY_PATH  # verify-nvlink sets the CUDA runtime path itself, per prefix
 
 step "verify-nvlink: from-source vs pip libucx, with variants"
-timeout 420 python3 -m ucx_dask_gpu.verify_nvlink --ucx-prefix "$P" --ucx-prefix pip --keep-going \
+timeout 420 python3 -m ucx_dask_gpu.nvlink --ucx-prefix "$P" --ucx-prefix pip --keep-going \
   --variant UCX_RNDV_SCHEME=put_zcopy --variant UCX_MAX_RNDV_RAILS=1 --variant UCX_PROTO_ENABLE=y \
   --variant-sizes 1MiB,256MiB --variants-on first --raw-dir "$W/verify/raw" --out "$W/verify/verify-nvlink" \
   > "$W/verify-nvlink.txt" 2>&1
 echo "verify-nvlink exit $?" | tee -a "$W/verify-nvlink.txt"
 step "verify-nvlink: the trap (both GPUs visible to both processes) must be invalid"
-timeout 100 python3 -m ucx_dask_gpu.verify_nvlink --ucx-prefix "$P" --ucx-prefix pip --keep-going \
+timeout 100 python3 -m ucx_dask_gpu.nvlink --ucx-prefix "$P" --ucx-prefix pip --keep-going \
   --sizes 256MiB --unsafe-visible-devices --raw-dir "$W/verify/raw-trap" --out "$W/verify/trap" > "$W/trap.txt" 2>&1
 echo "trap exit $? (must be 1)" | tee -a "$W/trap.txt"
 step "GPU tests: verify-nvlink"

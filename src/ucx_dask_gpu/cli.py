@@ -1,32 +1,27 @@
-"""`ucx-dask-gpu` command line: one subcommand per module, each exposing `register(subparsers)`.
+"""`ucx-dask-gpu` command line: every folder's cli.py registers its subcommands (`register(subparsers)`).
 
-Modules keep heavy imports (dask, NVML, matplotlib) inside their run functions so `--help` stays fast.
+Every module here starts with the standard library alone: third-party libraries (dask, NVML, matplotlib, ...) are
+imported where a command needs them, so `--help` is fast and `stack get` runs on a bare python3.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
 
 from . import __version__
+from .bench import cli as bench
 from .cliutil import Parser, run_parsed
+from .conda import cli as conda
+from .gate import cli as gate
+from .image import cli as image
+from .nvlink import cli as nvlink
+from .proof import cli as proof
+from .stack import cli as stack
+from .topology import cli as topology
+from .ucx import cli as ucx
+from .ucxbuild import cli as ucxbuild
 
-# module name -> registers one or more subcommands
-COMMAND_MODULES = [
-    "ucx_dask_gpu.stackcmd",
-    "ucx_dask_gpu.conda.cmd",
-    "ucx_dask_gpu.ucxbuild.cli",
-    "ucx_dask_gpu.doctor",
-    "ucx_dask_gpu.topologycmd",
-    "ucx_dask_gpu.imagecmd",
-    "ucx_dask_gpu.reproducible",
-    "ucx_dask_gpu.sbom",
-    "ucx_dask_gpu.envgate",
-    "ucx_dask_gpu.daskconfig",
-    "ucx_dask_gpu.workloads",
-    "ucx_dask_gpu.bench.command",
-    "ucx_dask_gpu.verify_nvlink",
-]
+# In the order `--help` lists them.
+FOLDERS = (stack, conda, ucxbuild, ucx, topology, image, gate, proof, bench, nvlink)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,14 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for folder in FOLDERS:
+        folder.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run_parsed(args, f"ucx-dask-gpu {args.command}")
-
-if __name__ == "__main__":
-    sys.exit(main())

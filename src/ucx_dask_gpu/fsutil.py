@@ -1,4 +1,5 @@
-"""Write files so that readers never see half a file: temp path in the same directory, then rename."""
+"""Files: written so that readers never see half a file (temp path in the same directory, then rename), their sha256,
+and whether one is an ELF binary. Standard library only."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+ELF_MAGIC = b"\x7fELF"
+
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
@@ -16,6 +19,15 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def is_elf(path: str | os.PathLike) -> bool:
+    """A regular file (not a symlink) that starts with the ELF magic."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == ELF_MAGIC
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ device index means the same GPU as here.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from .errors import NO_GPU, NVML_UNAVAILABLE, UserError
@@ -52,7 +53,7 @@ def normalise_bus_id(bus_id: str | bytes) -> str:
 
 def _nvml():
     try:
-        import pynvml  # provided by nvidia-ml-py
+        import pynvml  # optional (nvidia-ml-py): a host without it gets the one-line NVML_UNAVAILABLE error
     except ImportError:
         raise UserError("NVML unavailable: nvidia-ml-py is not installed", NVML_UNAVAILABLE) from None
     try:
@@ -167,8 +168,6 @@ NVML_AFFINITY_SCOPE_NODE = 0  # nvmlAffinityScope_t: NUMA node scope
 
 def _affinity(n, handle) -> tuple[list[int] | None, list[int] | None]:
     """(CPU ids, NUMA node ids) close to the GPU from NVML; None for what the driver does not support."""
-    import os
-
     words = max(1, ((os.cpu_count() or 1) + 63) // 64)
     try:
         cpus = unpack_mask(n.nvmlDeviceGetCpuAffinity(handle, words)) or None

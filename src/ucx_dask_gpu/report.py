@@ -47,7 +47,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Cell]]) -> st
 def heatmap_png(matrix: Sequence[Sequence[float | None]], row_labels: Sequence[str], col_labels: Sequence[str],
                 title: str, unit: str, xlabel: str = "destination", ylabel: str = "source") -> bytes:
     """Annotated heatmap as PNG bytes (matplotlib, Agg backend). None cells are drawn blank."""
-    import matplotlib
+    import matplotlib  # heavy: only where a PNG is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,4 +1,4 @@
-"""On a GPU host: CuPy chunks move GPU-to-GPU over UCX with the shipped tuned config (seed 003 regression), and a
+"""On a GPU host: CuPy chunks move GPU-to-GPU over UCX with the shipped tuned config, and a
 small `bench transpose` runs end to end. Skips, with the reason printed, without 2 NVLinked GPUs and the stack.
 
 Runtime on 2xH200: test_cupy_chunk_moves_device_to_device ~30 s, test_bench_smoke ~90 s.
@@ -103,7 +103,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_cupy_chunk_moves_device_to_device(tmp_path):
-    """Seed 003: a CuPy chunk fetched by another GPU's worker over UCX must go GPU-to-GPU, not through host memory.
+    """A CuPy chunk fetched by another GPU's worker over UCX must go GPU-to-GPU, not through host memory.
 
     Signals, each able to fail:
       1. the consumer receives a cupy.ndarray on ITS device with the right sum: the data arrived as device memory

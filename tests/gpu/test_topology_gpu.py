@@ -10,7 +10,9 @@ import subprocess
 
 import pytest
 
-from ucx_dask_gpu import topology
+from ucx_dask_gpu.topology.machine import from_machine
+from ucx_dask_gpu.topology.plan import make_plan, render_plan, worker_settings
+from ucx_dask_gpu.topology.topotext import parse_topo_text
 from ucx_dask_gpu.errors import UserError
 
 pytestmark = pytest.mark.gpu
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def machine():
     try:
-        return topology.from_machine()
+        return from_machine()
     except UserError as e:
         print(f"SKIP reason: {e}")
         pytest.skip(f"no GPU topology on this machine: {e}")
@@ -30,7 +32,7 @@ def test_machine_topology_matches_nvidia_smi(machine):
     if not smi:
         pytest.skip("nvidia-smi not on PATH")
     text = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True, timeout=60, check=True).stdout
-    listing = topology.parse_topo_text(text, source="nvidia-smi topo -m (live)")
+    listing = parse_topo_text(text, source="nvidia-smi topo -m (live)")
     assert [g.index for g in machine.gpus] == [g.index for g in listing.gpus]
     for (i, j), cell in listing.gpu_links.items():
         if cell.startswith("NV") or machine.gpu_links[(i, j)].startswith("NV"):
@@ -39,7 +41,7 @@ def test_machine_topology_matches_nvidia_smi(machine):
         assert g.cpus, f"GPU{g.index}: no CPU affinity from NVML or sysfs"
         if t.cpus:
             assert g.cpus == t.cpus, (g.index, g.cpus_source)
-    print(topology.render_plan(topology.make_plan(machine)))
+    print(render_plan(make_plan(machine)))
 
 
 def test_cluster_from_the_plan_runs_the_transpose(machine):
@@ -47,10 +49,10 @@ def test_cluster_from_the_plan_runs_the_transpose(machine):
     pytest.importorskip("cupy", reason="cupy not installed")
     from distributed import Client
 
-    from ucx_dask_gpu.cluster import TopologyCUDACluster
+    from ucx_dask_gpu.topology.cluster import TopologyCUDACluster
 
-    plan = topology.make_plan(machine, gpus="auto", protocol="ucx")
-    settings = topology.worker_settings(plan)
+    plan = make_plan(machine, gpus="auto", protocol="ucx")
+    settings = worker_settings(plan)
     with TopologyCUDACluster(plan, settings=settings, dashboard_address=None, scheduler_port=0) as cluster:
         assert cluster.scheduler_address.startswith("ucx://")
         with Client(cluster) as client:
@@ -63,14 +65,14 @@ def test_cluster_from_the_plan_runs_the_transpose(machine):
                 if s.cores:
                     assert cpus == s.cores
             try:
-                from ucx_dask_gpu.workloads import run_transpose
+                from ucx_dask_gpu.proof.transpose import run_transpose
             except ImportError:
                 run_transpose = None
             if run_transpose is not None:
                 result = run_transpose(client, size=20000, chunk=4000, backend="cupy")
                 print({k: result[k] for k in ("value", "expected", "rel_error", "wall_s", "protocol")})
                 assert result["ok"], result
-            else:  # workloads module absent: the seed's expression, checked for symmetry: sum(x + x.T) = 2 sum(x)
+            else:  # workloads module absent: the transpose expression, checked for symmetry: sum(x + x.T) = 2 sum(x)
                 import cupy
                 import dask.array as da
 

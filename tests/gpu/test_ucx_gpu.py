@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import nvml, ucxinfo
+from ucx_dask_gpu import nvml
+from ucx_dask_gpu.ucx import info as ucxinfo
 from ucx_dask_gpu.errors import UserError
 from ucx_dask_gpu.ucxbuild import verify
-from ucx_dask_gpu.ucxbuild.build import BUILD_INFO
+from ucx_dask_gpu.ucx.install import BUILD_INFO
 
 pytestmark = pytest.mark.gpu
 

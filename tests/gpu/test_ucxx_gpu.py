@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent("""
     import json, time
     import cupy
     from distributed import Client, LocalCluster, wait
-    from ucx_dask_gpu.workloads import ucx_loaded
+    from ucx_dask_gpu.proof.client import ucx_loaded
 
     def make(nbytes, seed):
         return cupy.random.RandomState(seed).random_sample(nbytes // 8)

@@ -18,13 +18,14 @@ PREFIX = os.environ.get("UCX_DASK_GPU_TEST_UCX_PREFIX", "auto")
 
 def _nvlinked_pair() -> tuple[int, int] | str:
     """(src, dst) indices of the first NVLinked pair, or why there is none."""
-    from ucx_dask_gpu import nvml, verify_nvlink as vn
+    from ucx_dask_gpu import nvml
+    from ucx_dask_gpu.nvlink import undertest, verify
     from ucx_dask_gpu.errors import UserError
 
     try:
         gpus = nvml.discover()
-        pairs = vn.select_pairs(gpus)
-        vn.resolve_install(PREFIX)
+        pairs = verify.select_pairs(gpus)
+        undertest.resolve_install(PREFIX)
     except UserError as e:
         return f"{e} (exit {e.exit_code})"
     import importlib.util
@@ -42,7 +43,7 @@ if isinstance(PAIR, str):
 
 def _verify(tmp_path, *extra: str) -> tuple[int, dict, str]:
     out = tmp_path / "report"
-    cmd = [sys.executable, "-m", "ucx_dask_gpu.verify_nvlink", "--ucx-prefix", PREFIX, "--gpus",
+    cmd = [sys.executable, "-m", "ucx_dask_gpu.nvlink", "--ucx-prefix", PREFIX, "--gpus",
            f"{PAIR[0]},{PAIR[1]}", "--sizes", "64MiB", "--target-bytes", "32GiB", "--memcpy-samples", "7",
            "--out", str(out), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from ucx_dask_gpu.bench import settings as st
+from ucx_dask_gpu.bench.reference import parse_local_cupy
 
 pytestmark = pytest.mark.integration
 
@@ -70,8 +71,6 @@ def test_stable_json_fields(transpose):
     assert ref["tool"] == "dask_cuda.benchmarks.local_cupy" and ref["protocol"] == "ucx"
     assert ref["status"] == "ok" and len(ref["wall_s"]) == RUNS and ref["compute_chunk_size"] == [CHUNK, CHUNK]
     assert {"tool", "protocol", "wall_s", "p2p_gbps_median"} <= set(ref)
-    from ucx_dask_gpu.bench.reference import parse_local_cupy
-
     assert parse_local_cupy(ref["stdout"])["wall_s"] == ref["wall_s"]  # verbatim output kept: a future fixture
     assert [r["protocol"] for r in p["references"]] == ["ucx", "tcp"]
     assert all(r["status"] == "ok" for r in p["references"])

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import stack
-from ucx_dask_gpu.dockercluster import Cluster, has_traceback, parse_json_output
-from ucx_dask_gpu.dockerutil import container_logs, container_state, docker_bin, ensure_engine, wait_until
+from ucx_dask_gpu.image.cluster import Cluster, has_traceback, parse_json_output
+from ucx_dask_gpu.image.paths import base_ref
+from ucx_dask_gpu.image.docker import container_logs, container_state, docker_bin, ensure_engine, wait_until
 from ucx_dask_gpu.errors import ENV_MISMATCH, SCHEDULER_UNREACHABLE, UNKNOWN_ROLE
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from image_helpers import build_image as build, make_wheel  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,21 +29,16 @@ def engine():
 
 
 @pytest.fixture(scope="session")
-def st():
-    return stack.load()
+def image(engine, st, build_image) -> dict:
+    return build_image()
 
 
 @pytest.fixture(scope="session")
-def image(engine, st) -> dict:
-    return build()
-
-
-@pytest.fixture(scope="session")
-def variant(image, tmp_path_factory) -> dict:
+def variant(image, tmp_path_factory, build_image, make_wheel) -> dict:
     """Same Dockerfile, one extra package: a different stack id."""
     marker = make_wheel(tmp_path_factory.mktemp("variant"), "ucx-dask-gpu-variant-marker", "1",
                         payload="deliberately different image")
-    return build("--tag", f"{image['tag'].split(':')[0]}:variant", "--extra-wheel", str(marker))
+    return build_image("--tag", f"{image['tag'].split(':')[0]}:variant", "--extra-wheel", str(marker))
 
 
 def stop_clean(cluster: Cluster, allow_tracebacks: tuple[str, ...] = ()) -> dict:
@@ -103,9 +94,7 @@ def test_unknown_role_is_one_line_and_nonzero(image):
 def test_runtime_base_from_a_registry_image(engine, image, st):
     """The registry path (`--base-from debian:bookworm-slim@sha256:...`), with our debootstrapped base standing in
     for the registry's Debian image (no registry is reachable here): apt installs stack.toml's packages on top."""
-    from ucx_dask_gpu.baseimage import image_tag
-
-    source = image_tag(st, "runtime")
+    source = base_ref(st, "runtime")
     proc = subprocess.run([str(ROOT / ".venv/bin/ucx-dask-gpu"), "image", "base", "--kind", "runtime", "--from", source],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -216,7 +205,7 @@ KILL_CLIENT = """
 import json, sys, time
 import dask.array as da
 from distributed import Client
-from ucx_dask_gpu.workloads import _chunk_sizes, _generate_block, transpose_expected
+from ucx_dask_gpu.proof.transpose import _chunk_sizes, _generate_block, transpose_expected
 
 def slow(block):
     time.sleep(0.3)

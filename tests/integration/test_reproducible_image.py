@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import baseimage, reproducible, sbom, stack
-from ucx_dask_gpu.dockerutil import docker_bin, ensure_engine, image_inspect
+from ucx_dask_gpu.image import bases, normalise
+from ucx_dask_gpu.image import labels as image_labels
+from ucx_dask_gpu.oci import compare as oci_compare
+from ucx_dask_gpu.oci import sbom
+from ucx_dask_gpu.image.docker import docker_bin, ensure_engine, image_inspect, install_host_packages
 from ucx_dask_gpu.errors import NOT_REPRODUCIBLE
-from ucx_dask_gpu.imagecmd import default_cache
-from ucx_dask_gpu.lockfile import load_lock
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from image_helpers import build_image  # noqa: E402
+from ucx_dask_gpu.image.paths import default_cache
+from ucx_dask_gpu.stack.lock import load_lock
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,11 +77,6 @@ def pyc_report(image: str, *dirs: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def st():
-    return stack.load()
-
-
-@pytest.fixture(scope="module")
 def cache() -> Path:
     return default_cache()
 
@@ -89,7 +85,7 @@ def cache() -> Path:
 def base(st, cache) -> str:
     """The debootstrapped runtime base (the image's own); $UCX_DASK_GPU_TEST_BASE names another existing image."""
     ensure_engine(allow_start=True)
-    return os.environ.get("UCX_DASK_GPU_TEST_BASE") or baseimage.ensure_base(st, "runtime", cache)
+    return os.environ.get("UCX_DASK_GPU_TEST_BASE") or bases.ensure_base(st, "runtime", cache)
 
 
 # --- small images ------------------------------------------------------------------------------------------------
@@ -124,7 +120,7 @@ def small(st, base, tmp_path_factory):
     """Two clean builds of one Dockerfile, each normalised."""
     tmp = tmp_path_factory.mktemp("small")
     raw = [build_small(tmp, base, f"udg-repro-small:{n}") for n in ("a", "b")]
-    outs = [reproducible.normalise_image(st, f"udg-repro-small:{n}", tmp / f"out-{n}", keep_archive=True)
+    outs = [normalise.normalise_image(st, f"udg-repro-small:{n}", tmp / f"out-{n}", keep_archive=True)
             for n in ("a", "b")]
     yield {"raw": raw, "outs": outs, "tmp": tmp}
     for n in ("a", "b"):
@@ -184,10 +180,6 @@ def test_docker_keeps_exactly_the_normalised_bytes(small, tmp_path):
 
 def test_the_archive_is_an_oci_layout_and_a_docker_archive_for_skopeo(small, tmp_path):
     """An independent reader (skopeo, from Debian) takes the archive as OCI layout and as docker-archive."""
-    import shutil
-
-    from ucx_dask_gpu.dockerutil import install_host_packages
-
     install_host_packages()                      # stack.toml [debian].image_host_packages, skopeo among them
     skopeo = shutil.which("skopeo")
     assert skopeo, "skopeo is not installed (stack.toml [debian].image_host_packages)"
@@ -225,10 +217,10 @@ def test_a_build_that_records_its_own_time_is_caught_and_the_file_named(st, base
     outs = []
     for n in ("c", "d"):
         build_small(tmp_path, base, f"udg-repro-small:{n}", extra=stamp)
-        outs.append(reproducible.normalise_image(st, f"udg-repro-small:{n}", tmp_path / f"out-{n}", load=False))
+        outs.append(normalise.normalise_image(st, f"udg-repro-small:{n}", tmp_path / f"out-{n}", load=False))
     try:
         assert outs[0].image_id != outs[1].image_id
-        report = reproducible.compare(tmp_path / "out-c", tmp_path / "out-d")
+        report = oci_compare.compare(tmp_path / "out-c", tmp_path / "out-d")
         assert not report["identical"]
         differing = [(layer["layer"], d["path"], d["fields"]) for layer in report["layers"]
                      for d in layer.get("differ", [])]
@@ -245,10 +237,10 @@ def test_a_build_that_records_its_own_time_is_caught_and_the_file_named(st, base
 # --- the image -------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def image(st, cache) -> dict:
+def image(st, cache, build_image) -> dict:
     """The suite's image (built by the cluster tests already: warm, cheap), normalised: the FIRST build."""
     built = build_image()
-    res = reproducible.finish_build(st, built["tag"], cache)
+    res = normalise.finish_build(st, built["tag"], cache)
     return {"tag": built["tag"], "result": res, "stack_id": built["stack_id"]}
 
 
@@ -319,7 +311,7 @@ def test_image_labels_pycs_and_config(image, st):
     assert labels["io.ucx-dask-gpu.stack-id"] == image["stack_id"]
     rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert labels["org.opencontainers.image.revision"] == rev
-    src = reproducible.source_url(st)
+    src = image_labels.source_url(st)
     assert labels.get("org.opencontainers.image.source") == src
     created = docker("history", "--no-trunc", "--format", "{{.CreatedAt}}", tag).stdout.split()
     assert len(created) > 5 and {c[:10] for c in created} == {"2025-11-30"}, created

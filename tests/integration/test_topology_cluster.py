@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import topology
+from ucx_dask_gpu.topology.machine import discover_nics
+from ucx_dask_gpu.topology.plan import interface_ipv4
 
 pytestmark = pytest.mark.integration
 
@@ -27,15 +28,16 @@ DRIVER = textwrap.dedent('''
     import json, os, sys
 
     def run():
-        from ucx_dask_gpu import topology, topologycmd
         from ucx_dask_gpu.cli import main
+        from ucx_dask_gpu.topology import cli as topology_cli
+        from ucx_dask_gpu.topology.model import GpuInfo, NicInfo, Topology
         spec = json.loads(os.environ["TOPO_TEST_SPEC"])
-        nic = topology.NicInfo(**spec["nic"])
-        topo = topology.Topology(
+        nic = NicInfo(**spec["nic"])
+        topo = Topology(
             source="integration test", nics=[nic],
-            gpus=[topology.GpuInfo(index=i, cpus=[c], cpus_source="test") for i, c in enumerate(spec["cores"])],
+            gpus=[GpuInfo(index=i, cpus=[c], cpus_source="test") for i, c in enumerate(spec["cores"])],
             gpu_links={(0, 1): "NV4", (1, 0): "NV4"}, gpu_nic={(0, nic.name): "PIX", (1, nic.name): "PIX"})
-        topologycmd._topology = lambda args: topo      # no NVML here: the topology is given
+        topology_cli._topology = lambda args: topo      # no NVML here: the topology is given
         return main(sys.argv[1:])
 
     if __name__ == "__main__":
@@ -44,9 +46,9 @@ DRIVER = textwrap.dedent('''
 
 
 def _nic_with_ipv4():
-    nics, _ = topology.discover_nics(Path("/"))
+    nics, _ = discover_nics(Path("/"))
     for nic in nics:
-        if nic.netdev and topology.interface_ipv4(nic.netdev):
+        if nic.netdev and interface_ipv4(nic.netdev):
             return nic
     return None
 
@@ -77,7 +79,7 @@ def test_cluster_command_applies_the_plan_and_stops_on_sigterm(tmp_path):
             time.sleep(0.2)
         assert sched.exists(), f"no scheduler file; rc={proc.poll()}"
         info = json.loads(sched.read_text())
-        expected_ip = topology.interface_ipv4(nic.netdev)
+        expected_ip = interface_ipv4(nic.netdev)
         assert info["address"].startswith(f"tcp://{expected_ip}:") and info["workers"] == 2
         with Client(scheduler_file=str(sched), timeout=30) as client:
             seen = client.run(lambda: (dict(os.environ), sorted(os.sched_getaffinity(0))))

@@ -15,19 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import stack, ucxinfo
+from ucx_dask_gpu.ucx import doctor, info as ucxinfo
 from ucx_dask_gpu.ucxbuild import relocate, verify
-from ucx_dask_gpu.ucxbuild.build import BUILD_INFO
+from ucx_dask_gpu.ucx.install import BUILD_INFO, UCXX_BUILD_INFO
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = Path(os.environ.get("UCX_PREFIX", REPO / "build" / "ucx-prefix")).resolve()
-
-
-@pytest.fixture(scope="module")
-def st() -> stack.Stack:
-    return stack.load(REPO / "stack.toml")
 
 
 @pytest.fixture(scope="module")
@@ -209,10 +204,7 @@ def test_doctor_says_ucxx_runs_on_our_ucx_and_is_our_build(prefix, info):
 
 
 def test_doctor_notices_ucxx_libraries_that_are_not_our_build(tmp_path):
-    from ucx_dask_gpu import doctor
-    from ucx_dask_gpu.ucxbuild.ucxx import INSTALLED_BUILD_INFO
-
-    real = json.loads((Path(sys.prefix) / INSTALLED_BUILD_INFO).read_text())
+    real = json.loads((Path(sys.prefix) / UCXX_BUILD_INFO).read_text())
     pkg = next(p for p in real["packages"] if p["shared_libraries"])
     lib = next(iter(pkg["shared_libraries"]))
     pkg["shared_libraries"][lib] = "0" * 64

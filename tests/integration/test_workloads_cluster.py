@@ -11,18 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from ucx_dask_gpu import daskconfig, envgate, workloads
+from ucx_dask_gpu.proof import from_map, transpose
+from ucx_dask_gpu.gate import identity
 
-from _dask_procs import env_for, start_scheduler, start_worker
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def shipped_config(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dask-config")
-    daskconfig.install(d, "cpu")
-    return d
 
 
 def workload(env, *args, timeout=300) -> tuple[dict, str]:
@@ -33,29 +26,29 @@ def workload(env, *args, timeout=300) -> tuple[dict, str]:
 
 
 def numpy_transpose_sum(size: int, chunk: int, seed: int) -> float:
-    sizes = workloads._chunk_sizes(size, chunk)
-    x = np.block([[workloads._random_block(seed, i, j, (ri, rj)) for j, rj in enumerate(sizes)]
+    sizes = transpose._chunk_sizes(size, chunk)
+    x = np.block([[transpose._random_block(seed, i, j, (ri, rj)) for j, rj in enumerate(sizes)]
                   for i, ri in enumerate(sizes)])
     return float((x + x.T).sum())
 
 
 @pytest.mark.parametrize("protocol", ["tcp", "ucx"])
-def test_transpose_gives_the_numpy_answer(protocol, shipped_config, tmp_path):
-    result, stderr = workload(env_for(tmp_path, shipped_config), "transpose", "--protocol", protocol,
+def test_transpose_gives_the_numpy_answer(procs, protocol, shipped_config, tmp_path):
+    result, stderr = workload(procs.env_for(tmp_path, shipped_config), "transpose", "--protocol", protocol,
                               "--size", "1200", "--chunk", "300", "--seed", "3")
     assert result["ok"] and result["protocol"] == protocol
     assert result["value"] == pytest.approx(numpy_transpose_sum(1200, 300, 3), rel=1e-9)
     assert result["versions_identical"] and result["workers_start"] == 2
     # Start-up and shutdown are clean: no tracebacks (UCX's own WARN lines about UCX_MEMTYPE_CACHE are allowed).
     assert "Traceback" not in stderr, stderr[-4000:]
-    if not envgate.STACK_ID_FILE.exists():  # the shipped preload ran on the scheduler: outside the image it warns once
+    if not identity.STACK_ID_FILE.exists():  # the shipped preload ran on the scheduler: outside the image it warns once
         assert stderr.count("this scheduler has no stack id") == 1
 
 
-def test_from_map_reads_only_the_projected_columns(shipped_config, tmp_path):
+def test_from_map_reads_only_the_projected_columns(procs, shipped_config, tmp_path):
     # Parquet over tcp here; Feather's projection is covered without a cluster in the unit tests.
     fmt, columns = "parquet", "d,id"
-    result, stderr = workload(env_for(tmp_path, shipped_config), "from-map", str(tmp_path / "data"),
+    result, stderr = workload(procs.env_for(tmp_path, shipped_config), "from-map", str(tmp_path / "data"),
                               "--format", fmt, "--files", "6", "--rows", "2000", "--columns", columns)
     wanted = sorted(columns.split(","))
     assert sorted(result["projected_columns"]) == wanted
@@ -65,20 +58,20 @@ def test_from_map_reads_only_the_projected_columns(shipped_config, tmp_path):
     # The sums are those of the files read whole, here, without dask.
     import pandas as pd
 
-    reader = workloads.ArrowFileReader(fmt, [], "test")
+    reader = from_map.ArrowFileReader(fmt, [], "test")
     frame = pd.concat(reader.read_table(str(p), None).to_pandas() for p in sorted((tmp_path / "data").iterdir()))
     for c in wanted:
         assert result["value"][c] == pytest.approx(frame[c].sum(), rel=1e-9)
     assert "Traceback" not in stderr, stderr[-4000:]
 
 
-def test_transpose_survives_a_worker_killed_mid_run(shipped_config, tmp_path):
+def test_transpose_survives_a_worker_killed_mid_run(procs, shipped_config, tmp_path):
     from distributed import Client
 
-    env = env_for(tmp_path, shipped_config)
-    sched, address = start_scheduler(tmp_path, env)
+    env = procs.env_for(tmp_path, shipped_config)
+    sched, address = procs.start_scheduler(tmp_path, env)
     # No nanny: a killed worker stays dead, like a killed container.
-    workers = {f"w{i}": start_worker(tmp_path, env, address, f"w{i}", nanny=False) for i in range(3)}
+    workers = {f"w{i}": procs.start_worker(tmp_path, env, address, f"w{i}", nanny=False) for i in range(3)}
     run = None
     try:
         with Client(address, timeout=60) as monitor:

@@ -206,4 +206,3 @@ def test_reference_stuck_in_teardown_is_stopped_after_the_grace(tmp_path):
     assert time.monotonic() - t < 30 and not timed_out and rc != 0
     assert teardown.startswith("stopped after 1 s")
     assert ref.parse_local_cupy("\n".join(child.stdout))["wall_s"]
-

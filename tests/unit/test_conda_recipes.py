@@ -94,7 +94,7 @@ def test_metapackage_pins_what_the_lock_and_the_ucxx_recipe_say():
     locked = settings.lock_versions_by_conda_name(st)
     (v,) = render_recipe(REPO / "recipes", "ucx-dask-gpu")
     run = v.requirements("run")
-    assert f"dask-cuda =={locked['dask-cuda']}" in run and f"python >={st.python_version}" in run
+    assert f"dask-cuda =={locked['dask-cuda']}" in run and f"python >={st.python.version}" in run
     assert any(r.startswith("ucx ") for r in run) and any(r.startswith("ucxx ==0.51") for r in run)
 
 

@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import doctor, envgate, stack
+from ucx_dask_gpu import stack
+from ucx_dask_gpu.gate import identity
+from ucx_dask_gpu.ucx import install
 from ucx_dask_gpu.errors import UCX_NOT_FOUND
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    e = {k: v for k, v in os.environ.items() if k not in (envgate.STACK_ID_ENV, doctor.PREFIX_ENV)}
+    e = {k: v for k, v in os.environ.items() if k not in (identity.STACK_ID_ENV, install.PREFIX_ENV)}
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "doctor", *args], capture_output=True, text=True,
                           env=e, timeout=300)
@@ -56,9 +58,9 @@ def test_stack_id_computed_from_the_repository(report):
 
 
 def test_baked_stack_id_wins():
-    r = run("--json", env={envgate.STACK_ID_ENV: "0123456789abcdef"})
+    r = run("--json", env={identity.STACK_ID_ENV: "0123456789abcdef"})
     got = json.loads(r.stdout)["stack"]
-    assert got["id"] == "0123456789abcdef" and envgate.STACK_ID_ENV in got["source"]
+    assert got["id"] == "0123456789abcdef" and identity.STACK_ID_ENV in got["source"]
 
 
 def test_ucxx_statement_matches_what_was_loaded(report):
@@ -86,6 +88,13 @@ def test_bad_prefix_is_one_line_and_exit_code(tmp_path):
 
 
 def test_prefix_of_library():
-    assert doctor.prefix_of_library("/opt/ucx/lib/libucp.so.0.0.0") == Path("/opt/ucx")
-    assert doctor.prefix_of_library("/usr/lib/x86_64-linux-gnu/libucp.so.0") is None
-    assert doctor.prefix_of_library(None) is None
+    assert install.prefix_of_library("/opt/ucx/lib/libucp.so.0.0.0") == Path("/opt/ucx")
+    assert install.prefix_of_library("/usr/lib/x86_64-linux-gnu/libucp.so.0") is None
+    assert install.prefix_of_library(None) is None
+
+
+@pytest.mark.parametrize("version, expected", [("1.13.1", False), ("1.18.9", False), ("1.19.0", True),
+                                               ("1.20.0", True), ("2.0", True)])
+def test_ucxx_uses_our_ucx_only_from_the_minimum_version(st, version, expected):
+    """What doctor says of a UCX: UCXX refuses one older than stack.toml [ucxx].min_ucx at import."""
+    assert install.ucxx_can_use(st, version) is expected

@@ -5,13 +5,13 @@ import subprocess
 import sys
 
 from ucx_dask_gpu import stack
-from ucx_dask_gpu.stackcmd import check_lock_matches, render_environment_yml
+from ucx_dask_gpu.stack.generate import check_lock_matches, render_environment_yml
 
 
 def _copy_repo_inputs(tmp_path, edit):
     """stack.toml (edited) + the locks in a scratch tree, so a drift can be provoked without touching the repo."""
     st = stack.load()
-    for rel in (st.python_lock, st.ucxx.lock):
+    for rel in (st.python.lock, st.ucxx.lock):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(st.root / rel, tmp_path / rel)
     (tmp_path / "stack.toml").write_text(edit(st.path.read_text()))

@@ -1,7 +1,7 @@
 """How the docker-run cluster starts each role (no Docker needed)."""
 import pytest
 
-from ucx_dask_gpu.dockercluster import Cluster, has_traceback, parse_json_output
+from ucx_dask_gpu.image.cluster import Cluster, has_traceback, parse_json_output
 from ucx_dask_gpu.errors import USAGE, UserError
 
 

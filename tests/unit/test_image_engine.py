@@ -28,7 +28,7 @@ def test_missing_engine_is_one_line_exit_7(cmd, tmp_path):
 
 
 def test_not_root_may_not_start_an_engine(monkeypatch):
-    from ucx_dask_gpu import dockerutil
+    from ucx_dask_gpu.image import docker as dockerutil
     from ucx_dask_gpu.errors import UserError
 
     monkeypatch.delenv("DOCKER_HOST", raising=False)

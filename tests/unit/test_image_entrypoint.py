@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from ucx_dask_gpu import entrypoint
+from ucx_dask_gpu.image import entrypoint
 from ucx_dask_gpu.errors import UNKNOWN_ROLE, UserError
 
 
@@ -43,7 +43,8 @@ def test_no_role_is_refused():
 
 
 def test_main_prints_one_line_and_exits_with_unknown_role():
-    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.entrypoint", "wrker"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.image.entrypoint", "wrker"], capture_output=True,
+                          text=True)
     assert proc.returncode == UNKNOWN_ROLE
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -51,7 +52,7 @@ def test_main_prints_one_line_and_exits_with_unknown_role():
 
 
 def test_main_execs_the_role():
-    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.entrypoint", "python", "-c", "print('hi')"],
+    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.image.entrypoint", "python", "-c", "print('hi')"],
                           capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout == "hi\n"
 
@@ -67,10 +68,10 @@ def test_gpu_transports_only_on_request_or_gpu(tmp_path, monkeypatch):
 def test_workers_add_quiet_close_after_the_configured_preloads():
     import dask.config
 
-    with dask.config.set({"distributed.worker.preload": ["ucx_dask_gpu.guard"]}):
+    with dask.config.set({"distributed.worker.preload": ["ucx_dask_gpu.gate.guard"]}):
         env = entrypoint.worker_preload_env(["dask", "worker", "tcp://s:8786"], dict(os.environ))
-    assert env == {entrypoint.WORKER_PRELOAD_ENV: repr(["ucx_dask_gpu.guard", entrypoint.QUIET_CLOSE])}
-    with dask.config.set({"distributed.worker.preload": ["ucx_dask_gpu.guard", entrypoint.QUIET_CLOSE]}):
+    assert env == {entrypoint.WORKER_PRELOAD_ENV: repr(["ucx_dask_gpu.gate.guard", entrypoint.QUIET_CLOSE])}
+    with dask.config.set({"distributed.worker.preload": ["ucx_dask_gpu.gate.guard", entrypoint.QUIET_CLOSE]}):
         assert entrypoint.worker_preload_env(["dask", "worker", "x"], dict(os.environ)) == {}
     # Not for other roles, and never over an explicit choice.
     assert entrypoint.worker_preload_env(["dask", "scheduler"], dict(os.environ)) == {}

@@ -4,16 +4,13 @@ pip runs for real against a local --find-links directory (no index, no network).
 """
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import stack, wheelhouse
+from ucx_dask_gpu.image import wheelhouse
 from ucx_dask_gpu.errors import HASH_MISMATCH, SOURCE_UNREACHABLE, UserError
-from ucx_dask_gpu.lockfile import parse_lock_text
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from image_helpers import make_wheel, sha  # noqa: E402
+from ucx_dask_gpu.fsutil import sha256_file as sha
+from ucx_dask_gpu.stack.lock import parse_lock_text
 
 
 def test_platform_tags_cover_older_manylinux_and_legacy_aliases():
@@ -25,7 +22,7 @@ def test_platform_tags_cover_older_manylinux_and_legacy_aliases():
         wheelhouse.pip_platforms("linux-64")
 
 
-def test_verify_accepts_exactly_the_lock(tmp_path):
+def test_verify_accepts_exactly_the_lock(tmp_path, make_wheel):
     a = make_wheel(tmp_path, "alpha", "1.0")
     b = make_wheel(tmp_path, "beta-pkg", "2.0")
     pins = parse_lock_text(f"alpha==1.0 --hash=sha256:{sha(a)}\nbeta-pkg==2.0 --hash=sha256:{'0' * 64} "
@@ -33,7 +30,7 @@ def test_verify_accepts_exactly_the_lock(tmp_path):
     assert wheelhouse.verify_wheels(tmp_path, pins) == {a.name: sha(a), b.name: sha(b)}
 
 
-def test_verify_rejects_a_changed_wheel(tmp_path):
+def test_verify_rejects_a_changed_wheel(tmp_path, make_wheel):
     a = make_wheel(tmp_path, "alpha", "1.0")
     pins = parse_lock_text(f"alpha==1.0 --hash=sha256:{sha(a)}\n")
     make_wheel(tmp_path, "alpha", "1.0", payload="tampered")
@@ -42,7 +39,7 @@ def test_verify_rejects_a_changed_wheel(tmp_path):
     assert err.value.exit_code == HASH_MISMATCH and "hash mismatch" in str(err.value)
 
 
-def test_verify_rejects_missing_and_unlocked_wheels(tmp_path):
+def test_verify_rejects_missing_and_unlocked_wheels(tmp_path, make_wheel):
     a = make_wheel(tmp_path, "alpha", "1.0")
     with pytest.raises(UserError) as err:
         wheelhouse.verify_wheels(tmp_path, parse_lock_text(f"alpha==1.0 --hash=sha256:{sha(a)}\n"
@@ -54,12 +51,7 @@ def test_verify_rejects_missing_and_unlocked_wheels(tmp_path):
     assert "intruder" in str(err.value)
 
 
-@pytest.fixture()
-def st():
-    return stack.load()
-
-
-def test_wheelhouse_from_find_links_is_verified_and_cached(tmp_path, st):
+def test_wheelhouse_from_find_links_is_verified_and_cached(tmp_path, st, make_wheel):
     links = tmp_path / "links"
     links.mkdir()
     a = make_wheel(links, "alpha", "1.0")
@@ -73,7 +65,7 @@ def test_wheelhouse_from_find_links_is_verified_and_cached(tmp_path, st):
     assert wheelhouse.ensure_wheelhouse(st, tmp_path / "cache", lock_path=lock, find_links=links) == dest
 
 
-def test_cli_hash_mismatch_is_one_line_exit_5_and_nothing_written(tmp_path):
+def test_cli_hash_mismatch_is_one_line_exit_5_and_nothing_written(tmp_path, make_wheel):
     links = tmp_path / "links"
     links.mkdir()
     good = make_wheel(links, "alpha", "1.0")
@@ -93,7 +85,7 @@ def test_cli_hash_mismatch_is_one_line_exit_5_and_nothing_written(tmp_path):
     assert not wh.exists() or list(wh.iterdir()) == []
 
 
-def test_hashed_requirements_name_wheels_inside_the_build(tmp_path):
+def test_hashed_requirements_name_wheels_inside_the_build(tmp_path, make_wheel):
     a = make_wheel(tmp_path, "alpha", "1.0")
     text = wheelhouse.hashed_requirements([a], "/build/extra/")
     assert text == f"/build/extra/{a.name} --hash=sha256:{sha(a)}\n"

@@ -56,7 +56,7 @@ def test_repository_stack_loads_and_is_consistent():
     names = [a.filename for a in st.cuda_header_wheels + st.cuda_link_debs]
     assert len(names) == len(set(names))
     assert [p.name for p in st.ucxx.packages] == ["libucxx", "ucxx", "distributed-ucxx"], "built in this order"
-    assert not any(r.startswith(("libucx", "ucxx", "libucxx", "distributed-ucxx")) for r in st.python_requirements), \
+    assert not any(r.startswith(("libucx", "ucxx", "libucxx", "distributed-ucxx")) for r in st.python.requirements), \
         "UCXX is built from source and no libucx wheel may shadow our UCX"
 
 

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import errors, nvml, topology
+from ucx_dask_gpu import errors, nvml
+from ucx_dask_gpu.topology.machine import (PciLocation, assemble, discover_nics, materialize_sysfs, numa_cpus, pci_level,
+                                           pci_location, record_sysfs)
+from ucx_dask_gpu.topology.model import NicInfo, format_cpulist, parse_cpulist
+from ucx_dask_gpu.topology.plan import largest_nvlink_subset, make_plan, worker_settings
+from ucx_dask_gpu.topology.topotext import parse_topo_text, read_topo_file
 from ucx_dask_gpu.cli import main
 from ucx_dask_gpu.errors import UserError
 
@@ -36,7 +41,7 @@ def _raw_rows(path: Path) -> dict[str, list[str]]:
 # --- parsing ---------------------------------------------------------------------------------------------------------
 
 def test_dgx1_matrix_parsed_as_printed():
-    topo = topology.read_topo_file(str(DGX1))
+    topo = read_topo_file(str(DGX1))
     raw = _raw_rows(DGX1)
     assert [g.index for g in topo.gpus] == list(range(8))
     # NIC columns keep nvidia-smi's order, which is not numeric
@@ -52,18 +57,18 @@ def test_dgx1_matrix_parsed_as_printed():
 
 
 def test_blog_listing_with_separate_affinity_block():
-    topo = topology.read_topo_file(str(DGX1_BLOG))
+    topo = read_topo_file(str(DGX1_BLOG))
     assert [n.name for n in topo.nics] == ["ib0", "ib1", "ib2", "ib3"]
     assert all(n.kind == "ib" and n.netdev == n.name and n.rdma_device is None for n in topo.nics)
     assert [g.cpus for g in topo.gpus] == [SOCKET0] * 4 + [SOCKET1] * 4
     # the same machine as the nvidia-smi layout: identical GPU matrix
-    assert topo.gpu_links == topology.read_topo_file(str(DGX1)).gpu_links
+    assert topo.gpu_links == read_topo_file(str(DGX1)).gpu_links
 
 
 def test_h200_recording_ansi_header_and_numa_columns():
     text = H200.read_text()
     assert "\x1b[" in text                  # the recording keeps nvidia-smi's underline escape
-    topo = topology.parse_topo_text(text)
+    topo = parse_topo_text(text)
     assert [g.index for g in topo.gpus] == [0, 1]
     assert topo.gpu_links == {(0, 1): "NV18", (1, 0): "NV18"}
     assert [g.cpus for g in topo.gpus] == [list(range(32))] * 2
@@ -81,10 +86,10 @@ def test_nic_legend_names_nic_columns():
         "NIC0\tPIX\tNODE\t X \t\t\t\t\n"
         "\nLegend:\n\n  X    = Self\n  NV#  = Connection traversing a bonded set of # NVLinks\n"
         "\nNIC Legend:\n\n  NIC0: mlx5_0\n\n")
-    topo = topology.parse_topo_text(text)
+    topo = parse_topo_text(text)
     assert [(n.name, n.kind, n.rdma_device) for n in topo.nics] == [("mlx5_0", "ib", "mlx5_0")]
     assert topo.gpu_nic == {(0, "mlx5_0"): "PIX", (1, "mlx5_0"): "NODE"}
-    plan = topology.make_plan(topo)
+    plan = make_plan(topo)
     assert [w.env.get("UCX_NET_DEVICES") for w in plan.workers] == ["mlx5_0:1", "mlx5_0:1"]
 
 
@@ -100,7 +105,7 @@ def test_nic_legend_names_nic_columns():
 ])
 def test_malformed_text_is_one_clear_error(mutate, needle):
     with pytest.raises(UserError) as e:
-        topology.parse_topo_text(mutate(DGX1.read_text()), source="x.txt")
+        parse_topo_text(mutate(DGX1.read_text()), source="x.txt")
     assert e.value.exit_code == errors.BAD_TOPOLOGY
     assert needle in str(e.value) and "\n" not in str(e.value)
 
@@ -108,7 +113,7 @@ def test_malformed_text_is_one_clear_error(mutate, needle):
 def test_pasted_listing_with_prompt_and_spaces():
     # as people paste it: a shell prompt, tabs turned into spaces
     text = "root@node2:~# nvidia-smi topo -m\n" + H200.read_text().replace("\t", "    ")
-    topo = topology.parse_topo_text(text)
+    topo = parse_topo_text(text)
     assert topo.gpu_links[(0, 1)] == "NV18" and [g.cpus for g in topo.gpus] == [list(range(32))] * 2
     assert [g.numa_nodes for g in topo.gpus] == [[0], [0]]
 
@@ -116,15 +121,15 @@ def test_pasted_listing_with_prompt_and_spaces():
 def test_no_gpu_rows_is_no_gpu():
     text = "\tmlx5_0\tmlx5_1\nmlx5_0\t X \tPIX\nmlx5_1\tPIX\t X \n"
     with pytest.raises(UserError) as e:
-        topology.parse_topo_text(text)
+        parse_topo_text(text)
     assert e.value.exit_code == errors.NO_GPU
 
 
 def test_cpulist_round_trip():
     for text in ("0-19,40-59", "20-39,60-79", "0", "0-31", "1,3,5-7"):
-        assert topology.format_cpulist(topology.parse_cpulist(text)) == text
+        assert format_cpulist(parse_cpulist(text)) == text
     with pytest.raises(ValueError):
-        topology.parse_cpulist("5-3")
+        parse_cpulist("5-3")
 
 
 def test_nvml_affinity_mask_unpacking():
@@ -136,8 +141,8 @@ def test_nvml_affinity_mask_unpacking():
 # --- the plan ----------------------------------------------------------------------------------------------------------
 
 def test_dgx1_plan_cores_and_nics_follow_the_listing():
-    topo = topology.read_topo_file(str(DGX1))
-    plan = topology.make_plan(topo, gpus="all")
+    topo = read_topo_file(str(DGX1))
+    plan = make_plan(topo, gpus="all")
     assert [w.gpu for w in plan.workers] == list(range(8))
     for w in plan.workers:
         assert w.cpus == (SOCKET0 if w.gpu < 4 else SOCKET1)
@@ -151,119 +156,119 @@ def test_dgx1_plan_cores_and_nics_follow_the_listing():
 
 
 def test_dgx1_pairs_without_nvlink_and_largest_subset():
-    topo = topology.read_topo_file(str(DGX1))
+    topo = read_topo_file(str(DGX1))
     missing = {(i, j) for i, j, _ in topo.pairs_without_nvlink()}
     # hybrid cube-mesh: each GPU links to 3 in its quad and 1 across; 28 pairs - 16 linked = 12
     assert len(missing) == 12
     assert missing == {(0, 5), (0, 6), (0, 7), (1, 4), (1, 6), (1, 7), (2, 4), (2, 5), (2, 7), (3, 4), (3, 5), (3, 6)}
-    subset = topology.largest_nvlink_subset(topo)
+    subset = largest_nvlink_subset(topo)
     assert subset == [0, 1, 2, 3]
     assert all(topo.nvlinks(i, j) for i, j in itertools.combinations(subset, 2))
     # no 5-GPU subset is fully connected
     assert not any(all(topo.nvlinks(i, j) for i, j in itertools.combinations(c, 2))
                    for c in itertools.combinations(range(8), 5))
-    plan = topology.make_plan(topo, gpus="auto")
+    plan = make_plan(topo, gpus="auto")
     assert plan.selected == [0, 1, 2, 3]
     assert all(set(map(int, w.env["CUDA_VISIBLE_DEVICES"].split(","))) == {0, 1, 2, 3} for w in plan.workers)
     assert not [n for n in plan.notes if "have no NVLink" in n]
-    everything = topology.make_plan(topo, gpus="all")
+    everything = make_plan(topo, gpus="all")
     assert any("12 selected GPU pair(s) have no NVLink" in n for n in everything.notes)
 
 
-def test_seed_hand_written_table_disagrees_with_its_own_listing():
-    """The seed's DGX(): `interface + str(i // 2)` and `list(range(20, 40)) + list(range(60, 79))`."""
-    seed_affinity = {i: list(range(0, 20)) + list(range(40, 60)) for i in range(4)}
-    seed_affinity.update({i: list(range(20, 40)) + list(range(60, 79)) for i in range(4, 8)})
+def test_the_dask_blogs_hand_written_table_disagrees_with_its_own_listing():
+    """The Dask blog's DGX() (2019): `interface + str(i // 2)` and `list(range(20, 40)) + list(range(60, 79))`."""
+    blog_affinity = {i: list(range(0, 20)) + list(range(40, 60)) for i in range(4)}
+    blog_affinity.update({i: list(range(20, 40)) + list(range(60, 79)) for i in range(4, 8)})
 
-    def seed_interface(i, interface="ib"):
+    def blog_interface(i, interface="ib"):
         return interface + str(i // 2)
 
-    plan = topology.make_plan(topology.read_topo_file(str(DGX1_BLOG)), gpus="all")
+    plan = make_plan(read_topo_file(str(DGX1_BLOG)), gpus="all")
     generated = {w.gpu: w for w in plan.workers}
-    wrong_card = sorted(i for i in range(8) if generated[i].interface != seed_interface(i))
+    wrong_card = sorted(i for i in range(8) if generated[i].interface != blog_interface(i))
     assert wrong_card == [2, 3, 4, 5]
     assert {i: generated[i].interface for i in wrong_card} == {2: "ib2", 3: "ib2", 4: "ib1", 5: "ib1"}
-    assert {i: seed_interface(i) for i in wrong_card} == {2: "ib1", 3: "ib1", 4: "ib2", 5: "ib2"}
+    assert {i: blog_interface(i) for i in wrong_card} == {2: "ib1", 3: "ib1", 4: "ib2", 5: "ib2"}
     assert all(generated[i].nic_distance == "PIX" for i in range(8))
-    # the seed's cards for GPUs 2-5 hang off the other CPU socket
+    # the blog's cards for GPUs 2-5 hang off the other CPU socket
     topo = plan.topology
-    assert [topo.gpu_nic[(i, seed_interface(i))] for i in wrong_card] == ["SYS"] * 4
-    missing_cores = {i: sorted(set(generated[i].cpus) - set(seed_affinity[i])) for i in range(8)}
-    extra_cores = {i: sorted(set(seed_affinity[i]) - set(generated[i].cpus)) for i in range(8)}
+    assert [topo.gpu_nic[(i, blog_interface(i))] for i in wrong_card] == ["SYS"] * 4
+    missing_cores = {i: sorted(set(generated[i].cpus) - set(blog_affinity[i])) for i in range(8)}
+    extra_cores = {i: sorted(set(blog_affinity[i]) - set(generated[i].cpus)) for i in range(8)}
     assert missing_cores == {0: [], 1: [], 2: [], 3: [], 4: [79], 5: [79], 6: [79], 7: [79]}
     assert extra_cores == {i: [] for i in range(8)}
 
 
 def test_h200_plan():
-    plan = topology.make_plan(topology.read_topo_file(str(H200)), gpus="auto")
+    plan = make_plan(read_topo_file(str(H200)), gpus="auto")
     assert plan.selected == [0, 1] and plan.largest_nvlink_subset == [0, 1]
     assert plan.topology.pairs_without_nvlink() == []
     for w in plan.workers:
         assert w.cpus == list(range(32)) and w.numa_nodes == [0]
         assert w.env["UCX_TLS"] == "tcp,cuda_copy,cuda_ipc" and "UCX_NET_DEVICES" not in w.env
     assert [w.cuda_visible_devices for w in plan.workers] == ["0,1", "1,0"]
-    tcp = topology.make_plan(plan.topology, protocol="tcp")
+    tcp = make_plan(plan.topology, protocol="tcp")
     assert all(not any(k.startswith("UCX_") for k in w.env) for w in tcp.workers)
 
 
 def test_gpu_selection_errors():
-    topo = topology.read_topo_file(str(H200))
+    topo = read_topo_file(str(H200))
     for spec in ("0,5", "0,0", "x", ""):
         with pytest.raises(UserError) as e:
-            topology.make_plan(topo, gpus=spec)
+            make_plan(topo, gpus=spec)
         assert e.value.exit_code == errors.USAGE
-    assert topology.make_plan(topo, gpus="1").selected == [1]
+    assert make_plan(topo, gpus="1").selected == [1]
 
 
 def test_worker_settings_limit_cores_and_check_interfaces():
-    plan = topology.make_plan(topology.read_topo_file(str(DGX1_BLOG)), gpus="0,4")
-    settings = topology.worker_settings(plan, allowed_cpus={0, 1, 20, 79},
+    plan = make_plan(read_topo_file(str(DGX1_BLOG)), gpus="0,4")
+    settings = worker_settings(plan, allowed_cpus={0, 1, 20, 79},
                                         ipv4=lambda ifname: "10.0.0.1" if ifname == "ib0" else None)
     s0, s4 = settings
     assert s0.cores == [0, 1] and s4.cores == [20, 79]
     assert s0.interface == "ib0" and s4.interface is None and "ib1 has no IPv4" in s4.notes[-1]
     # an interface without an address cannot carry UCX's tcp either
-    mlx = topology.make_plan(topology.read_topo_file(str(DGX1)), gpus="0")
+    mlx = make_plan(read_topo_file(str(DGX1)), gpus="0")
     mlx.workers[0].interface = "ib0"
     mlx.workers[0].env["UCX_NET_DEVICES"] = "mlx5_0:1,ib0"
-    (s,) = topology.worker_settings(mlx, allowed_cpus={0}, ipv4=lambda _: None)
+    (s,) = worker_settings(mlx, allowed_cpus={0}, ipv4=lambda _: None)
     assert s.env["UCX_NET_DEVICES"] == "mlx5_0:1" and s.interface is None
-    h200 = topology.read_topo_file(str(H200))
-    h200.nics = [topology.NicInfo(name="eth0", kind="eth", netdev="eth0")]
+    h200 = read_topo_file(str(H200))
+    h200.nics = [NicInfo(name="eth0", kind="eth", netdev="eth0")]
     h200.gpu_nic = {(0, "eth0"): "PHB", (1, "eth0"): "PHB"}
-    eth = topology.make_plan(h200)
+    eth = make_plan(h200)
     assert [w.env["UCX_NET_DEVICES"] for w in eth.workers] == ["eth0", "eth0"]
     assert all("UCX_NET_DEVICES" not in s.env
-               for s in topology.worker_settings(eth, allowed_cpus={0}, ipv4=lambda _: None))
+               for s in worker_settings(eth, allowed_cpus={0}, ipv4=lambda _: None))
     assert all(s.env["UCX_NET_DEVICES"] == "eth0" and s.interface == "eth0"
-               for s in topology.worker_settings(eth, allowed_cpus={0}, ipv4=lambda _: "192.0.2.1"))
-    none = topology.worker_settings(plan, allowed_cpus={100}, ipv4=lambda _: None)
+               for s in worker_settings(eth, allowed_cpus={0}, ipv4=lambda _: "192.0.2.1"))
+    none = worker_settings(plan, allowed_cpus={100}, ipv4=lambda _: None)
     assert all(s.cores is None for s in none)
-    unpinned = topology.worker_settings(plan, allowed_cpus={0}, ipv4=lambda _: None, pin=False)
+    unpinned = worker_settings(plan, allowed_cpus={0}, ipv4=lambda _: None, pin=False)
     assert all(s.cores is None for s in unpinned)
 
 
 # --- sysfs -------------------------------------------------------------------------------------------------------------
 
 def test_build_vm_record_nics(tmp_path):
-    root = topology.materialize_sysfs(BUILD_VM_SYSFS.read_text(), tmp_path)
-    nics, locs = topology.discover_nics(root)
+    root = materialize_sysfs(BUILD_VM_SYSFS.read_text(), tmp_path)
+    nics, locs = discover_nics(root)
     # eth0 is a virtio device under PCI function 00:03.0; lo/ifb0/ifb1/docker0 are virtual
     assert [(n.name, n.kind, n.netdev, n.pci_bus_id) for n in nics] == [("eth0", "eth", "eth0", "0000:00:03.0")]
-    assert locs["eth0"] == topology.PciLocation(root="pci0000:00", chain=("0000:00:03.0",))
-    assert topology.numa_cpus(root) == {0: [0, 1]}
+    assert locs["eth0"] == PciLocation(root="pci0000:00", chain=("0000:00:03.0",))
+    assert numa_cpus(root) == {0: [0, 1]}
 
 
 @pytest.mark.parametrize("record", sorted(FIXTURES.glob("*/sysfs-record.txt")), ids=lambda p: p.parent.name)
 def test_every_sysfs_record_reads_back(record, tmp_path):
     text = record.read_text()
-    root = topology.materialize_sysfs(text, tmp_path)
-    nics, _ = topology.discover_nics(root)
+    root = materialize_sysfs(text, tmp_path)
+    nics, _ = discover_nics(root)
     links = dict(re.findall(r"^L\tsys/class/net/(\S+)\t(\S+)$", text, re.M))
     virtual = {name for name, target in links.items() if "/virtual/" in target}
     assert {n.netdev for n in nics if n.kind == "eth"} == set(links) - virtual
     # and the record is exactly what record_sysfs writes for the tree it describes
-    assert topology.record_sysfs(root) == text
+    assert record_sysfs(root) == text
 
 
 def test_pci_levels_from_a_dgx1_shaped_tree(tmp_path):
@@ -290,27 +295,27 @@ def test_pci_levels_from_a_dgx1_shaped_tree(tmp_path):
                 link = tmp_path / "sys" / "bus" / "pci" / "devices" / bdf
                 link.parent.mkdir(parents=True, exist_ok=True)
                 link.symlink_to(os.path.relpath(path, link.parent))
-                locs[name] = topology.pci_location(tmp_path, link)
-    listing = topology.read_topo_file(str(DGX1))
+                locs[name] = pci_location(tmp_path, link)
+    listing = read_topo_file(str(DGX1))
     for g in range(8):
         for nic in ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"):
             numa = {n: int((tmp_path / "sys/bus/pci/devices" / locs[n].bdf / "numa_node").read_text())
                     for n in (f"GPU{g}", nic)}
-            got = topology.pci_level(locs[f"GPU{g}"], locs[nic], numa[f"GPU{g}"], numa[nic], single_numa=False)
+            got = pci_level(locs[f"GPU{g}"], locs[nic], numa[f"GPU{g}"], numa[nic], single_numa=False)
             assert got == listing.gpu_nic[(g, nic)], (g, nic)
 
 
 def test_pci_level_rules():
-    P = topology.PciLocation
+    P = PciLocation
     sw_a, sw_b = ("r0", "u0", "d0"), ("r0", "u0", "d1")
-    assert topology.pci_level(P("pci0", sw_a + ("g",)), P("pci0", sw_b + ("n",)), 0, 0, False) == "PIX"
+    assert pci_level(P("pci0", sw_a + ("g",)), P("pci0", sw_b + ("n",)), 0, 0, False) == "PIX"
     deep = ("r0", "u0", "d0", "u1", "d2")
-    assert topology.pci_level(P("pci0", deep + ("g",)), P("pci0", sw_b + ("n",)), 0, 0, False) == "PXB"
-    assert topology.pci_level(P("pci0", ("r0", "g")), P("pci0", ("r1", "n")), 0, 0, False) == "PHB"
-    assert topology.pci_level(P("pci0", ("g",)), P("pci1", ("n",)), 0, 0, False) == "NODE"
-    assert topology.pci_level(P("pci0", ("g",)), P("pci1", ("n",)), 0, 1, False) == "SYS"
-    assert topology.pci_level(P("pci0", ("g",)), P("pci1", ("n",)), None, None, True) == "NODE"
-    assert topology.pci_level(P("pci0", ("g",)), None, 0, 0, True) is None
+    assert pci_level(P("pci0", deep + ("g",)), P("pci0", sw_b + ("n",)), 0, 0, False) == "PXB"
+    assert pci_level(P("pci0", ("r0", "g")), P("pci0", ("r1", "n")), 0, 0, False) == "PHB"
+    assert pci_level(P("pci0", ("g",)), P("pci1", ("n",)), 0, 0, False) == "NODE"
+    assert pci_level(P("pci0", ("g",)), P("pci1", ("n",)), 0, 1, False) == "SYS"
+    assert pci_level(P("pci0", ("g",)), P("pci1", ("n",)), None, None, True) == "NODE"
+    assert pci_level(P("pci0", ("g",)), None, 0, 0, True) is None
 
 
 def test_h200_sysfs_record_with_recorded_gpus(tmp_path):
@@ -319,7 +324,7 @@ def test_h200_sysfs_record_with_recorded_gpus(tmp_path):
     if not record.exists():
         pytest.skip("tests/fixtures/h200x2/sysfs-record.txt not recorded yet "
                     "(`ucx-dask-gpu topology --record-sysfs FILE` on the GPU host)")
-    root = topology.materialize_sysfs(record.read_text(), tmp_path)
+    root = materialize_sysfs(record.read_text(), tmp_path)
     lines = (FIXTURES / "h200x2" / "nvidia-smi-query-gpu.csv").read_text().splitlines()[1:]
     links = (FIXTURES / "h200x2" / "nvidia-smi-nvlink-s.txt").read_text()
     per_gpu = [len(re.findall(r"Link \d+:", block)) for block in re.split(r"^GPU \d+:.*$", links, flags=re.M)[1:]]
@@ -329,26 +334,26 @@ def test_h200_sysfs_record_with_recorded_gpus(tmp_path):
         gpus.append(nvml.Gpu(index=int(idx), uuid=uuid, pci_bus_id=nvml.normalise_bus_id(bus), name=name))
     for g, other in ((gpus[0], gpus[1]), (gpus[1], gpus[0])):
         g.nvlink_peers = {other.pci_bus_id: per_gpu[g.index]}
-    topo = topology.assemble(gpus, root)
+    topo = assemble(gpus, root)
     assert topo.gpu_links[(0, 1)] == "NV18"
     assert all(g.cpus_source == "sysfs" and g.cpus for g in topo.gpus)   # NVML gave no affinity on that VM
-    plan = topology.make_plan(topo)
+    plan = make_plan(topo)
     assert all(w.nic is None or w.env.get("UCX_NET_DEVICES") for w in plan.workers)
 
 
 def test_unreadable_sysfs_is_one_clear_error(tmp_path):
     with pytest.raises(UserError) as e:
-        topology.assemble([nvml.Gpu(index=0, uuid="GPU-x", pci_bus_id="00000000:00:06.0", name="x")], tmp_path)
+        assemble([nvml.Gpu(index=0, uuid="GPU-x", pci_bus_id="00000000:00:06.0", name="x")], tmp_path)
     assert e.value.exit_code == errors.SYSFS_UNREADABLE and str(tmp_path) in str(e.value)
     (tmp_path / "sys" / "bus" / "pci" / "devices").mkdir(parents=True)
     with pytest.raises(UserError) as e:
-        topology.assemble([nvml.Gpu(index=0, uuid="GPU-x", pci_bus_id="00000000:00:06.0", name="x")], tmp_path)
+        assemble([nvml.Gpu(index=0, uuid="GPU-x", pci_bus_id="00000000:00:06.0", name="x")], tmp_path)
     assert e.value.exit_code == errors.SYSFS_UNREADABLE and "0000:00:06.0" in str(e.value)
     with pytest.raises(UserError) as e:
-        topology.assemble([], tmp_path)
+        assemble([], tmp_path)
     assert e.value.exit_code == errors.NO_GPU
     with pytest.raises(UserError) as e:
-        topology.materialize_sysfs("not a record\n", tmp_path / "x")
+        materialize_sysfs("not a record\n", tmp_path / "x")
     assert e.value.exit_code == errors.BAD_TOPOLOGY
 
 

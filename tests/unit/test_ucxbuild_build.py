@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import stack
 from ucx_dask_gpu.errors import MISSING_CAPABILITY, SOURCE_UNREACHABLE, USAGE, UserError
 from ucx_dask_gpu.ucxbuild import build, cuda, relocate
 
@@ -19,11 +18,6 @@ REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "tests" / "fixtures" / "ucx_build"
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("patchelf") is None,
                               reason="needs cc and patchelf (stack.toml [debian] ucx_build_packages)")
-
-
-@pytest.fixture(scope="module")
-def st() -> stack.Stack:
-    return stack.load(REPO / "stack.toml")
 
 
 def toolkit(root: Path, version: int = 12080, nvml: bool = True, stubs: bool = True) -> Path:

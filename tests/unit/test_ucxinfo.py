@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import ucxinfo
+from ucx_dask_gpu.ucx import info as ucxinfo
 from ucx_dask_gpu.errors import UCX_NOT_FOUND, UserError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ucx_info"

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from _verify_nvlink_helpers import FIX, h200_gpus
 from ucx_dask_gpu import nvml
-from ucx_dask_gpu import perftest as pt
-from ucx_dask_gpu import verify_nvlink as vn
+from ucx_dask_gpu.ucx import perftest as pt
+from ucx_dask_gpu.nvlink import cli as nvlink_cli
+from ucx_dask_gpu.nvlink import report, undertest, verify
+from ucx_dask_gpu.ucx.install import pip_wheel_prefix
 from ucx_dask_gpu.errors import (NO_GPU, NO_NVLINK, NVML_UNAVAILABLE, ONE_GPU, PERFTEST_FAILED, PERFTEST_MISSING,
                                  USAGE, UserError)
 
@@ -29,7 +30,7 @@ def _nvml_works() -> bool:
 
 
 NVML_WORKS = _nvml_works()
-PIP = vn._pip_libucx_dir()
+PIP = pip_wheel_prefix()
 needs_pip_ucx = pytest.mark.skipif(PIP is None or not (PIP / "bin" / "ucx_perftest").is_file(),
                                    reason="the libucx wheel (libucx-cu13) is not installed in this Python")
 no_gpu_here = pytest.mark.skipif(NVML_WORKS, reason="this machine has an NVIDIA driver: the no-GPU paths are not real")
@@ -104,15 +105,15 @@ def test_usage_errors(capsys, args, what):
 
 
 def test_module_entry_point_without_the_other_subcommands(capsys, tmp_path):
-    """`python -m ucx_dask_gpu.verify_nvlink` (what the GPU session runs) behaves like the subcommand."""
-    assert vn.main(["--sizes", "1Q"]) == USAGE
-    assert vn.main(["--ucx-prefix", str(tmp_path / "nope")]) == PERFTEST_MISSING
+    """`python -m ucx_dask_gpu.nvlink` (what the GPU session runs) behaves like the subcommand."""
+    assert nvlink_cli.main(["--sizes", "1Q"]) == USAGE
+    assert nvlink_cli.main(["--ucx-prefix", str(tmp_path / "nope")]) == PERFTEST_MISSING
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(e.startswith("ucx-dask-gpu verify-nvlink: error:") for e in err)
     line = "ucx-dask-gpu --out 'a b' --sizes 1MiB"
-    assert vn.recorded_command(line, "/repo/src/ucx_dask_gpu/verify_nvlink.py") == \
-        "python3 -m ucx_dask_gpu.verify_nvlink --out 'a b' --sizes 1MiB"
-    assert vn.recorded_command(line, "/usr/bin/ucx-dask-gpu") == line
+    assert report.recorded_command(line, "/repo/src/ucx_dask_gpu/nvlink/__main__.py") == \
+        "python3 -m ucx_dask_gpu.nvlink --out 'a b' --sizes 1MiB"
+    assert report.recorded_command(line, "/usr/bin/ucx-dask-gpu") == line
 
 
 def test_out_must_be_a_directory(capsys, tmp_path):
@@ -131,25 +132,25 @@ def test_wrapper_script_passes_through(tmp_path):
 
 # --- discovery / pair selection ------------------------------------------------------------------------------------
 
-def test_pair_selection_bad_machines():
-    g0, g1 = h200_gpus()
+def test_pair_selection_bad_machines(h200):
+    g0, g1 = h200.smi_gpus()
     with pytest.raises(UserError) as e:
-        vn.select_pairs([])
+        verify.select_pairs([])
     assert e.value.exit_code == NO_GPU
     with pytest.raises(UserError) as e:
-        vn.select_pairs([g0])
+        verify.select_pairs([g0])
     assert e.value.exit_code == ONE_GPU and g0.pci_bus_id in str(e.value)
     with pytest.raises(UserError) as e:
-        vn.select_pairs([g0, g1], only=[0])
+        verify.select_pairs([g0, g1], only=[0])
     assert e.value.exit_code == ONE_GPU
     with pytest.raises(UserError) as e:
-        vn.select_pairs([g0, g1], only=[0, 5])
+        verify.select_pairs([g0, g1], only=[0, 5])
     assert e.value.exit_code == USAGE
     bare = [nvml.Gpu(g.index, g.uuid, g.pci_bus_id, g.name) for g in (g0, g1)]  # same GPUs, no active link
     with pytest.raises(UserError) as e:
-        vn.select_pairs(bare, all_pairs=True)
+        verify.select_pairs(bare, all_pairs=True)
     assert e.value.exit_code == NO_NVLINK
-    assert [(a.index, b.index) for a, b in vn.select_pairs([g0, g1])] == [(0, 1), (1, 0)]
+    assert [(a.index, b.index) for a, b in verify.select_pairs([g0, g1])] == [(0, 1), (1, 0)]
 
 
 @no_gpu_here
@@ -163,10 +164,10 @@ def test_nvml_discover_without_driver():
 
 @needs_pip_ucx
 def test_pip_prefix_resolves_to_the_wheel():
-    inst = vn.resolve_install("pip")
+    inst = undertest.resolve_install("pip")
     assert inst.prefix == PIP and inst.perftest == PIP / "bin" / "ucx_perftest" and inst.kind == "pip"
     assert PIP / "lib" in inst.lib_dirs
-    env = vn.child_env(inst, [], {"UCX_RNDV_SCHEME": "get_zcopy"})
+    env = undertest.child_env(inst, [], {"UCX_RNDV_SCHEME": "get_zcopy"})
     assert env["LD_LIBRARY_PATH"].split(":")[0] == str(PIP / "lib")
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and "CUDA_VISIBLE_DEVICES" not in env
     assert env["UCX_RNDV_SCHEME"] == "get_zcopy"
@@ -175,23 +176,23 @@ def test_pip_prefix_resolves_to_the_wheel():
 @no_gpu_here
 @needs_pip_ucx
 def test_preflight_rejects_a_ucx_without_cuda_transports():
-    inst = vn.resolve_install("pip")
+    inst = undertest.resolve_install("pip")
     with pytest.raises(UserError) as e:
-        vn.preflight(inst, vn.child_env(inst, [], {}))
+        undertest.preflight(inst, undertest.child_env(inst, [], {}))
     assert e.value.exit_code == PERFTEST_FAILED and "no CUDA transport" in str(e.value)
     # what it learned before refusing is real: the wheel's version and its protocol-info capability
     assert inst.version and inst.version.startswith("1.") and inst.proto_v2_default and inst.proto_used
-    assert vn.evidence_mode(inst, {}) == "proto-used"
-    assert vn.evidence_mode(inst, {"UCX_PROTO_ENABLE": "n"}) == "lanes"
-    assert vn.evidence_mode(inst, {}, forced="lanes") == "lanes"
+    assert undertest.evidence_mode(inst, {}) == "proto-used"
+    assert undertest.evidence_mode(inst, {"UCX_PROTO_ENABLE": "n"}) == "lanes"
+    assert undertest.evidence_mode(inst, {}, forced="lanes") == "lanes"
 
 
 # --- the runner, for real ------------------------------------------------------------------------------------------
 
 @needs_pip_ucx
 def test_run_pair_host_memory_for_real(tmp_path):
-    inst = vn.resolve_install("pip")
-    env = {**vn.child_env(inst, [], {}), "UCX_PROTO_INFO": "used"}
+    inst = undertest.resolve_install("pip")
+    env = {**undertest.child_env(inst, [], {}), "UCX_PROTO_INFO": "used"}
     size = 1 << 20
     out = pt.run_pair(inst.perftest, ["-t", "tag_bw", "-m", "host", "-s", str(size), "-n", "200", "-w", "20"],
                       env, env, tmp_path, timeout=60)
@@ -206,8 +207,8 @@ def test_run_pair_host_memory_for_real(tmp_path):
 @no_gpu_here
 @needs_pip_ucx
 def test_run_pair_cuda_without_gpu_fails_with_the_cause(tmp_path):
-    inst = vn.resolve_install("pip")
-    env = vn.child_env(inst, [], {})
+    inst = undertest.resolve_install("pip")
+    env = undertest.child_env(inst, [], {})
     out = pt.run_pair(inst.perftest, ["-t", "tag_bw", "-m", "cuda", "-s", "1048576", "-n", "10", "-w", "1"],
                       env, env, tmp_path, timeout=60)
     assert not out.ok
@@ -218,10 +219,10 @@ def test_run_pair_cuda_without_gpu_fails_with_the_cause(tmp_path):
     assert "GPU0->GPU1 1 MiB" in msg and "exit" in msg and "cuda" in msg.lower() and "\n" not in msg
 
 
-def test_loader_error_is_reported():
+def test_loader_error_is_reported(h200):
     """Recorded (tests/fixtures/verify_nvlink/README.md): a perftest without its libraries -- the server exits 127
     before listening, so run_pair never starts the client."""
-    stem = FIX / "verify_nvlink" / "cpu-ucx-1.13.1-source" / "perftest-relocated-without-lib"
+    stem = h200.FIX / "verify_nvlink" / "cpu-ucx-1.13.1-source" / "perftest-relocated-without-lib"
     out = pt.PairOutput(Path(f"{stem}.server.txt").read_text(), Path(f"{stem}.client.txt").read_text(),
                         127, None, 1, -1, 0.01)
     with pytest.raises(UserError) as e:
@@ -244,8 +245,8 @@ def test_free_port_and_listening():
 
 @no_gpu_here
 def test_cuda_probe_fails_in_one_line_without_a_driver():
-    r = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.gpuprobe", "visible"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.nvlink.gpuprobe", "visible"], capture_output=True,
+                       text=True, timeout=120)
     if "No module named 'cupy'" in r.stderr:
         pytest.skip("cupy is not installed here")
     assert r.returncode == 1 and r.stdout == "" and _one_line(r.stderr).startswith("gpuprobe visible:")

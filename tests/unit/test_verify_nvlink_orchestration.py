@@ -9,62 +9,69 @@ import json
 
 import pytest
 
-from _verify_nvlink_helpers import h200_gpus, snapshot
-from ucx_dask_gpu import verify_nvlink as vn
-from ucx_dask_gpu.cli import build_parser
+from ucx_dask_gpu.nvlink import cli as nvlink_cli
+from ucx_dask_gpu.nvlink import report, undertest, verdict, verify
+from ucx_dask_gpu.ucx.install import pip_wheel_prefix
+from ucx_dask_gpu import nvml
+from ucx_dask_gpu.cli import build_parser, main
+from ucx_dask_gpu.errors import PERFTEST_FAILED, UserError
 from ucx_dask_gpu.report import write_report
 
-PIP = vn._pip_libucx_dir()
+PIP = pip_wheel_prefix()
 pytestmark = pytest.mark.skipif(PIP is None or not (PIP / "bin" / "ucx_perftest").is_file(),
                                 reason="the libucx wheel (libucx-cu13) is not installed in this Python")
 
 
-class RecordedGpuSide:
-    """Stands in for GpuSide where there is no GPU: idle counters, the configured visibility, a fixed baseline."""
+@pytest.fixture
+def recorded_side(h200):
+    """A class that stands in for GpuSide where there is no GPU: idle counters, the configured visibility, a fixed
+    baseline."""
+    class RecordedGpuSide:
+        origin = "recorded"
 
-    origin = "recorded"
+        def __init__(self, gpus):
+            self.gpus = gpus
+            self.snapshots = 0
 
-    def __init__(self, gpus):
-        self.gpus = gpus
-        self.snapshots = 0
+        def snapshot(self):
+            self.snapshots += 1
+            return {g.uuid: h200.snapshot(g, 0, 0) for g in self.gpus}
 
-    def snapshot(self):
-        self.snapshots += 1
-        return {g.uuid: snapshot(g, 0, 0) for g in self.gpus}
+        def stable_snapshot(self):
+            return self.snapshot()
 
-    def stable_snapshot(self):
-        return self.snapshot()
+        def pids_sampler(self):
+            calls = []
 
-    def pids_sampler(self):
-        calls = []
+            def poll(server_pid, client_pid):
+                calls.append((server_pid, client_pid))
+            return {}, poll
 
-        def poll(server_pid, client_pid):
-            calls.append((server_pid, client_pid))
-        return {}, poll
+        def probe_visible(self, cuda_visible):
+            return [u for u in cuda_visible.split(",")], None
 
-    def probe_visible(self, cuda_visible):
-        return [u for u in cuda_visible.split(",")], None
+        def memcpy_peer(self, src, dst, sizes, samples, timeout):
+            return {"peer_access": True, "results": [{"msg_bytes": s, "gbps": 1.0, "bytes_moved": s * 10, "reps": 1}
+                                                     for s in sizes]}, None
 
-    def memcpy_peer(self, src, dst, sizes, samples, timeout):
-        return {"peer_access": True, "results": [{"msg_bytes": s, "gbps": 1.0, "bytes_moved": s * 10, "reps": 1}
-                                                 for s in sizes]}, None
+    return RecordedGpuSide
 
 
-def test_run_and_variant_one_pair_on_host_memory(tmp_path):
-    gpus = h200_gpus()
+def test_run_and_variant_one_pair_on_host_memory(tmp_path, h200, recorded_side):
+    gpus = h200.smi_gpus()
     args = build_parser().parse_args(["verify-nvlink", "--ucx-prefix", "pip", "--sizes", "64KiB,1MiB", "--iters", "100",
                                       "--variant", "UCX_PROTO_ENABLE=n", "--variant", "UCX_RNDV_SCHEME=bogus",
                                       "--variant-sizes", "1MiB", "--raw-dir", str(tmp_path / "raw"), "-q"])
-    inst = vn.resolve_install("pip")
+    inst = undertest.resolve_install("pip")
     inst.version, inst.proto_v2_default, inst.proto_used = "1.21.0", True, True    # what preflight reads (GPU only)
     # the variant turns protocol v2 off: no tables any more, so it is judged by lanes + the ablation run
     # and a study whose value this UCX rejects: recorded as that run's error, the others go on
-    runs = [vn.RunSpec(inst, None, "pip"), vn.RunSpec(inst, vn.parse_variant(args.variant[0]), "pip + v1"),
-            vn.RunSpec(inst, vn.parse_variant(args.variant[1]), "pip + bogus")]
-    side = RecordedGpuSide(gpus)
+    runs = [verify.RunSpec(inst, None, "pip"), verify.RunSpec(inst, verify.parse_variant(args.variant[0]), "pip + v1"),
+            verify.RunSpec(inst, verify.parse_variant(args.variant[1]), "pip + bogus")]
+    side = recorded_side(gpus)
     args.memory_type = "host"
-    ver = vn.Verifier(args, gpus, [(gpus[0], gpus[1])], runs, vn.parse_sizes(args.sizes), side, [], {},
-                      vn.Thresholds())
+    ver = verify.Verifier(args, gpus, [(gpus[0], gpus[1])], runs, verify.parse_sizes(args.sizes), side, [], {},
+                      verdict.Thresholds())
     results = ver.run()
 
     assert [r["evidence_method"] for r in results] == ["proto-used", "lanes", "proto-used"]
@@ -95,42 +102,39 @@ def test_run_and_variant_one_pair_on_host_memory(tmp_path):
     assert len(kept) == 2 + 1 + 1 + 1
     assert side.snapshots >= 2 * 5
 
-    payload = vn.build_payload("cpu", None, gpus, results, ver.baseline, ver.sizes, ver.th,
-                               vn.parse_goals(vn.DEFAULT_GOALS), "ucx-dask-gpu verify-nvlink ...", False)
+    payload = report.build_payload("cpu", None, gpus, results, ver.baseline, ver.sizes, ver.th,
+                               verify.parse_goals(verify.DEFAULT_GOALS), "ucx-dask-gpu verify-nvlink ...", False)
     assert payload["verdict"] == "fail" and payload["exit_code"] == 1  # the failed study does not make it 14
-    write_report(tmp_path / "out", vn.STEM, payload, vn.render_markdown(payload, {}), vn.render_png(payload),
-                 payload["command"])
+    write_report(tmp_path / "out", report.STEM, payload, report.render_markdown(payload, {}),
+                 report.render_png(payload), payload["command"])
     assert json.loads((tmp_path / "out" / "verify-nvlink.json").read_text())["runs"][1]["variant"] == {
         "UCX_PROTO_ENABLE": "n"}
 
 
-def test_unsafe_visible_devices_declares_every_gpu():
-    gpus = h200_gpus()
+def test_unsafe_visible_devices_declares_every_gpu(h200, recorded_side):
+    gpus = h200.smi_gpus()
     args = build_parser().parse_args(["verify-nvlink", "--unsafe-visible-devices", "-q"])
-    ver = vn.Verifier(args, gpus, [(gpus[0], gpus[1])], [], [1 << 20], RecordedGpuSide(gpus), [], {},
-                      vn.Thresholds())
+    ver = verify.Verifier(args, gpus, [(gpus[0], gpus[1])], [], [1 << 20], recorded_side(gpus), [], {},
+                      verdict.Thresholds())
     assert ver.visible_for(gpus[0]) == ver.visible_for(gpus[1]) == "0,1"
     assert ver.declared("0,1") == [g.uuid for g in gpus]
-    safe = vn.Verifier(build_parser().parse_args(["verify-nvlink", "-q"]), gpus, [], [], [1], RecordedGpuSide(gpus),
-                       [], {}, vn.Thresholds())
+    safe = verify.Verifier(build_parser().parse_args(["verify-nvlink", "-q"]), gpus, [], [], [1], recorded_side(gpus),
+                       [], {}, verdict.Thresholds())
     assert safe.visible_for(gpus[1]) == gpus[1].uuid and safe.declared(gpus[1].uuid) == [gpus[1].uuid]
 
 
-def test_command_end_to_end_with_recorded_gpu_side(tmp_path, monkeypatch, capsys):
+def test_command_end_to_end_with_recorded_gpu_side(tmp_path, monkeypatch, capsys, h200, recorded_side):
     """`verify-nvlink` as typed, down to the report files; only discovery, the ucx_info preflight (which refuses a UCX
     without CUDA transports, as here) and the GPU side are the recorded stand-ins."""
-    from ucx_dask_gpu import nvml
-    from ucx_dask_gpu.cli import main
-
-    gpus = h200_gpus()
+    gpus = h200.smi_gpus()
 
     def preflight(inst, env):
         inst.version, inst.proto_v2_default, inst.proto_used = "1.21.0", True, True
 
     monkeypatch.setattr(nvml, "discover", lambda: gpus)
     monkeypatch.setattr(nvml, "driver_version", lambda: "580.159.04")
-    monkeypatch.setattr(vn, "preflight", preflight)
-    monkeypatch.setattr(vn, "GpuSide", RecordedGpuSide)
+    monkeypatch.setattr(nvlink_cli, "preflight", preflight)
+    monkeypatch.setattr(nvlink_cli, "GpuSide", recorded_side)
     out = tmp_path / "report"
     argv = ["verify-nvlink", "--ucx-prefix", "pip", "--sizes", "1MiB", "--iters", "50", "--memory-type", "host",
             "--out", str(out)]
@@ -147,15 +151,11 @@ def test_command_end_to_end_with_recorded_gpu_side(tmp_path, monkeypatch, capsys
                                                      "verify-nvlink.png"]
 
 
-def test_keep_going_reports_a_ucx_that_cannot_start(tmp_path, monkeypatch, capsys):
+def test_keep_going_reports_a_ucx_that_cannot_start(tmp_path, monkeypatch, capsys, h200, recorded_side):
     """Two UCX under test, the second one broken (as a from-source prefix without libcudart would be): with
     --keep-going the first is still measured and the report says why the second has no numbers (exit 14)."""
-    from ucx_dask_gpu import nvml
-    from ucx_dask_gpu.cli import main
-    from ucx_dask_gpu.errors import PERFTEST_FAILED, UserError
-
-    gpus = h200_gpus()
-    real_pip = vn.resolve_install("pip").prefix
+    gpus = h200.smi_gpus()
+    real_pip = undertest.resolve_install("pip").prefix
 
     def preflight(inst, env):
         if inst.spec != "pip":
@@ -165,8 +165,8 @@ def test_keep_going_reports_a_ucx_that_cannot_start(tmp_path, monkeypatch, capsy
 
     monkeypatch.setattr(nvml, "discover", lambda: gpus)
     monkeypatch.setattr(nvml, "driver_version", lambda: "580.159.04")
-    monkeypatch.setattr(vn, "preflight", preflight)
-    monkeypatch.setattr(vn, "GpuSide", RecordedGpuSide)
+    monkeypatch.setattr(nvlink_cli, "preflight", preflight)
+    monkeypatch.setattr(nvlink_cli, "GpuSide", recorded_side)
     out = tmp_path / "report"
     rc = main(["verify-nvlink", "--ucx-prefix", "pip", "--ucx-prefix", str(real_pip), "--gpus", "0,1",
                "--sizes", "64KiB", "--iters", "20", "--memory-type", "host", "--keep-going", "--out", str(out), "-q"])

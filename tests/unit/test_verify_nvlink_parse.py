@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import perftest as pt
-from ucx_dask_gpu import verify_nvlink as vn
+from ucx_dask_gpu.ucx import perftest as pt
+from ucx_dask_gpu.nvlink import gpuside, verify
 from ucx_dask_gpu.errors import USAGE, UserError
-from ucx_dask_gpu.nvlink_verdict import transport_from_tables
+from ucx_dask_gpu.nvlink.verdict import transport_from_tables
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 VN = FIX / "verify_nvlink"
@@ -279,7 +279,7 @@ def test_versions_differ_as_documented():
 
 def test_nvidia_smi_gt_parse_matches_query_gpu():
     text = (FIX / "h200x2" / "nvidia-smi-nvlink-gt-d-idle.txt").read_text()
-    per = vn.parse_nvidia_smi_gt(text)
+    per = gpuside.parse_nvidia_smi_gt(text)
     csv = (FIX / "h200x2" / "nvidia-smi-query-gpu.csv").read_text().splitlines()[1:]
     uuids = [line.split(",")[1].strip() for line in csv]
     assert list(per) == uuids
@@ -287,46 +287,46 @@ def test_nvidia_smi_gt_parse_matches_query_gpu():
     assert sum(len(v) for v in per.values()) == n_link_lines
     assert all(set(v) == {"data_tx", "data_rx"} for links in per.values() for v in links.values())
     busy = text.replace("Data Tx: 0 KiB", "Data Tx: 3 KiB", 1)
-    assert vn.parse_nvidia_smi_gt(busy)[uuids[0]][0]["data_tx"] == 3 * 1024
+    assert gpuside.parse_nvidia_smi_gt(busy)[uuids[0]][0]["data_tx"] == 3 * 1024
 
 
 # --- argument helpers ----------------------------------------------------------------------------------------------
 
 def test_sizes():
-    assert vn.parse_sizes(vn.DEFAULT_SIZES) == [1 << 20, 64 << 20, 256 << 20]
-    assert vn.parse_sizes("268435456, 1m,4k,1MiB") == [4096, 1 << 20, 1 << 28]
+    assert verify.parse_sizes(verify.DEFAULT_SIZES) == [1 << 20, 64 << 20, 256 << 20]
+    assert verify.parse_sizes("268435456, 1m,4k,1MiB") == [4096, 1 << 20, 1 << 28]
     for bad in ("1Q", "", "0", "-4k", "1.5M"):
         with pytest.raises(UserError) as e:
-            vn.parse_sizes(bad)
+            verify.parse_sizes(bad)
         assert e.value.exit_code == USAGE
 
 
 def test_env_assignments_and_variants():
-    assert vn.parse_variant("UCX_RNDV_FRAG_SIZE=host:1m,cuda:4m  UCX_MAX_RNDV_RAILS=1") == {
+    assert verify.parse_variant("UCX_RNDV_FRAG_SIZE=host:1m,cuda:4m  UCX_MAX_RNDV_RAILS=1") == {
         "UCX_RNDV_FRAG_SIZE": "host:1m,cuda:4m", "UCX_MAX_RNDV_RAILS": "1"}
     for bad in ("CUDA_VISIBLE_DEVICES=0,1", "LD_LIBRARY_PATH=/x", "NOEQUALS", "1BAD=x"):
         with pytest.raises(UserError) as e:
-            vn.parse_assignment(bad, "--ucx-env")
+            verify.parse_assignment(bad, "--ucx-env")
         assert e.value.exit_code == USAGE
-    assert vn.parse_goals("256MiB=0.97,1MiB=0.5") == {1 << 28: 0.97, 1 << 20: 0.5}
+    assert verify.parse_goals("256MiB=0.97,1MiB=0.5") == {1 << 28: 0.97, 1 << 20: 0.5}
     with pytest.raises(UserError):
-        vn.parse_goals("256MiB")
+        verify.parse_goals("256MiB")
 
 
 def test_tls_without_cuda_ipc():
-    assert vn.tls_without_cuda_ipc(None) == "^cuda_ipc"
-    assert vn.tls_without_cuda_ipc("all") == "^cuda_ipc"
-    assert vn.tls_without_cuda_ipc("^tcp") == "^tcp,cuda_ipc"
-    assert vn.tls_without_cuda_ipc("^cuda_ipc") == "^cuda_ipc"
-    assert vn.tls_without_cuda_ipc("sm,cuda_copy,cuda_ipc") == "sm,cuda_copy"
+    assert verify.tls_without_cuda_ipc(None) == "^cuda_ipc"
+    assert verify.tls_without_cuda_ipc("all") == "^cuda_ipc"
+    assert verify.tls_without_cuda_ipc("^tcp") == "^tcp,cuda_ipc"
+    assert verify.tls_without_cuda_ipc("^cuda_ipc") == "^cuda_ipc"
+    assert verify.tls_without_cuda_ipc("sm,cuda_copy,cuda_ipc") == "sm,cuda_copy"
 
 
 @pytest.mark.parametrize("size", [1 << 20, 64 << 20, 256 << 20, 3 << 30])
 def test_iterations_make_warmup_exact_in_every_ucx(size):
     target = 128 << 30
-    n, w = vn.iterations_for(size, target)
+    n, w = verify.iterations_for(size, target)
     assert n % 10 == 0 and w == n // 10
     # perftest's own rule: min(-w, max_iter/10) (1.13: floor; newer: round up) -- both give w for these n
     assert min(w, n // 10) == w == min(w, -(-n // 10))
     assert n >= 20 and (n * size >= target * 0.9 or n == 20 or n == 200_000)
-    assert vn.iterations_for(size, target, fixed=33) == (40, 4)
+    assert verify.iterations_for(size, target, fixed=33) == (40, 4)

@@ -6,44 +6,42 @@ from __future__ import annotations
 
 import pytest
 
-from _verify_nvlink_helpers import (MIB, OURS, OURS_V2, PIP, PIP_BACK, TRAP_OURS, TRAP_PIP, ablation_of, deltas,
-                                    evidence, h200_gpus, isolated_visibility, measured, output, recorded_gpus,
-                                    replay, snapshot)
 from ucx_dask_gpu import nvml
-from ucx_dask_gpu import perftest as pt
-from ucx_dask_gpu.nvlink_verdict import (FAIL, INVALID, NO_NVLINK, PASS, PairInput, SizeMeasurement, Thresholds,
+from ucx_dask_gpu.ucx import perftest as pt
+from ucx_dask_gpu.nvlink.verdict import (FAIL, INVALID, NO_NVLINK, PASS, PairInput, SizeMeasurement, Thresholds,
                                          TransportEvidence, Visibility, counter_deltas, evaluate_pair,
                                          transport_from_lanes, visibility_problems)
-from ucx_dask_gpu.verify_nvlink import pair_record
-
-GPUS = recorded_gpus()
-G0, G1 = GPUS
+from ucx_dask_gpu.nvlink.verify import pair_record
+MIB = 1 << 20
 TH = Thresholds()
 BIG = 256 * MIB
 HONEST = [MIB, BIG]
 
 
-def memcpy_for(*sizes_and_ratio, pair=PIP):
+def memcpy_for(h200, *sizes_and_ratio, pair=None):
     """cudaMemcpyPeer GB/s that puts ucx/memcpy at `ratio` for each recorded size."""
-    return {size: pt.parse_result(output(pair, size).client_out).gbps / ratio for size, ratio in sizes_and_ratio}
+    pair = pair or h200.PIP
+    return {size: pt.parse_result(h200.output(pair, size).client_out).gbps / ratio for size, ratio in sizes_and_ratio}
 
 
-def honest_record(sent=1.02, ratio_big=0.95, vis=None, server_nvml=None, client_nvml=None, src=G0, dst=G1):
-    ms = [measured(PIP, s, src, dst, sent, server_nvml=server_nvml, client_nvml=client_nvml) for s in HONEST]
-    memcpy = memcpy_for((MIB, 0.6), (BIG, ratio_big))
-    return pair_record(src, dst, "proto-used", ms, None, {}, vis or isolated_visibility(src, dst), memcpy, TH)
+def honest_record(h200, sent=1.02, ratio_big=0.95, vis=None, server_nvml=None, client_nvml=None, src=None,
+                  dst=None):
+    src, dst = src or h200.g0, dst or h200.g1
+    ms = [h200.measured(h200.PIP, s, src, dst, sent, server_nvml=server_nvml, client_nvml=client_nvml) for s in HONEST]
+    memcpy = memcpy_for(h200, (MIB, 0.6), (BIG, ratio_big))
+    return pair_record(src, dst, "proto-used", ms, None, {}, vis or h200.isolated_visibility(src, dst), memcpy, TH)
 
 
-def _agrees_with_the_host(rec: dict, pair: str) -> None:
-    host = evidence(pair)
+def _agrees_with_the_host(h200, rec: dict, pair: str) -> None:
+    host = h200.evidence(pair)
     assert (rec["verdict"], rec["measurement_verdict"], rec["transport"], rec["transport_method"]) == \
         (host["verdict"], host["measurement_verdict"], host["transport"], host["transport_method"])
 
 
 # --- topology ------------------------------------------------------------------------------------------------------
 
-def test_h200_topology_from_fixtures():
-    for gpus in (h200_gpus(), GPUS):  # nvidia-smi recorded on one boot, verify-nvlink's JSON on the session's
+def test_h200_topology_from_fixtures(h200):
+    for gpus in (h200.smi_gpus(), h200.gpus):  # nvidia-smi recorded on one boot, verify-nvlink's JSON on the session's
         assert [len(g.links) for g in gpus] == [18, 18]
         assert nvml.nvlink_count(gpus[0], gpus[1]) == 18
         assert 470 < 18 * gpus[0].link_speed_gbps < 480  # DESIGN.md: 478 GB/s per direction
@@ -51,13 +49,14 @@ def test_h200_topology_from_fixtures():
 
 # --- replayed: pass --------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("pair", [PIP, PIP_BACK])
-def test_recorded_pip_1_21_passes(pair):
-    rec = replay(pair)
+@pytest.mark.parametrize("pair", ['raw/pip_1.21.0/gpu0-gpu1', 'raw/pip_1.21.0/gpu1-gpu0'])
+def test_recorded_pip_1_21_passes(pair, h200):
+    rec = h200.replay(pair)
     assert rec["verdict"] == PASS, rec["reasons"]
-    _agrees_with_the_host(rec, pair)
+    _agrees_with_the_host(h200, rec, pair)
     assert rec["transport"] == "cuda_ipc" and rec["transport_method"] == "proto-used"
-    assert rec["msg_bytes"] == BIG and (rec["src"], rec["dst"]) == (evidence(pair)["src"], evidence(pair)["dst"])
+    ev = h200.evidence(pair)
+    assert rec["msg_bytes"] == BIG and (rec["src"], rec["dst"]) == (ev["src"], ev["dst"])
     for s in rec["sizes"]:
         assert s["nvlink_tx_fraction"] >= TH.counter_fraction and s["nvlink_rx_fraction"] >= TH.counter_fraction
         assert s["ucx_gbps"] < rec["link_capacity_gbps"]
@@ -68,27 +67,28 @@ def test_recorded_pip_1_21_passes(pair):
     assert vis["client_ucx"] == [rec["src_uuid"]] and vis["server_ucx"] == [rec["dst_uuid"]]
 
 
-def test_recorded_ucx_1_13_passes_on_lanes_and_ablation():
-    rec = replay(OURS)
+def test_recorded_ucx_1_13_passes_on_lanes_and_ablation(h200):
+    rec = h200.replay(h200.OURS)
     assert rec["verdict"] == PASS, rec["reasons"]
-    _agrees_with_the_host(rec, OURS)
+    _agrees_with_the_host(h200, rec, h200.OURS)
     assert rec["transport"] == "cuda_ipc" and rec["transport_method"] == "lanes+ablation"
     lanes_line, ablation_line = rec["sizes"][-1]["transport_detail"][:2]
     assert "tag lanes" in lanes_line and "cuda_ipc" in lanes_line
-    abl = ablation_of(OURS)["ucx_gbps"]
-    assert abl == pytest.approx(evidence(OURS)["ablation"]["ucx_gbps"], rel=1e-9)  # parsed here == recorded there
+    abl = h200.ablation_of(h200.OURS)["ucx_gbps"]
+    recorded = h200.evidence(h200.OURS)["ablation"]["ucx_gbps"]
+    assert abl == pytest.approx(recorded, rel=1e-9)  # parsed here == recorded there
     assert f"{abl:.1f} GB/s" in ablation_line and "UCX_TLS=^cuda_ipc" in ablation_line
     assert rec["evidence"]["visibility"]["client_ucx"] is None  # protocol v1 prints no tables to name a GPU
 
 
 # --- replayed: fail --------------------------------------------------------------------------------------------------
 
-def test_recorded_protocol_v2_on_1_13_falls_back_to_cma_and_fails():
+def test_recorded_protocol_v2_on_1_13_falls_back_to_cma_and_fails(h200):
     """UCX 1.13.1 with UCX_PROTO_ENABLE=y: cuda_ipc only up to 2787801 bytes, above it a pipeline through host memory
     over cma -- 3.4 GB/s at 256 MiB, and the NVLink counters saw nothing."""
-    rec = replay(OURS_V2)
+    rec = h200.replay(h200.OURS_V2)
     assert rec["verdict"] == FAIL
-    _agrees_with_the_host(rec, OURS_V2)
+    _agrees_with_the_host(h200, rec, h200.OURS_V2)
     small, big = rec["sizes"]
     assert small["transport"] == "cuda_ipc" and small["nvlink_tx_fraction"] >= TH.counter_fraction
     assert big["transport"] == "cma" and big["nvlink_tx_bytes"] == 0 and big["ucx_gbps"] < 5
@@ -101,8 +101,8 @@ def test_recorded_protocol_v2_on_1_13_falls_back_to_cma_and_fails():
 
 # --- pass / fail at the boundaries (recorded perftest output, synthetic counters) ----------------------------------
 
-def test_honest_run_passes():
-    rec = honest_record()
+def test_honest_run_passes(h200):
+    rec = honest_record(h200)
     assert rec["verdict"] == PASS, rec["reasons"]
     assert rec["measurement_verdict"] == PASS
     assert rec["transport"] == "cuda_ipc" and rec["transport_method"] == "proto-used"
@@ -110,53 +110,53 @@ def test_honest_run_passes():
     assert rec["ratio"] == pytest.approx(0.95, abs=1e-3)
 
 
-def test_both_directions_pass():
-    rec = honest_record(src=G1, dst=G0)
+def test_both_directions_pass(h200):
+    rec = honest_record(h200, src=h200.g1, dst=h200.g0)
     assert (rec["src"], rec["dst"], rec["verdict"]) == (1, 0, PASS)
 
 
-def test_counters_short_of_the_bytes_fail():
-    rec = honest_record(sent=0.5)
+def test_counters_short_of_the_bytes_fail(h200):
+    rec = honest_record(h200, sent=0.5)
     assert rec["verdict"] == FAIL
     assert all("NVLink counters saw" in r for r in rec["reasons"])
     assert len(rec["reasons"]) == len(HONEST)  # each size says so
 
 
-def test_fraction_threshold_is_the_boundary():
-    exact = honest_record(sent=TH.counter_fraction + 0.002)
-    below = honest_record(sent=TH.counter_fraction - 0.002)
+def test_fraction_threshold_is_the_boundary(h200):
+    exact = honest_record(h200, sent=TH.counter_fraction + 0.002)
+    below = honest_record(h200, sent=TH.counter_fraction - 0.002)
     assert exact["verdict"] == PASS and below["verdict"] == FAIL
 
 
-def test_ratio_below_threshold_fails_only_at_largest_size():
-    rec = honest_record(ratio_big=TH.min_ratio - 0.05)
+def test_ratio_below_threshold_fails_only_at_largest_size(h200):
+    rec = honest_record(h200, ratio_big=TH.min_ratio - 0.05)
     assert rec["verdict"] == FAIL
     assert len(rec["reasons"]) == 1 and "cudaMemcpyPeer" in rec["reasons"][0] and "256 MiB" in rec["reasons"][0]
     # the 1 MiB ratio is 0.6 in every record above: a benchmark goal, never a verdict
-    assert honest_record()["sizes"][0]["ratio"] < TH.min_ratio
+    assert honest_record(h200)["sizes"][0]["ratio"] < TH.min_ratio
 
 
-def test_no_baseline_fails():
-    ms = [measured(PIP, s, G0, G1) for s in HONEST]
-    rec = pair_record(G0, G1, "proto-used", ms, None, {}, isolated_visibility(G0, G1), {}, TH)
+def test_no_baseline_fails(h200):
+    ms = [h200.measured(h200.PIP, s, h200.g0, h200.g1) for s in HONEST]
+    rec = pair_record(h200.g0, h200.g1, "proto-used", ms, None, {}, h200.isolated_visibility(h200.g0, h200.g1), {}, TH)
     assert rec["verdict"] == FAIL and any("no cudaMemcpyPeer baseline" in r for r in rec["reasons"])
 
 
-def test_bytes_in_the_wrong_direction_get_a_hint():
-    size, n, w, raw = measured(PIP, BIG, G0, G1)
+def test_bytes_in_the_wrong_direction_get_a_hint(h200):
+    size, n, w, raw = h200.measured(h200.PIP, BIG, h200.g0, h200.g1)
     moved = (n + w) * size
-    raw["counters_src"], raw["counters_dst"] = deltas(G0, G1, sent=0, received=0, back=moved)
-    rec = pair_record(G0, G1, "proto-used", [(size, n, w, raw)], None, {}, isolated_visibility(G0, G1),
-                      memcpy_for((BIG, 0.95)), TH)
+    raw["counters_src"], raw["counters_dst"] = h200.deltas(h200.g0, h200.g1, sent=0, received=0, back=moved)
+    rec = pair_record(h200.g0, h200.g1, "proto-used", [(size, n, w, raw)], None, {},
+                      h200.isolated_visibility(h200.g0, h200.g1), memcpy_for(h200, (BIG, 0.95)), TH)
     assert rec["verdict"] == FAIL and "other way" in rec["reasons"][0]
 
 
-def test_counters_unavailable_fail_not_pass():
-    size, n, w, raw = measured(PIP, BIG, G0, G1)
-    none = nvml.throughput_from_field_values(G0.uuid, [])
+def test_counters_unavailable_fail_not_pass(h200):
+    size, n, w, raw = h200.measured(h200.PIP, BIG, h200.g0, h200.g1)
+    none = nvml.throughput_from_field_values(h200.g0.uuid, [])
     raw["counters_src"] = counter_deltas(none, none, [0])
-    rec = pair_record(G0, G1, "proto-used", [(size, n, w, raw)], None, {"counter_fraction": 0.0},
-                      isolated_visibility(G0, G1), memcpy_for((BIG, 0.95)), TH)
+    rec = pair_record(h200.g0, h200.g1, "proto-used", [(size, n, w, raw)], None, {"counter_fraction": 0.0},
+                      h200.isolated_visibility(h200.g0, h200.g1), memcpy_for(h200, (BIG, 0.95)), TH)
     assert rec["verdict"] == FAIL and "unavailable" in rec["reasons"][0]
     assert raw["counters_src"]["source"] == "unavailable"
     assert any("cudaMemcpyPeer's traffic" in n for n in rec["notes"])
@@ -164,32 +164,33 @@ def test_counters_unavailable_fail_not_pass():
 
 # --- transport evidence without protocol tables (UCX 1.13: v1 by default) -----------------------------------------
 
-def _lanes_record(ablation_gbps: float | None, error: str | None = None):
-    m = measured(OURS, BIG, G0, G1)
-    abl_out = output(OURS, BIG, "-without-cuda_ipc")
+def _lanes_record(h200, ablation_gbps: float | None, error: str | None = None):
+    m = h200.measured(h200.OURS, BIG, h200.g0, h200.g1)
+    abl_out = h200.output(h200.OURS, BIG, "-without-cuda_ipc")
     ablation = {"UCX_TLS": "^cuda_ipc", "msg_bytes": m[0],
                 "ucx_gbps": ablation_gbps if ablation_gbps is not None or error else None, "error": error,
                 "lanes": pt.parse_lanes(abl_out.client_out)}
     memcpy = {m[0]: m[3]["result"].gbps / 0.96}
-    return pair_record(G0, G1, "lanes", [m], ablation, {}, isolated_visibility(G0, G1), memcpy, TH)
+    return pair_record(h200.g0, h200.g1, "lanes", [m], ablation, {}, h200.isolated_visibility(h200.g0, h200.g1),
+                       memcpy, TH)
 
 
-def test_lanes_without_the_ablation_cannot_name_it():
-    rec = _lanes_record(None, error="ucx_perftest failed (...): boom")
+def test_lanes_without_the_ablation_cannot_name_it(h200):
+    rec = _lanes_record(h200, None, error="ucx_perftest failed (...): boom")
     assert rec["verdict"] == FAIL and rec["transport"] == "unknown"
     assert any("ablation run failed" in d for d in rec["sizes"][0]["transport_detail"])
 
 
-def test_ablation_that_does_not_slow_down_disproves_cuda_ipc():
-    default = pt.parse_result(output(OURS, BIG).client_out).gbps
-    rec = _lanes_record(default * 0.98)
+def test_ablation_that_does_not_slow_down_disproves_cuda_ipc(h200):
+    default = pt.parse_result(h200.output(h200.OURS, BIG).client_out).gbps
+    rec = _lanes_record(h200, default * 0.98)
     assert rec["verdict"] == FAIL and any("transport unknown" in r for r in rec["reasons"])
 
 
-def test_ablation_factor_is_the_boundary():
-    default = pt.parse_result(output(OURS, BIG).client_out).gbps
-    assert _lanes_record(default * (TH.ablation_factor - 0.01))["verdict"] == PASS
-    assert _lanes_record(default * (TH.ablation_factor + 0.01))["verdict"] == FAIL
+def test_ablation_factor_is_the_boundary(h200):
+    default = pt.parse_result(h200.output(h200.OURS, BIG).client_out).gbps
+    assert _lanes_record(h200, default * (TH.ablation_factor - 0.01))["verdict"] == PASS
+    assert _lanes_record(h200, default * (TH.ablation_factor + 0.01))["verdict"] == FAIL
 
 
 def test_no_lanes_printed_falls_back_to_the_ablation_alone():
@@ -198,10 +199,10 @@ def test_no_lanes_printed_falls_back_to_the_ablation_alone():
     assert transport_from_lanes([], 377.0, 370.0, "without cuda_ipc", 0.5).transports == ()
 
 
-def test_lanes_missing_cuda_ipc_name_the_host_path():
+def test_lanes_missing_cuda_ipc_name_the_host_path(h200):
     """Recorded: without cuda_ipc, 1.13.1 lists only `tag(sysv/memory cma/memory)` for cuda memory (no cuda_copy
     lane); those are what carried the 2.2 GB/s."""
-    lanes = pt.parse_lanes(output(OURS, BIG, "-without-cuda_ipc").client_out)
+    lanes = pt.parse_lanes(h200.output(h200.OURS, BIG, "-without-cuda_ipc").client_out)
     ev = transport_from_lanes(lanes, 377.0, 2.2, "without cuda_ipc", 0.5)
     assert ev.transports == ("sysv", "cma") and "not among the lanes" in ev.detail[-1]
     cuda_lane = [{"ep_cfg": ["0"], "tag": ["sysv/memory", "cuda_copy/cuda"]}]  # a cuda lane, where a UCX has one
@@ -210,15 +211,15 @@ def test_lanes_missing_cuda_ipc_name_the_host_path():
 
 # --- invalid: the trap and its relatives ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("pair", [TRAP_PIP, TRAP_OURS])
-def test_recorded_trap_is_invalid(pair):
+@pytest.mark.parametrize("pair", ['raw-trap/pip_1.21.0/gpu0-gpu1', 'raw-trap/source_1.13.1/gpu0-gpu1'])
+def test_recorded_trap_is_invalid(pair, h200):
     """Both processes saw both GPUs (CUDA_VISIBLE_DEVICES=0,1). What the host recorded is NOT the same-GPU copy at
     ~1.9 TB/s seen in the field: ucx_perftest put the server on CUDA device 0 and the client on device 1, so it
     measured a real NVLink transfer at ~390 GB/s -- from the DESTINATION to the source. The numbers alone therefore
     only fail (counters: the bytes went the other way); the visibility evidence makes it invalid."""
-    rec = replay(pair)
+    rec = h200.replay(pair)
     assert rec["verdict"] == INVALID
-    _agrees_with_the_host(rec, pair)
+    _agrees_with_the_host(h200, rec, pair)
     assert rec["measurement_verdict"] == FAIL
     big = rec["sizes"][-1]
     assert big["ucx_gbps"] < rec["link_capacity_gbps"] and big["nvlink_tx_bytes"] == 0
@@ -230,94 +231,97 @@ def test_recorded_trap_is_invalid(pair):
     assert any(n.startswith("also:") and "the bytes went the other way" in n for n in rec["notes"])
 
 
-def test_recorded_trap_tables_name_the_reversed_gpus():
+def test_recorded_trap_tables_name_the_reversed_gpus(h200):
     """UCX 1.21's tables say which CUDA device each process used: the client `cuda/GPU1` -- the destination."""
-    rec = replay(TRAP_PIP)
+    rec = h200.replay(h200.TRAP_PIP)
     vis = rec["evidence"]["visibility"]
-    assert vis["client_ucx"] == [G1.uuid] and vis["server_ucx"] == [G0.uuid]
-    assert f"client process was on {G1.uuid} as UCX's protocol tables named it, not {G0.uuid}" in rec["reasons"]
-    assert f"server process was on {G0.uuid} as UCX's protocol tables named it, not {G1.uuid}" in rec["reasons"]
-    assert replay(TRAP_OURS)["evidence"]["visibility"]["client_ucx"] is None  # 1.13 v1: no tables, no such line
+    assert vis["client_ucx"] == [h200.g1.uuid] and vis["server_ucx"] == [h200.g0.uuid]
+    g0, g1 = h200.g0.uuid, h200.g1.uuid
+    assert f"client process was on {g1} as UCX's protocol tables named it, not {g0}" in rec["reasons"]
+    assert f"server process was on {g0} as UCX's protocol tables named it, not {g1}" in rec["reasons"]
+    # 1.13 v1: no tables, no such line
+    assert h200.replay(h200.TRAP_OURS)["evidence"]["visibility"]["client_ucx"] is None
 
 
-def test_trap_without_known_link_speed_still_never_passes():
-    g0, g1 = recorded_gpus()
+def test_trap_without_known_link_speed_still_never_passes(h200):
+    g0, g1 = h200.recorded_gpus()
     g0.link_speed_gbps = None
-    rec = replay(TRAP_PIP, gpus=[g0, g1])
+    rec = h200.replay(h200.TRAP_PIP, gpus=[g0, g1])
     assert rec["verdict"] == INVALID and rec["measurement_verdict"] == FAIL  # counters: no NVLink bytes this way
     assert rec["link_capacity_gbps"] is None and any("link speed unknown" in n for n in rec["notes"])
 
 
-def test_a_wrong_link_speed_cannot_make_an_honest_run_invalid():
-    g0, g1 = recorded_gpus()
+def test_a_wrong_link_speed_cannot_make_an_honest_run_invalid(h200):
+    g0, g1 = h200.recorded_gpus()
     g0.link_speed_gbps = g0.link_speed_gbps / 8  # e.g. a driver answering in a different unit
-    rec = replay(PIP, gpus=[g0, g1])
+    rec = h200.replay(h200.PIP, gpus=[g0, g1])
     assert rec["verdict"] == PASS and any("capacity check skipped" in n for n in rec["notes"])
     # ...and the trap stays invalid without the capacity check
-    trap = replay(TRAP_PIP, gpus=[g0, g1])
+    trap = h200.replay(h200.TRAP_PIP, gpus=[g0, g1])
     assert trap["verdict"] == INVALID and trap["measurement_verdict"] == FAIL
 
 
-def test_bandwidth_above_the_links_is_invalid_by_the_numbers_alone():
+def test_bandwidth_above_the_links_is_invalid_by_the_numbers_alone(h200):
     """The field's trap (DESIGN.md: ~1.9 TB/s "over NVLink" on a 478 GB/s link; not reproduced on the recorded host,
     see above): a same-GPU copy is caught by the capacity check even with clean visibility."""
     s = SizeMeasurement(BIG, 520, 52, 1900.0, 394.4, {"data_tx": 0}, {"data_rx": 0},
                         TransportEvidence("proto-used", ("cuda_ipc",)))
-    v = evaluate_pair(PairInput(G0.uuid, G1.uuid, 18, G0.link_speed_gbps,
-                                Visibility([G1.uuid], [G0.uuid]), [s]))
+    v = evaluate_pair(PairInput(h200.g0.uuid, h200.g1.uuid, 18, h200.g0.link_speed_gbps,
+                                Visibility([h200.g1.uuid], [h200.g0.uuid]), [s]))
     assert v.verdict == INVALID and v.measurement_verdict == INVALID
     assert "above the NVLink capacity 478.1 GB/s" in v.reasons[0]
 
 
-def test_nvml_process_list_catches_a_process_off_its_gpu():
+def test_nvml_process_list_catches_a_process_off_its_gpu(h200):
     """The trap seen by NVML: both perftest processes on GPU0 -- the receiver is not on its own GPU."""
-    rec = honest_record(server_nvml=[G0.uuid], client_nvml=[G0.uuid])
+    rec = honest_record(h200, server_nvml=[h200.g0.uuid], client_nvml=[h200.g0.uuid])
     assert rec["verdict"] == INVALID and rec["measurement_verdict"] == PASS
     assert any("per NVML" in r and r.startswith("server") for r in rec["reasons"])
 
 
-def test_nvml_listing_a_process_on_the_peer_too_is_only_a_note():
+def test_nvml_listing_a_process_on_the_peer_too_is_only_a_note(h200):
     """A receiver holding an IPC mapping of the sender's memory may be listed on both GPUs: not a reason."""
-    rec = honest_record(server_nvml=[G0.uuid, G1.uuid], client_nvml=[G0.uuid])
+    rec = honest_record(h200, server_nvml=[h200.g0.uuid, h200.g1.uuid], client_nvml=[h200.g0.uuid])
     assert rec["verdict"] == PASS
     assert any("also listed" in n for n in rec["notes"])
-    assert honest_record(server_nvml=None, client_nvml=[])["verdict"] == PASS  # not listed: no evidence
+    assert honest_record(h200, server_nvml=None, client_nvml=[])["verdict"] == PASS  # not listed: no evidence
 
 
-def test_probe_disagreeing_with_configuration_is_invalid():
-    vis = isolated_visibility(G0, G1)
-    vis["server_probed"] = [G0.uuid]  # CUDA showed the receiver the SENDER's GPU
-    rec = honest_record(vis=vis)
+def test_probe_disagreeing_with_configuration_is_invalid(h200):
+    vis = h200.isolated_visibility(h200.g0, h200.g1)
+    vis["server_probed"] = [h200.g0.uuid]  # CUDA showed the receiver the SENDER's GPU
+    rec = honest_record(h200, vis=vis)
     assert rec["verdict"] == INVALID
     assert any("server process was on" in r for r in rec["reasons"])
 
 
-def test_visibility_problems_empty_for_isolated_runs():
-    p = PairInput(G0.uuid, G1.uuid, 18, 26.562, Visibility([G1.uuid], [G0.uuid], [G1.uuid], [G0.uuid],
-                                                          [G1.uuid], [G0.uuid]), [])
+def test_visibility_problems_empty_for_isolated_runs(h200):
+    g0, g1 = h200.g0.uuid, h200.g1.uuid
+    p = PairInput(g0, g1, 18, 26.562, Visibility([g1], [g0], [g1], [g0], [g1], [g0]), [])
     assert visibility_problems(p) == []
     p.visibility.client_probed = []
     assert "could see 0 GPUs" in visibility_problems(p)[0]
 
 
-def test_same_gpu_pair_is_invalid():
+def test_same_gpu_pair_is_invalid(h200):
     s = SizeMeasurement(MIB, 100, 10, 100.0, 200.0, {"data_tx": 0}, {"data_rx": 0},
                         TransportEvidence("proto-used", ("cuda_ipc",)))
-    v = evaluate_pair(PairInput(G0.uuid, G0.uuid, 18, 26.562, Visibility([G0.uuid], [G0.uuid]), [s]))
+    g0 = h200.g0.uuid
+    v = evaluate_pair(PairInput(g0, g0, 18, 26.562, Visibility([g0], [g0]), [s]))
     assert v.verdict == INVALID
 
 
-def test_pair_without_nvlink_is_informational():
+def test_pair_without_nvlink_is_informational(h200):
     s = SizeMeasurement(MIB, 100, 10, 20.0, 25.0, {"data_tx": 0}, {"data_rx": 0},
                         TransportEvidence("proto-used", ("cuda_ipc",)))
-    v = evaluate_pair(PairInput(G0.uuid, G1.uuid, 0, None, Visibility([G1.uuid], [G0.uuid]), [s]))
+    v = evaluate_pair(PairInput(h200.g0.uuid, h200.g1.uuid, 0, None, Visibility([h200.g1.uuid], [h200.g0.uuid]), [s]))
     assert v.verdict == NO_NVLINK and "no NVLink" in v.reasons[0]
 
 
 # --- counters --------------------------------------------------------------------------------------------------------
 
-def test_counter_deltas_prefer_links_to_the_peer():
-    before, after = snapshot(G0, 0, 0), snapshot(G0, 18 << 30, 1 << 30)
+def test_counter_deltas_prefer_links_to_the_peer(h200):
+    before, after = h200.snapshot(h200.g0, 0, 0), h200.snapshot(h200.g0, 18 << 30, 1 << 30)
     d = counter_deltas(before, after, list(range(18)))
     assert d["data_tx"] == pytest.approx(18 << 30, rel=1e-4) and d["data_rx"] == pytest.approx(1 << 30, rel=1e-4)
     assert "per-link" in d["source"] and "0-17" in d["source"]
@@ -339,15 +343,15 @@ def test_counter_deltas_fall_back_when_links_repeat_the_total():
     assert d["data_tx"] == (4 << 20) * 1024 and "aggregate" in d["source"] and "note" in d
 
 
-def test_counter_deltas_keep_genuine_links_when_the_aggregate_disagrees():
-    before, after = snapshot(G0, 0, 0), snapshot(G0, 18 << 30, 18 << 30)
+def test_counter_deltas_keep_genuine_links_when_the_aggregate_disagrees(h200):
+    before, after = h200.snapshot(h200.g0, 0, 0), h200.snapshot(h200.g0, 18 << 30, 18 << 30)
     after.total["data_tx"] = before.total["data_tx"] + (1 << 30)  # a lagging / odd aggregate
     d = counter_deltas(before, after, list(range(18)))
     assert d["data_tx"] == pytest.approx(18 << 30, rel=1e-4) and "per-link" in d["source"] and "differs" in d["note"]
 
 
-def test_counter_deltas_idle_links_are_not_mistaken_for_repeats():
-    before, after = snapshot(G0, 0, 0), snapshot(G0, 0, 0)
+def test_counter_deltas_idle_links_are_not_mistaken_for_repeats(h200):
+    before, after = h200.snapshot(h200.g0, 0, 0), h200.snapshot(h200.g0, 0, 0)
     d = counter_deltas(before, after, list(range(18)))
     assert d["data_tx"] == 0 and "per-link" in d["source"] and "note" not in d
 

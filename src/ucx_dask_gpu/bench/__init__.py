@@ -1,5 +1,6 @@
-"""Benchmarks: `ucx-dask-gpu bench transpose|svd` (see bench.command, bench.driver).
+"""Benchmarks: `ucx-dask-gpu bench transpose|svd` (cli.py, driver.py).
 
-Modules: command (CLI), driver (plan, run, report), runner (one variant in its own process), workload (the timed
-computations), settings (--config / --knob), reference (dask-cuda's local_cupy), stats, render, child.
+Modules: cli (arguments), driver (plan, run within a budget, payload), runner (one variant in its own process),
+workloads/ (one Workload per benchmarked computation), settings (--config / --knob), reference (dask-cuda's
+local_cupy), stats, render, child (a child process and its output).
 """

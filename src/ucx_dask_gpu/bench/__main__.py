@@ -3,6 +3,6 @@ CLI's other subcommands (for a GPU host that only carries the benchmark's depend
 import sys
 
 from ..cliutil import standalone_main
-from . import command
+from . import cli
 
-sys.exit(standalone_main("bench", command.register, description="Dask on GPUs over UCX: benchmarks"))
+sys.exit(standalone_main("bench", cli.register, description="Dask on GPUs over UCX: benchmarks"))

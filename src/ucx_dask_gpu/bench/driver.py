@@ -4,9 +4,12 @@ dask-cuda's local_cupy beside them, and write one report.
 Order (most important first, so a short budget still yields the headline): for each protocol the base config and
 then its reference; then the sweep (`--knob`, one variant each, on the first protocol). A variant that fails or
 times out is recorded and the next one runs; variants that no longer fit the budget are recorded as skipped.
+
+dask and yaml are imported where a run needs them: `ucx-dask-gpu bench --help` and bad arguments need neither.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -20,12 +23,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import (BENCH_DEPENDENCY, BENCH_FAILED, ONE_GPU, REFERENCE_FAILED, USAGE, UserError)
+from .. import nvml
+from ..errors import BENCH_DEPENDENCY, BENCH_FAILED, ONE_GPU, REFERENCE_FAILED, USAGE, UserError
 from . import reference as ref
 from . import settings as st
 from . import stats
 from .child import Child, Progress
-from .workload import Chunks, expression
+from .workloads.base import Chunks, Workload
 
 PROTOCOLS = ("ucx", "tcp")
 METRICS = ("wall_s", "wall_s_min", "p2p_gbps_median", "ucx_tcp_wall_ratio", "speedup_vs_reference")
@@ -60,7 +64,7 @@ def parse_goal(text: str) -> Goal:
 
 @dataclass
 class Options:
-    workload: str
+    workload: Workload
     size: int
     second_size: int | None
     chunks: Chunks
@@ -168,8 +172,8 @@ def resolve_chunks(opts: Options, tree: dict) -> tuple[list[int], list[int]]:
     import dask
     from dask.array.core import normalize_chunks
 
-    shape = (opts.size, opts.size) if opts.workload == "transpose" else (opts.size, opts.second_size)
-    chunks = opts.chunks.dask_chunks(opts.workload, opts.second_size or 0)
+    shape = opts.workload.shape(opts.size, opts.second_size)
+    chunks = opts.workload.dask_chunks(opts.chunks, opts.second_size)
     cfg = {}
     limit = st.get_path(tree, "array.chunk-size")
     if limit is not None:
@@ -202,7 +206,7 @@ def child_env(base: dict[str, str], config_dir: Path | None, env: dict[str, str]
 
 def runner_spec(opts: Options, v: Variant | None, cluster: dict, tmp: Path, runs: int) -> dict:
     return {
-        "workload": opts.workload, "mode": "cpu" if opts.cpu else "gpu", "protocol": v.protocol if v else None,
+        "workload": opts.workload.name, "mode": "cpu" if opts.cpu else "gpu", "protocol": v.protocol if v else None,
         "label": v.label if v else "reference-cluster", "size": opts.size, "second_size": opts.second_size,
         "chunks": opts.chunks.text, "gpus": opts.gpus or [], "workers": opts.workers, "runs": runs,
         "warmup": opts.warmup, "seed": opts.seed, "cluster": cluster, "probe_keys": v.probe_keys if v else [],
@@ -271,7 +275,7 @@ def run_reference(opts: Options, item: ReferenceItem, chunk_edge: int, tmp: Path
             if not serve.address_seen.wait(timeout=min(120.0, max(5.0, budget.left()))):
                 raise RuntimeError("the LocalCluster for local_cupy did not start")
             address = serve.address
-        cmd = ref.command(opts.python, opts.workload, item.protocol, opts.size, chunk_edge, opts.runs, opts.warmup,
+        cmd = ref.command(opts.python, opts.workload.name, item.protocol, opts.size, chunk_edge, opts.runs, opts.warmup,
                           gpus=opts.gpus, second_size=opts.second_size, scheduler_address=address)
         progress(f"[{label}] {' '.join(cmd[1:])}")
         child = Child(cmd, child_env(base_env, cfg, {}, []), label, progress)
@@ -468,8 +472,6 @@ def sweep_rows(runs: list[dict]) -> list[dict]:
 def gpu_info(opts: Options) -> list[dict]:
     if opts.cpu:
         return []
-    from .. import nvml
-
     gpus = {g.index: g for g in nvml.discover()}
     out = []
     for i in opts.gpus or []:
@@ -491,7 +493,7 @@ def execute(opts: Options, command: str) -> dict:
     tree = base_tree(opts)
     chunksize, numblocks = resolve_chunks(opts, tree)
     started = datetime.now(timezone.utc)
-    progress(f"bench {opts.workload}: {len([i for i in items if isinstance(i, Variant)])} variant(s)"
+    progress(f"bench {opts.workload.name}: {len([i for i in items if isinstance(i, Variant)])} variant(s)"
              f"{' + reference' if opts.reference else ''}, budget {opts.budget:.0f} s")
     with tempfile.TemporaryDirectory(prefix="ucx-dask-gpu-bench-") as tmpname:
         tmp = Path(tmpname)
@@ -515,10 +517,10 @@ def execute(opts: Options, command: str) -> dict:
         r.setdefault("wall_s", [])
         r.setdefault("p2p_gbps_median", None)
     head_ref = next((r for r in refs if r["protocol"] == opts.protocols[0]), None)
-    shape = [opts.size, opts.size] if opts.workload == "transpose" else [opts.size, opts.second_size]
+    shape = list(opts.workload.shape(opts.size, opts.second_size))
     payload = {
-        "workload": opts.workload,
-        "expression": expression(opts.workload),
+        "workload": opts.workload.name,
+        "expression": opts.workload.expression,
         "size": opts.size,
         "second_size": opts.second_size,
         "shape": shape,
@@ -574,8 +576,6 @@ def failures(payload: dict) -> tuple[int, str] | None:
 
 def check_environment(opts: Options) -> None:
     """Fail fast, with one line, when this host cannot run what was asked."""
-    import importlib.util
-
     need = ["dask", "distributed"]
     if "ucx" in opts.protocols:
         need += ["distributed_ucxx", "ucxx"]
@@ -588,8 +588,6 @@ def check_environment(opts: Options) -> None:
         raise UserError(f"missing Python packages for this benchmark: {', '.join(missing)}", BENCH_DEPENDENCY)
     if opts.cpu:
         return
-    from .. import nvml
-
     gpus = nvml.discover()  # UserError NVML_UNAVAILABLE / NO_GPU when there is none
     indices = [g.index for g in gpus]
     if opts.gpus is None:

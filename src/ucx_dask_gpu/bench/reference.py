@@ -17,9 +17,9 @@ import re
 from typing import Sequence
 
 from .stats import GB, median
+from .workloads import WORKLOADS
 
 TOOL = "dask_cuda.benchmarks.local_cupy"
-OPERATIONS = {"transpose": "transpose_sum", "svd": "svd"}
 
 _BYTES = {"B": 1, "kiB": 2 ** 10, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40, "PiB": 2 ** 50,
           "kB": 10 ** 3, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12}
@@ -33,10 +33,9 @@ class ReferenceOutputError(ValueError):
 def command(python: str, workload: str, protocol: str, size: int, chunk: int, runs: int, warmup: int,
             gpus: Sequence[int] | None = None, second_size: int | None = None,
             scheduler_address: str | None = None) -> list[str]:
-    cmd = [python, "-m", TOOL, "-o", OPERATIONS[workload], "-p", protocol, "-s", str(size), "-c", str(chunk),
-           "--runs", str(runs), "--warmup-runs", str(warmup)]
-    if workload == "svd":
-        cmd += ["-2", str(second_size)]
+    w = WORKLOADS[workload]
+    cmd = [python, "-m", TOOL, "-o", w.reference_operation, "-p", protocol, "-s", str(size), "-c", str(chunk),
+           "--runs", str(runs), "--warmup-runs", str(warmup), *w.reference_args(second_size)]
     if scheduler_address:
         cmd += ["-t", "cpu", "--scheduler-address", scheduler_address]
     else:

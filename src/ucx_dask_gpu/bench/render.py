@@ -1,6 +1,7 @@
 """The benchmark report as text: the stdout table, the markdown page, and the per-pair heatmap."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -107,8 +108,6 @@ def heatmap(payload: dict) -> bytes | None:
     run = headline(payload)
     if not run or not run.get("p2p") or not run["p2p"]["pairs"]:
         return None
-    import importlib.util
-
     if importlib.util.find_spec("matplotlib") is None:
         payload.setdefault("notes", []).append("no PNG heatmap: matplotlib is not installed")
         return None

@@ -12,10 +12,14 @@ decides how many blocks must move), and one extra, untimed repetition records th
 
 Lines starting with "@@ " on stdout are progress for the driver; the result is written as JSON to RESULT.json, also
 when something failed (status "error" and one line saying what).
+
+dask, distributed and the GPU libraries are imported inside the functions that use them: the CLI imports this module
+(through bench.child) and starts without any of them, and a CPU run never loads cupy, rmm or dask-cuda.
 """
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import logging
 import os
@@ -23,6 +27,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
+
+from ..fsutil import atomic_write_text
+from ..gate.identity import compare_versions
+from ..proof.client import warm_up
+from .workloads import WORKLOADS
+from .workloads.base import Chunks, sync_device
 
 PROGRESS = "@@ "
 INPUT_DIGEST = "execute|random_sample|"  # da.random's task prefix: the input, generated before each timer starts
@@ -197,8 +207,7 @@ def run(spec: dict) -> dict:
     import dask
     from distributed import Client, wait
 
-    from . import workload as wl
-
+    workload = WORKLOADS[spec["workload"]]
     gpu = spec["mode"] == "gpu"
     res: dict = {"status": "error", "error": None, "label": spec["label"], "protocol": spec["protocol"],
                  "mode": spec["mode"], "timings": {}}
@@ -216,9 +225,7 @@ def run(spec: dict) -> dict:
         workers = sorted(devices, key=lambda a: (devices[a] if devices[a] else "", a))
         res["workers"] = workers
         res["worker_devices"] = {a: devices[a] for a in workers}
-        # Shared with the cluster-proof workloads: one software stack everywhere, libraries imported before timing.
-        from ..workloads import compare_versions, warm_up
-
+        # As the cluster proofs do: one software stack everywhere, libraries imported before timing.
         same = compare_versions(client.get_versions(check=False))
         res["versions_identical"], res["version_differences"] = same["identical"], same["differences"]
         warm_up(client, ("numpy", "dask.array") + (("cupy",) if gpu else ()))
@@ -231,7 +238,7 @@ def run(spec: dict) -> dict:
         # Every repetition gets a fresh input, persisted (untimed) before its timer starts, as local_cupy does:
         # re-using one input would let later repetitions read the replicas earlier ones fetched (distributed keeps
         # them until the active memory manager drops them), and measure no transfers at all.
-        chunks = wl.Chunks(spec["chunks"])
+        chunks = Chunks(spec["chunks"])
         seeds = iter(range(spec["seed"] * 100_000, spec["seed"] * 100_000 + 100_000))
         state: dict = {}
 
@@ -239,21 +246,21 @@ def run(spec: dict) -> dict:
             state.clear()  # release the previous input and result first
             t = time.perf_counter()
             seed = next(seeds)
-            x = wl.make_input(spec["workload"], spec["size"], spec["second_size"], chunks, gpu, seed)
+            x = workload.make_input(spec["size"], spec["second_size"], chunks, gpu, seed)
             x = client.persist(x)
             wait(x)
             if gpu:
-                client.run(wl.sync_device)
+                client.run(sync_device)
             input_s = time.perf_counter() - t
-            layout = _describe(client, spec["workload"], x, workers)
-            outs = wl.build(spec["workload"], x)
+            layout = _describe(client, workload, x, workers)
+            outs = workload.build(x)
             w0 = time.time()
             t0 = time.perf_counter()
             futs = client.persist(list(outs))
             t_sub = time.perf_counter()
             wait(futs)
             if gpu:
-                client.run(wl.sync_device)
+                client.run(sync_device)
             t1 = time.perf_counter()
             w1 = time.time()
             state.update(x=x, outs=outs, seed=seed)
@@ -303,7 +310,7 @@ def run(spec: dict) -> dict:
             r["tasks"] = _tasks(stream)
             res["profiled"] = r
 
-        res["check"] = dict(wl.check(client, spec["workload"], state["x"], state["outs"]), input_seed=state["seed"])
+        res["check"] = dict(workload.check(client, state["x"], state["outs"]), input_seed=state["seed"])
         progress(f"check: {res['check']['identity']}: rel. error {res['check']['rel_error']:.1e} "
                  f"({'ok' if res['check']['ok'] else 'MISMATCH'})")
         state.clear()
@@ -325,8 +332,8 @@ def run(spec: dict) -> dict:
     return res
 
 
-def _describe(client, workload: str, x, workers: list[str]) -> dict:
-    """Shape, chunking, and where the blocks live (which fixes how many transfers the transpose needs)."""
+def _describe(client, workload, x, workers: list[str]) -> dict:
+    """Shape, chunking, and where the blocks live (which fixes how many transfers the workload needs)."""
     from distributed import futures_of
 
     futs = futures_of(x)
@@ -335,15 +342,11 @@ def _describe(client, workload: str, x, workers: list[str]) -> dict:
     for key, addrs in who.items():
         k = key if isinstance(key, tuple) else tuple(key) if isinstance(key, list) else key
         owner[tuple(k[1:]) if isinstance(k, tuple) else k] = addrs[0] if addrs else None
-    placement = {w: sum(1 for a in owner.values() if a == w) for w in workers}
+    placement = {wk: sum(1 for a in owner.values() if a == wk) for wk in workers}
     out = {"shape": list(x.shape), "chunksize": list(x.chunksize), "numblocks": list(x.numblocks),
            "nbytes": int(x.nbytes), "chunk_bytes": int(x.dtype.itemsize) * int(_prod(x.chunksize)),
            "dtype": str(x.dtype), "placement": placement}
-    if workload == "transpose":
-        nb = x.numblocks[0]
-        pairs = [(i, j) for i in range(nb) for j in range(i + 1, nb)]
-        out["offdiagonal_pairs"] = len(pairs)
-        out["split_pairs"] = sum(1 for i, j in pairs if owner.get((i, j)) != owner.get((j, i)))
+    out.update(workload.placement(owner, x.numblocks))
     return out
 
 
@@ -377,14 +380,12 @@ def _tasks(stream: list[dict]) -> list[dict]:
 
 
 def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for name in ("dask", "distributed", "dask-cuda", "distributed-ucxx-cu13", "ucxx-cu13", "libucx-cu13",
                  "cupy-cuda13x", "rmm-cu13", "numpy"):
         try:
-            out[name] = version(name)
-        except PackageNotFoundError:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
             pass
     out["python"] = sys.version.split()[0]
     return out
@@ -421,8 +422,6 @@ def main(argv: list[str] | None = None) -> int:
         res = run(spec)
     except BaseException as e:  # even KeyboardInterrupt: leave a result saying so
         res = {"status": "error", "error": one_line(e), "traceback": traceback.format_exc()[-6000:]}
-    from ..fsutil import atomic_write_text
-
     atomic_write_text(argv[1], json.dumps(res, default=_json_default))
     return 0 if res.get("status") == "ok" else 1
 

@@ -17,10 +17,13 @@ Three kinds of key:
     written into `distributed.nanny.pre-spawn-environ` (so workers get them, and the same config in an image gives
     them to workers too) and set in the benchmark process itself (the scheduler and the client live there in a
     LocalCluster). `NAME=` (empty) removes the variable.
+
+PyYAML and dask are imported where a setting is read, not when the CLI starts.
 """
 from __future__ import annotations
 
 import copy
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -116,8 +119,6 @@ def default_config() -> dict:
     """dask + distributed + distributed-ucxx default config trees, read from their YAML (nothing imported)."""
     global _DEFAULTS
     if _DEFAULTS is None:
-        import importlib.util
-
         import yaml
 
         tree: dict = {}

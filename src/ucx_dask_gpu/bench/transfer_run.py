@@ -34,7 +34,8 @@ from dask_cuda import LocalCUDACluster
 from distributed import Client, LocalCluster, wait
 
 from . import transfer_trace as tt
-from . import workload as wl
+from .workloads.base import Chunks, sync_device
+from .workloads.transpose import TRANSPOSE
 from .runner import one_line, progress, shutdown
 from .stats import median
 
@@ -44,7 +45,7 @@ from .stats import median
 def make_block(nbytes: int, fill: int, gpu: bool):
     """A fresh block of `nbytes` bytes on this worker (device memory with `gpu`)."""
     if gpu:
-        import cupy
+        import cupy  # GPU runs only (a CPU host has no cupy); numpy below likewise only where a block is made
 
         block = cupy.full(nbytes, fill % 251, dtype="uint8")
         cupy.cuda.runtime.deviceSynchronize()
@@ -239,22 +240,22 @@ def _window(events: dict, s: dict, a: str, b: str) -> dict:
 
 def run_transpose(client: Client, tspec: dict, gpu: bool) -> dict:
     """(x + x.T).sum() on this cluster: warm-up + timed repetitions, each on a fresh persisted input."""
-    chunks = wl.Chunks(str(tspec.get("chunks", "4096")))
+    chunks = Chunks(str(tspec.get("chunks", "4096")))
     walls, gbps = [], []
     state = {}
     for i in range(tspec.get("warmup", 1) + tspec.get("runs", 3)):
         state.clear()
-        x = client.persist(wl.make_input("transpose", tspec["size"], None, chunks, gpu, 7000 + i))
+        x = client.persist(TRANSPOSE.make_input(tspec["size"], None, chunks, gpu, 7000 + i))
         wait(x)
         if gpu:
-            client.run(wl.sync_device)
+            client.run(sync_device)
         client.run(pop_incoming)
-        outs = wl.build("transpose", x)
+        outs = TRANSPOSE.build(x)
         t0 = time.perf_counter()
         futs = client.persist(list(outs))
         wait(futs)
         if gpu:
-            client.run(wl.sync_device)
+            client.run(sync_device)
         wall = time.perf_counter() - t0
         logs = client.run(pop_incoming)
         state.update(x=x, outs=outs)
@@ -265,7 +266,7 @@ def run_transpose(client: Client, tspec: dict, gpu: bool) -> dict:
                     if e["total"] >= 1 << 20:
                         seconds = max(1e-9, e["stop"] - e["start"])
                         gbps.append(e["total"] / seconds / 1e9)
-    check = wl.check(client, "transpose", state["x"], state["outs"])
+    check = TRANSPOSE.check(client, state["x"], state["outs"])
     state.clear()
     return {"size": tspec["size"], "chunks": chunks.text, "runs": len(walls),
             "wall_ms": [round(w * 1e3, 3) for w in walls], "wall_ms_median": round(median(walls) * 1e3, 3),

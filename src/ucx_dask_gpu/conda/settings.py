@@ -15,12 +15,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 from ..errors import RECIPE_INVALID, UserError
 from ..fsutil import atomic_write_bytes
-from ..lockfile import canonical, load_lock
-from ..stack import SourceArchive, Stack, StackError
+from ..stack.lock import canonical, load_lock
+from ..stack import SourceArchive, Stack
 
 RECIPES = ("ucx", "ucxx", "ucx-dask-gpu")
 PINNING_PATH = Path("recipes/conda_build_config.yaml")
@@ -50,45 +49,29 @@ class CondaSettings:
         return ".".join(self.rapids_cmake.version.split(".")[:2])
 
 
-def _url(value, where: str) -> str:
-    if not isinstance(value, str) or urlparse(value).scheme not in ("http", "https") or not urlparse(value).netloc:
-        raise StackError(where, f"expected an http(s) URL, got {value!r}")
-    return value
-
-
 def settings(st: Stack) -> CondaSettings:
-    conda = st.raw.get("conda", {})
-    w = f"{st.path.name}.conda"
-    glibc = conda.get("c_stdlib_version")
-    if not isinstance(glibc, str) or not re.match(r"^2\.\d+$", glibc):
-        raise StackError(f"{w}.c_stdlib_version", f"expected a glibc version like \"2.28\", got {glibc!r}")
-    meta = conda.get("metapackage")
-    if not isinstance(meta, list) or not meta or not all(isinstance(n, str) and re.match(r"^[a-z0-9][a-z0-9._-]*$", n)
-                                                         for n in meta):
-        raise StackError(f"{w}.metapackage", f"expected a non-empty list of conda package names, got {meta!r}")
-    about = conda.get("about")
-    if not isinstance(about, dict):
-        raise StackError(f"{w}.about", "missing (a table with home, ucx_home, ucx_dev_url, ucxx_home)")
+    """The recipes' values, from the stack model (stack.toml is validated there, [conda] included)."""
+    c = st.conda
     return CondaSettings(
         ucx=st.ucx,
         ucxx=st.ucxx.source,
         rapids_cmake=st.ucxx.rapids_cmake,
         cpm=st.ucxx.cpm,
-        cuda_versions=st.conda_cuda_versions,
-        c_stdlib_version=glibc,
-        python_min=st.python_version,
-        metapackage=tuple(meta),
-        home=_url(about.get("home"), f"{w}.about.home"),
-        ucx_home=_url(about.get("ucx_home"), f"{w}.about.ucx_home"),
-        ucx_dev_url=_url(about.get("ucx_dev_url"), f"{w}.about.ucx_dev_url"),
-        ucxx_home=_url(about.get("ucxx_home"), f"{w}.about.ucxx_home"),
+        cuda_versions=c.cuda_versions,
+        c_stdlib_version=c.c_stdlib_version,
+        python_min=st.python.version,
+        metapackage=c.metapackage,
+        home=c.about.home,
+        ucx_home=c.about.ucx_home,
+        ucx_dev_url=c.about.ucx_dev_url,
+        ucxx_home=c.about.ucxx_home,
     )
 
 
 def lock_versions_by_conda_name(st: Stack) -> dict[str, str]:
     """conda name -> version in the lock, through [conda.names]."""
     pins = load_lock(st.lock_path())
-    to_conda = {canonical(k): v for k, v in st.conda_names.items()}
+    to_conda = {canonical(k): v for k, v in st.conda.names.items()}
     out = {}
     for pypi, pin in pins.items():
         conda = to_conda.get(pypi, pypi)
@@ -132,7 +115,7 @@ def context_values(st: Stack, recipe: str) -> dict[str, str]:
             if name in ("ucxx", "distributed-ucxx"):
                 continue  # this channel's ucxx recipe: ucxx_version
             if name not in locked:
-                raise UserError(f"{name} (stack.toml [conda].metapackage) is not in the lock {st.python_lock}",
+                raise UserError(f"{name} (stack.toml [conda].metapackage) is not in the lock {st.python.lock}",
                                 RECIPE_INVALID)
             values[context_key(name)] = locked[name]
         return values

@@ -25,6 +25,7 @@ from pathlib import Path
 from ..errors import BUILD_FAILED, MISSING_CAPABILITY, USAGE, UserError
 from ..fsutil import atomic_path, atomic_write_text, sha256_file
 from ..stack import Stack
+from ..ucx.install import BUILD_INFO
 from . import cuda as cudamod
 from . import relocate
 from .fetch import FetchedSource, default_cache_dir, fetch_source, say, warn
@@ -33,7 +34,6 @@ from .fetch import FetchedSource, default_cache_dir, fetch_source, say, warn
 # config), in dependency order; `install-data-am` at the top level adds ucx.pc and share/ucx/perftest.
 SUBDIRS = ("src/ucm", "src/ucs", "src/uct", "src/ucp", "src/tools/vfs", "src/tools/info", "src/tools/perf",
            "src/tools/profile", "cmake")
-BUILD_INFO = Path("share/ucx-dask-gpu/build-info.json")
 CAPABILITIES = ("ib", "cuda", "gdrcopy")
 # Which lib/ucx modules prove a capability was built.
 CAPABILITY_MODULES = {"ib": ("libuct_ib.so", "libuct_rdmacm.so"), "cuda": ("libuct_cuda.so", "libucm_cuda.so"),

@@ -8,18 +8,20 @@ import json
 import sys
 from pathlib import Path
 
+from ..cliutil import Parser, run_parsed
 from ..errors import VERDICT_FAILED
+from ..stack import load
+from .build import BuildOptions, build, parse_require
+from .fetch import fetch_all, local_dirs, say
+from .ucxx import UcxxOptions, build_ucxx, install_ucxx
+from .verify import verify_prefix
 
 
 def _stack(args):
-    from ..stack import load
-
     return load(args.stack_file)
 
 
 def _cmd_fetch(args) -> int:
-    from .fetch import fetch_all, local_dirs, say
-
     st = _stack(args)
     dest = Path(args.dest).resolve()
     m = fetch_all(st, dest, dirs=local_dirs(st, [Path(p) for p in args.sources]), offline=args.offline,
@@ -30,9 +32,6 @@ def _cmd_fetch(args) -> int:
 
 
 def _cmd_build(args) -> int:
-    from .build import BuildOptions, build, parse_require
-    from .fetch import local_dirs
-
     st = _stack(args)
     opts = BuildOptions(
         prefix=Path(args.prefix),
@@ -52,9 +51,6 @@ def _cmd_build(args) -> int:
 
 
 def _cmd_ucxx(args) -> int:
-    from .fetch import local_dirs
-    from .ucxx import UcxxOptions, build_ucxx
-
     st = _stack(args)
     build_ucxx(st, UcxxOptions(
         ucx_prefix=Path(args.ucx_prefix),
@@ -70,16 +66,12 @@ def _cmd_ucxx(args) -> int:
 
 
 def _cmd_install_ucxx(args) -> int:
-    from .ucxx import install_ucxx
-
     pth = install_ucxx(Path(args.python), Path(args.wheels), Path(args.ucx_prefix))
     print(f"{args.python}: UCXX wheels from {args.wheels} installed; our UCX preloaded by {pth}")
     return 0
 
 
 def _cmd_verify(args) -> int:
-    from .verify import verify_prefix
-
     st = _stack(args)
     modules = tuple(m for m in args.modules.split(",") if m) if args.modules is not None else None
     checks = verify_prefix(Path(args.prefix), st, modules=modules, perftest=not args.no_perftest,
@@ -171,8 +163,6 @@ def add_actions(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point that needs only this subpackage (no other command modules are imported)."""
-    from ..cliutil import Parser, run_parsed
-
     parser = Parser(prog="ucx-src-build", description="Fetch, build and verify UCX from pinned, verified source.")
     add_actions(parser)
     args = parser.parse_args(argv)

@@ -14,18 +14,11 @@ import subprocess
 from pathlib import Path
 
 from ..errors import BUILD_FAILED, UserError
+from ..fsutil import is_elf
 
-ELF_MAGIC = b"\x7fELF"
 RPATHS = {"bin": "$ORIGIN/../lib", "lib": "$ORIGIN", "lib/ucx": "$ORIGIN/.."}
 PC_PREFIX = "${pcfiledir}/../.."
 CMAKE_PREFIX = 'get_filename_component(prefix "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)'
-
-
-def is_elf(path: Path) -> bool:
-    if path.is_symlink() or not path.is_file():
-        return False
-    with open(path, "rb") as f:
-        return f.read(4) == ELF_MAGIC
 
 
 def elf_files(root: Path) -> dict[str, list[Path]]:

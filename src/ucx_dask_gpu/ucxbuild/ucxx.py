@@ -31,16 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BUILD_FAILED, MISSING_CAPABILITY, UCX_NOT_FOUND, UserError
-from ..fsutil import atomic_path, atomic_write_text, sha256_file
+from ..fsutil import ELF_MAGIC, atomic_path, atomic_write_text, sha256_file
 from ..stack import Stack
-from .build import (BUILD_INFO, _fmt_s, _print_tail, apply_patches, compiler_version, patches_for, run_logged,
-                    unpack_tree)
+from ..ucx.install import BUILD_INFO, PRELOAD_PTH
+from ..ucx.install import UCXX_BUILD_INFO as INSTALLED_BUILD_INFO
+from .build import _fmt_s, _print_tail, apply_patches, compiler_version, patches_for, run_logged, unpack_tree
 from .fetch import default_cache_dir, fetch_source, say
 
-UCXX_BUILD_INFO = "ucxx-build-info.json"
-# What a venv's interpreter loads at start-up to put our UCX under the binding (see install_ucxx).
-PRELOAD_PTH = "ucx-dask-gpu-ucx.pth"
-_ELF_MAGIC = b"\x7fELF"
+UCXX_BUILD_INFO = INSTALLED_BUILD_INFO.name
 
 
 @dataclass
@@ -220,7 +218,7 @@ def wheel_elf_files(whl: Path) -> dict[str, str]:
         for n in sorted(z.namelist()):
             if ".so" in Path(n).name:
                 data = z.read(n)
-                if data[:4] == _ELF_MAGIC:
+                if data[:4] == ELF_MAGIC:
                     out[n] = hashlib.sha256(data).hexdigest()
     return out
 
@@ -414,9 +412,6 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
 
 # --- a venv on our UCX --------------------------------------------------------------------------------------------
 
-# Where an environment records which UCXX build it holds (below sys.prefix; `doctor` reads it).
-INSTALLED_BUILD_INFO = Path("share/ucx-dask-gpu") / UCXX_BUILD_INFO
-
 
 def install_ucxx(python: Path, wheels_dir: Path, ucx_prefix: Path) -> Path:
     """Put a venv on our stack: our UCXX wheels --no-deps (their requirements come from the lock), their build info
@@ -448,10 +443,3 @@ def install_ucxx(python: Path, wheels_dir: Path, ucx_prefix: Path) -> Path:
     pth = site_packages(python) / PRELOAD_PTH
     atomic_write_text(pth, f"import ctypes; ctypes.CDLL({str(lib)!r}, ctypes.RTLD_LOCAL)\n")
     return pth
-
-
-def preloaded_prefix(site: Path) -> Path | None:
-    """The UCX prefix the environment of `site` (a site-packages directory) preloads at start-up, if any."""
-    pth = site / PRELOAD_PTH
-    m = re.search(r"CDLL\('([^']+)/lib/libucp\.so\.0'", pth.read_text()) if pth.is_file() else None
-    return Path(m.group(1)) if m else None

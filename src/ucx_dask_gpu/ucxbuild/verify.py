@@ -5,16 +5,16 @@ Everything runs with LD_LIBRARY_PATH removed, so a pass also proves the prefix f
 """
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import perftest, ucxinfo
 from ..errors import PERFTEST_FAILED, PERFTEST_MISSING, UCX_NOT_FOUND, UserError
 from ..stack import Stack
-from .build import BUILD_INFO
+from ..ucx import info as ucxinfo
+from ..ucx import perftest
+from ..ucx.install import BUILD_INFO, read_build_info
 
 # Host-memory transports every Linux build must offer (shared memory x3 + TCP).
 HOST_TRANSPORTS = ("tcp", "posix", "sysv", "cma")
@@ -59,13 +59,6 @@ def perftest_loopback(prefix: Path, *, size: int = LOOPBACK_SIZE, iterations: in
     if result is None:
         raise UserError("ucx_perftest loopback: no result row in the client's output", PERFTEST_FAILED)
     return result, out.client_out
-
-
-def read_build_info(prefix: Path) -> dict | None:
-    try:
-        return json.loads((prefix / BUILD_INFO).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def verify_prefix(prefix: Path, stack: Stack, *, modules: tuple[str, ...] | None = None,

@@ -1,0 +1,430 @@
+"""Build the one image (docker/Dockerfile): fetch and verify every input, stage a context, `docker build --network none`.
+
+Order (each step fails with one line and its own exit code, before anything later starts):
+1. a Docker engine answers (NO_DOCKER);
+2. UCX sources: `ucx-src-build/build.sh fetch` (archive, CUDA header wheels, link .debs, each sha256-checked);
+3. the wheelhouse of the hashed lock and our own wheel (wheelhouse.py);
+4. the Debian bases, debootstrapped and imported unless already there (bases.py);
+5. the context: only those verified files, with mtimes set to stack.toml's source_date_epoch;
+6. `docker build --target ucx` (classic builder, --network none), then the UCX build info is read from that stage:
+   the UCXX wheels (`ucx-src-build/build.sh ucxx`, verified against their build info) must have been built against
+   a UCX of the same source, patches and configure flags; both enter the stack id;
+7. the full build, with OCI labels (versions, stack id, UCX and UCXX build info); the stack id the image computed
+   for itself (its stack-id file) must equal the label;
+8. the normalisation (normalise.py): the image becomes reproducible and carries its SBOM.
+
+The classic builder (DOCKER_BUILDKIT=0) is used on purpose: it is what Debian's docker.io 20.10 ships, it honours
+`--network none` for every RUN, and the reproducible-image work builds on its layer format.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import BUILD_FAILED, HASH_MISMATCH, UCX_NOT_FOUND, UserError
+from ..fsutil import atomic_write_text, sha256_file
+from ..stack import STACK_ID_FILE, Stack
+from ..ucx.install import BUILD_INFO
+from ..ucxbuild.ucxx import UCXX_BUILD_INFO, ucx_identity
+from . import bases, wheelhouse
+from .docker import docker, docker_bin, engine_version, human_size, image_inspect
+from .labels import build_labels
+from .normalise import finish_build
+from .paths import image_ref, stage_ref, work_dir
+
+# Base names matter: the stack id hashes files with their base names, the same inside and outside the image.
+BUILD_INFO_NAME = BUILD_INFO.name
+EXTRA_LOCK_NAME = "extra-requirements.txt"
+# Our UCXX wheels, by sha256: installed --no-deps on top of the lock, and hashed into the stack id.
+UCXX_LOCK_NAME = "ucxx-requirements.txt"
+
+
+def say(msg: str) -> None:
+    print(f"image: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class BuildResult:
+    tag: str
+    image_id: str
+    size: int
+    stack_id: str
+    ucx_version: str
+    ucxx_version: str
+    timings: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        return (f"{self.tag}  id {self.image_id}  size {human_size(self.size)}  stack id {self.stack_id}  "
+                f"UCX {self.ucx_version} + UCXX {self.ucxx_version}, both built from source")
+
+
+# --- inputs ------------------------------------------------------------------------------------------------------
+
+def ucx_build_files(root: Path) -> list[Path]:
+    """Files of this package the UCX build imports (closure over its imports), relative to `root`.
+
+    Only these go into the builder stage, so editing an unrelated module does not rebuild UCX in the image.
+    """
+    pkg_root = root / "src"
+    start = sorted((pkg_root / "ucx_dask_gpu" / "ucxbuild").glob("*.py"))
+    seen: set[Path] = set()
+    todo = list(start)
+
+    def module_file(parts: list[str]) -> Path | None:
+        base = pkg_root.joinpath(*parts)
+        for cand in (base.with_suffix(".py"), base / "__init__.py"):
+            if cand.is_file():
+                return cand
+        return None
+
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        rel_parts = list(f.relative_to(pkg_root).with_suffix("").parts)
+        package = rel_parts[:-1] if f.name != "__init__.py" else rel_parts[:-1]
+        for i in range(1, len(package) + 1):  # every enclosing package's __init__.py runs first
+            init = module_file(package[:i])
+            if init:
+                todo.append(init)
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            targets: list[list[str]] = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - (node.level - 1)]
+                else:
+                    base = []
+                mod = base + (node.module.split(".") if node.module else [])
+                if mod and mod[0] == "ucx_dask_gpu":
+                    targets.append(mod)
+                    targets += [mod + [a.name] for a in node.names]  # `from pkg import submodule`
+            elif isinstance(node, ast.Import):
+                targets += [a.name.split(".") for a in node.names if a.name.split(".")[0] == "ucx_dask_gpu"]
+            for t in targets:
+                found = module_file(t)
+                if found:
+                    todo.append(found)
+    return sorted(p.relative_to(root) for p in seen)
+
+
+def fetch_ucx_sources(st: Stack, dest: Path) -> Path:
+    """`ucx-src-build/build.sh fetch --dest DEST`: the archive, CUDA wheels and link .debs, verified."""
+    script = st.root / "ucx-src-build" / "build.sh"
+    if not script.is_file():
+        raise UserError(f"{script} is missing (the UCX build script)", BUILD_FAILED)
+    say(f"fetching UCX sources into {dest}")
+    proc = subprocess.run([str(script), "fetch", "--dest", str(dest)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHON": sys.executable})
+    sys.stderr.write(proc.stderr)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()] or ["(no output)"]
+        # The script already said it in one line; carry its reason and its exit code (hash mismatch, unreachable).
+        raise UserError(lines[-1].split("error: ", 1)[-1], proc.returncode)
+    return dest
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)
+
+
+def _set_mtimes(root: Path, epoch: int) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + dirnames:
+            os.utime(os.path.join(dirpath, name), (epoch, epoch), follow_symlinks=False)
+    os.utime(root, (epoch, epoch))
+
+
+def stage_ucx_context(st: Stack, ctx: Path, ucx_sources: Path) -> None:
+    """Dockerfile + ucx/ (what the `ucx` stage copies)."""
+    root = st.root
+    _copy(root / "docker" / "Dockerfile", ctx / "Dockerfile")
+    tree = ctx / "ucx" / "tree"
+    for path in sorted((root / "ucx-src-build").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            _copy(path, tree / path.relative_to(root))
+    for rel in ucx_build_files(root):
+        _copy(root / rel, tree / rel)
+    _copy(st.path, tree / "stack.toml")
+    for path in sorted(ucx_sources.rglob("*")):
+        if path.is_file() and not path.name.startswith("."):
+            _link_or_copy(path, ctx / "ucx" / "sources" / path.relative_to(ucx_sources))
+
+
+def read_ucxx_wheels(st: Stack, directory: Path) -> tuple[list[Path], dict]:
+    """The UCXX wheels of `ucx-src-build/build.sh ucxx --out DIR`, each checked against its build info."""
+    try:
+        info = json.loads((directory / UCXX_BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        raise UserError(f"no UCXX wheels in {directory} (no {UCXX_BUILD_INFO}): build them first with `make ucxx` "
+                        f"(ucx-src-build/build.sh ucxx --ucx-prefix <a UCX build> --out {directory})",
+                        UCX_NOT_FOUND) from None
+    if info.get("ucxx_version") != st.ucxx.source.version:
+        raise UserError(f"{directory}: UCXX {info.get('ucxx_version')}, stack.toml pins {st.ucxx.source.version}: "
+                        "rebuild with `make ucxx`", UCX_NOT_FOUND)
+    wheels = []
+    for pkg in info["packages"]:
+        path = directory / pkg["wheel"]
+        got = sha256_file(path) if path.is_file() else "missing"
+        if got != pkg["sha256"]:
+            raise UserError(f"{path}: sha256 {got} is not the {pkg['sha256']} its build info records",
+                            HASH_MISMATCH)
+        wheels.append(path)
+    return wheels, info
+
+
+def check_ucxx_matches_ucx(ucxx_info: dict, ucx_info: dict) -> None:
+    """The wheels must have been built against a UCX of the same source, patches and configure flags."""
+    want, have = ucxx_info.get("ucx", {}), ucx_identity(ucx_info)
+    differ = [k for k in have if want.get(k) != have[k]]
+    if differ:
+        raise UserError(f"the UCXX wheels were built against another UCX than the image's (differing: "
+                        f"{', '.join(differ)}): rebuild them with `make ucxx`", BUILD_FAILED)
+
+
+def _stage_hashed_wheels(ctx: Path, folder: str, wheels: list[Path], lock_name: str | None) -> None:
+    """Wheels into <ctx>/<folder>/ with a --require-hashes requirements file naming them by their path in the build,
+    and (lock_name) the same file in etc/, which the stack id hashes. No wheels: an empty requirements file."""
+    (ctx / folder).mkdir(parents=True, exist_ok=True)
+    for w in wheels:
+        _copy(w, ctx / folder / w.name)
+    text = wheelhouse.hashed_requirements(wheels, f"/build/{folder}") if wheels else ""
+    (ctx / folder / "requirements.txt").write_text(text)
+    if wheels and lock_name:
+        (ctx / "etc").mkdir(parents=True, exist_ok=True)
+        (ctx / "etc" / lock_name).write_text(text)
+
+
+def stage_full_context(st: Stack, ctx: Path, ucx_sources: Path, wheels: Path, own_wheel: Path,
+                       extra_wheels: list[Path], ucxx_dir: Path, ucxx_wheels: list[Path]) -> None:
+    stage_ucx_context(st, ctx, ucx_sources)
+    for path in sorted(wheels.glob("*.whl")):
+        _link_or_copy(path, ctx / "wheelhouse" / path.name)
+    _copy(wheels / wheelhouse.LOCK_NAME, ctx / "wheelhouse" / "requirements.txt")
+    _stage_hashed_wheels(ctx, "ucxx", ucxx_wheels, UCXX_LOCK_NAME)
+    _copy(ucxx_dir / UCXX_BUILD_INFO, ctx / "ucxx" / UCXX_BUILD_INFO)
+    _stage_hashed_wheels(ctx, "extra", extra_wheels, EXTRA_LOCK_NAME)
+    _stage_hashed_wheels(ctx, "pkg", [own_wheel], None)
+    _copy(st.path, ctx / "etc" / "stack.toml")
+    _copy(st.lock_path(), ctx / "etc" / st.python.lock)
+
+
+# --- docker build ------------------------------------------------------------------------------------------------
+
+def build_args(st: Stack, base: str, builder: str) -> dict[str, str]:
+    args = {
+        "BASE_IMAGE": base, "BUILDER_IMAGE": builder, "UCX_PREFIX": st.image.ucx_prefix, "VENV": st.image.venv,
+        "IMAGE_USER": st.image.user, "IMAGE_UID": str(st.image.uid), "PYTHON_VERSION": st.python.version,
+        "CUDA_MAJOR": str(st.cuda_major),
+        "SOURCE_DATE_EPOCH": str(st.source_date_epoch),
+    }
+    return args
+
+
+class DockerBuild:
+    """Classic `docker build --network none` in the background: output kept in `log` and streamed as progress
+    (prefixed), so the UCX stage can compile while the other inputs are fetched."""
+
+    def __init__(self, ctx: Path, tag: str, args: dict[str, str], labels: dict[str, str], log: Path,
+                 target: str | None = None, prefix: str = "  | "):
+        cmd = [docker_bin(), "build", "--network", "none", "--force-rm", "-t", tag]
+        if target:
+            cmd += ["--target", target]
+        for k, v in args.items():
+            cmd += ["--build-arg", f"{k}={v}"]
+        for k, v in sorted(labels.items()):
+            cmd += ["--label", f"{k}={v}"]
+        cmd.append(str(ctx))
+        self.tag, self.log, self.prefix = tag, log, prefix
+        self.last_step, self.tail = "", []
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._out = open(log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "DOCKER_BUILDKIT": "0"})
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._out.write(line)
+            if line.startswith("Step "):
+                self.last_step = line.strip()
+            if "DEPRECATED: The legacy builder" in line or "BuildKit is currently disabled" in line:
+                continue  # the classic builder is chosen on purpose (see the module docstring)
+            sys.stderr.write(f"{self.prefix}{line}")
+            if line.strip():
+                self.tail = (self.tail + [line.strip()])[-5:]
+
+    def wait(self) -> None:
+        rc = self.proc.wait()
+        self._reader.join()
+        self._out.close()
+        if rc != 0:
+            if any("Cannot connect to the Docker daemon" in t for t in self.tail):
+                engine_version()  # raises NO_DOCKER with the usual line
+            reason = next((t for t in reversed(self.tail) if "returned a non-zero code" in t or "error" in t.lower()),
+                          self.tail[-1] if self.tail else "no output")
+            raise UserError(f"docker build {self.tag} failed at {self.last_step or 'start'}: {reason} "
+                            f"(log: {self.log})", BUILD_FAILED)
+
+    def cancel(self) -> None:
+        """Stop the client; the classic builder then cancels the build and removes its container (--force-rm)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._reader.join(timeout=5)
+        self._out.close()
+
+
+def docker_build(ctx: Path, tag: str, args: dict[str, str], labels: dict[str, str], log: Path,
+                 target: str | None = None) -> None:
+    DockerBuild(ctx, tag, args, labels, log, target).wait()
+
+
+def verify_ucx_stage(st: Stack, stage_tag: str) -> None:
+    """`ucx-src-build/build.sh verify` on the built prefix, in a container of the ucx stage (no network).
+
+    SYS_PTRACE lets UCX's cma transport (process_vm_readv) work, which Docker's default seccomp profile blocks.
+    """
+    script = "/build/tree/ucx-src-build/build.sh"
+    proc = docker(["run", "--rm", "--network", "none", "--cap-add", "SYS_PTRACE", "--entrypoint", script, stage_tag,
+                   "verify", "--prefix", st.image.ucx_prefix], code=BUILD_FAILED, what="verifying UCX in the image",
+                  check=False, timeout=600)
+    for line in proc.stdout.splitlines():
+        sys.stderr.write(f"  ucx verify | {line}\n")
+    if proc.returncode != 0:
+        failed = [ln.strip() for ln in proc.stdout.splitlines() if ln.startswith("FAIL")] or \
+            [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["(no output)"]
+        raise UserError(f"UCX in the image failed verification: {failed[0]}", BUILD_FAILED)
+
+
+def copy_build_info(st: Stack, stage_tag: str, dest: Path) -> dict:
+    """Copy the ucx stage's build-info.json to `dest` byte for byte (the stack id hashes those bytes)."""
+    path = f"{st.image.ucx_prefix}/{BUILD_INFO}"
+    proc = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", stage_tag, path], code=BUILD_FAILED,
+                  what=f"reading {path} from the ucx stage")
+    try:
+        info = json.loads(proc.stdout)
+    except ValueError:
+        raise UserError(f"{path} in the ucx stage is not JSON", BUILD_FAILED) from None
+    atomic_write_text(dest, proc.stdout)
+    return info
+
+
+def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
+                extra_wheels: list[Path] | None = None, base_from: str | None = None,
+                normalise: bool = True) -> BuildResult:
+    """Build `tag`; `base_from`: derive the bases from this registry image instead of debootstrapping them.
+    `ucxx_dir`: the UCXX wheels (`ucx-src-build/build.sh ucxx --out`).
+
+    `normalise`: make the image reproducible and add its SBOM afterwards (normalise.finish_build): `tag` then
+    names the normalised image, whose id depends on the inputs only.
+    """
+    extra_wheels = [Path(w).resolve() for w in (extra_wheels or [])]
+    for w in extra_wheels:
+        if not w.is_file() or not w.name.endswith(".whl"):
+            raise UserError(f"--extra-wheel {w}: not a wheel file", BUILD_FAILED)
+    tag = tag or image_ref(st)
+    cache = cache.resolve()
+    timings: dict[str, float] = {}
+    t_start = time.monotonic()
+
+    def step(name, fn, *a, **kw):
+        t0 = time.monotonic()
+        value = fn(*a, **kw)
+        timings[name] = round(time.monotonic() - t0, 1)
+        return value
+
+    say(f"Docker engine {step('engine', engine_version)}")
+    ucxx_dir = ucxx_dir.resolve()
+    ucxx_wheels, ucxx_info = read_ucxx_wheels(st, ucxx_dir)
+    ucx_sources = step("ucx_sources", fetch_ucx_sources, st, cache / "ucx-sources")
+    if base_from:
+        builder = step("base_builder", bases.base_from_image, st, "builder", base_from)
+    else:
+        builder = step("base_builder", bases.ensure_base, st, "builder", cache)
+
+    # Per tag, so building another tag (a test's variant image) never touches this one's context.
+    work = work_dir(cache, tag)
+    ucx_ctx, full_ctx = work / "context-ucx", work / "context"
+    shutil.rmtree(ucx_ctx, ignore_errors=True)
+    stage_ucx_context(st, ucx_ctx, ucx_sources)
+    _set_mtimes(ucx_ctx, st.source_date_epoch)
+    stage_tag = stage_ref(st)
+    # The UCX stage only needs the builder base and the sources: it compiles (CPU) while the wheelhouse and the
+    # runtime base are downloaded (network, disk).
+    say(f"building the ucx stage ({stage_tag}) with --network none, in the background")
+    t_ucx = time.monotonic()
+    ucx_build = DockerBuild(ucx_ctx, stage_tag, build_args(st, "unused", builder), {},
+                            work / "logs" / "docker-build-ucx.log", target="ucx", prefix="  ucx | ")
+    try:
+        wheels = step("wheelhouse", wheelhouse.ensure_wheelhouse, st, cache)
+        own = step("own_wheel", wheelhouse.build_own_wheel, st, cache / "pkg")
+        if base_from:
+            base = step("base_runtime", bases.base_from_image, st, "runtime", base_from)
+        else:
+            base = step("base_runtime", bases.ensure_base, st, "runtime", cache)
+        shutil.rmtree(full_ctx, ignore_errors=True)
+        stage_full_context(st, full_ctx, ucx_sources, wheels, own, extra_wheels, ucxx_dir, ucxx_wheels)
+        _set_mtimes(full_ctx, st.source_date_epoch)
+        say("waiting for the ucx stage")
+        ucx_build.wait()
+    except BaseException:
+        ucx_build.cancel()
+        raise
+    timings["docker_build_ucx"] = round(time.monotonic() - t_ucx, 1)
+    step("verify_ucx", verify_ucx_stage, st, stage_tag)
+
+    info_path = work / BUILD_INFO_NAME
+    info = copy_build_info(st, stage_tag, info_path)
+    info["_sha256"] = sha256_file(info_path)
+    check_ucxx_matches_ucx(ucxx_info, info)
+    extra_lock = [full_ctx / "etc" / UCXX_LOCK_NAME] + ([full_ctx / "etc" / EXTRA_LOCK_NAME] if extra_wheels else [])
+    stack_id = st.stack_id(build_info=info_path, extra_locks=tuple(extra_lock))
+    ucx_version = str(info.get("ucx_version", "0"))
+    say(f"UCX {ucx_version} + UCXX {ucxx_info['ucxx_version']} wheels built against the same UCX source and flags")
+    labels = build_labels(st, stack_id, info, ucxx_info, base, extra_wheels)
+    say(f"building {tag} (stack id {stack_id}) with --network none")
+    step("docker_build", docker_build, full_ctx, tag, build_args(st, base, builder), labels,
+         work / "logs" / "docker-build.log")
+
+    inside = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", tag, str(STACK_ID_FILE)],
+                    code=BUILD_FAILED, what="reading the image's stack id").stdout.strip()
+    if inside != stack_id:
+        raise UserError(f"{tag}: the image computed stack id {inside}, the build computed {stack_id} (the Dockerfile "
+                        "and image/build.py hash different files)", BUILD_FAILED)
+    if normalise:
+        # Reproducible image + SBOM: sorted/clamped layers, config at SOURCE_DATE_EPOCH, SBOM layer; image.json,
+        # layers.json and sbom.cdx.json land in <cache>/image/<tag>/repro (README "Reproducible image and SBOM").
+        norm = step("normalise", finish_build, st, tag, cache, extra_wheels)
+        say(f"normalised {tag}: {norm.image_id} (docker build gave {norm.source_image_id[:19]})")
+    timings["total"] = round(time.monotonic() - t_start, 1)
+    meta = image_inspect(tag) or {}
+    result = BuildResult(tag=tag, image_id=meta.get("Id", "?"), size=int(meta.get("Size", 0)), stack_id=stack_id,
+                         ucx_version=ucx_version, ucxx_version=str(ucxx_info["ucxx_version"]), timings=timings,
+                         labels=labels)
+    record = {**result.__dict__, "created_by": "ucx-dask-gpu image build"}
+    atomic_write_text(work / "last-build.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return result

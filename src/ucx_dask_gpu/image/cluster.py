@@ -1,0 +1,334 @@
+"""A Dask cluster of containers from the ONE image: scheduler + workers + client, on an internal Docker network.
+
+Plain `docker run`, driven from here (Debian has no compose v2; this also lets tests kill one worker, add a worker
+from another image, and read every log):
+
+    network   udg-<id>         `docker network create --internal` (no route out)
+    scheduler udg-<id>-scheduler, alias `scheduler`: dask scheduler --protocol tcp|ucx|tls --port 8786
+    workers   udg-<id>-worker-N: dask worker PROTO://scheduler:8786 (dask cuda worker with gpu=True)
+    client    docker run --rm ... ucx-dask-gpu workload ... --scheduler PROTO://scheduler:8786
+    volume    udg-<id>-data at /data on workers and clients (from-map reads files the client wrote there)
+
+TLS: a CA and one certificate for the cluster are generated at start with openssl into a temporary directory,
+mounted read-only at /tls; every role is configured through dask's environment variables and requires encryption,
+so a plain-TCP client is refused.
+
+Stop: workers first, then the scheduler, with SIGTERM (tini forwards it; Dask closes cleanly) and a grace period;
+`stop()` returns every container's log and the names of those that show a Python traceback. (Workers are not retired
+through the scheduler first: that races the workers' heartbeats and logs more errors, not fewer.)
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import CLUSTER_FAILED, USAGE, UserError
+from ..oci.archive import LABEL_PREFIX
+from .docker import container_logs, container_state, docker, docker_bin, image_inspect, wait_until
+
+PROTOCOLS = ("tcp", "ucx", "tls")
+PORT = 8786
+TLS_MOUNT = "/tls"
+DATA_MOUNT = "/data"
+STOP_GRACE_S = 30
+# Every container, volume and network of a cluster carries this label (its value: the cluster's name).
+CLUSTER_LABEL = LABEL_PREFIX + "cluster"
+
+
+def say(msg: str) -> None:
+    print(f"cluster: {msg}", flush=True)
+
+
+def has_traceback(log: str) -> bool:
+    return "Traceback (most recent call last)" in log
+
+
+@dataclass
+class Cluster:
+    image: str
+    protocol: str = "tcp"
+    n_workers: int = 2
+    nthreads: int = 2
+    memory_limit: str = "4GiB"
+    gpu: bool = False
+    name: str = field(default_factory=lambda: f"udg-{secrets.token_hex(3)}")
+    containers: list[str] = field(default_factory=list)
+    tls_dir: Path | None = None
+    uid: int | None = None
+    started: bool = False
+
+    def __post_init__(self):
+        if self.protocol not in PROTOCOLS:
+            raise UserError(f"unknown protocol {self.protocol!r} (expected {', '.join(PROTOCOLS)})", USAGE)
+
+    # --- names and arguments ------------------------------------------------------------------------------------
+    @property
+    def network(self) -> str:
+        return self.name
+
+    @property
+    def volume(self) -> str:
+        return f"{self.name}-data"
+
+    @property
+    def scheduler_name(self) -> str:
+        return f"{self.name}-scheduler"
+
+    @property
+    def address(self) -> str:
+        return f"{self.protocol}://scheduler:{PORT}"
+
+    def worker_name(self, i: int | str) -> str:
+        return f"{self.name}-worker-{i}"
+
+    def _env(self) -> list[str]:
+        env = {}
+        if self.protocol == "tls":
+            env = {
+                "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
+                "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": f"{TLS_MOUNT}/ca.pem",
+            }
+            for role in ("SCHEDULER", "WORKER", "CLIENT"):
+                env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__CERT"] = f"{TLS_MOUNT}/node.pem"
+                env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__KEY"] = f"{TLS_MOUNT}/node.key"
+        out = []
+        for k, v in sorted(env.items()):
+            out += ["-e", f"{k}={v}"]
+        return out
+
+    def _mounts(self, data: bool = True) -> list[str]:
+        out = []
+        if self.tls_dir is not None:
+            out += ["-v", f"{self.tls_dir}:{TLS_MOUNT}:ro"]
+        if data:
+            out += ["-v", f"{self.volume}:{DATA_MOUNT}"]
+        return out
+
+    def _run_detached(self, name: str, argv: list[str], image: str | None = None, aliases: tuple[str, ...] = (),
+                      data: bool = False) -> None:
+        args = ["run", "-d", "--name", name, "--hostname", name, "--network", self.network,
+                "--shm-size", "1g", "--label", f"{CLUSTER_LABEL}={self.name}"]
+        for a in aliases:
+            args += ["--network-alias", a]
+        if self.gpu:
+            args += ["--gpus", "all"]
+        args += self._env() + self._mounts(data) + [image or self.image, *argv]
+        docker(args, code=CLUSTER_FAILED, what=f"starting {name}")
+        self.containers.append(name)
+
+    # --- lifecycle ----------------------------------------------------------------------------------------------
+    def start(self, timeout: float = 120) -> "Cluster":
+        meta = image_inspect(self.image)
+        if meta is None:
+            raise UserError(f"no image {self.image} (build it: scripts/build_image.sh)", CLUSTER_FAILED)
+        user = (meta.get("Config") or {}).get("User") or "0"
+        self.uid = int(user.split(":")[0]) if user.split(":")[0].isdigit() else 0
+        say(f"{self.name}: {self.protocol} cluster of {self.n_workers} workers from {self.image}")
+        self.started = True
+        try:
+            docker(["network", "create", "--internal", "--label", f"{CLUSTER_LABEL}={self.name}",
+                    self.network], code=CLUSTER_FAILED, what="creating the cluster network")
+            docker(["volume", "create", "--label", f"{CLUSTER_LABEL}={self.name}", self.volume],
+                   code=CLUSTER_FAILED, what="creating the data volume")
+            if self.protocol == "tls":
+                self.tls_dir = make_tls_dir(self.uid)
+            self._run_detached(self.scheduler_name, self.scheduler_argv(), aliases=("scheduler",))
+            self.wait_for_scheduler(timeout)
+            for i in range(self.n_workers):
+                self.add_worker(i)
+            self.wait_for_workers(self.n_workers, timeout)
+        except BaseException:
+            self.stop(quiet=True)
+            raise
+        say(f"{self.name}: scheduler {self.address} with {self.n_workers} workers is up")
+        return self
+
+    def scheduler_argv(self) -> list[str]:
+        # TLS certificates come from dask config (environment, see _env): the --tls-* flags would make the CLI
+        # set host "tls://", which dask refuses together with --interface.
+        return ["dask", "scheduler", "--protocol", self.protocol, "--port", str(PORT), "--no-dashboard",
+                "--interface", "eth0"]
+
+    def worker_argv(self, i: int | str) -> list[str]:
+        cmd = ["dask", "cuda", "worker"] if self.gpu else ["dask", "worker"]
+        argv = [*cmd, self.address, "--name", f"worker-{i}", "--no-dashboard", "--interface", "eth0",
+                "--death-timeout", "60"]
+        if not self.gpu:
+            argv += ["--nthreads", str(self.nthreads), "--memory-limit", self.memory_limit]
+        return argv
+
+    def add_worker(self, i: int | str, image: str | None = None) -> str:
+        name = self.worker_name(i)
+        self._run_detached(name, self.worker_argv(i), image=image, data=True)
+        return name
+
+    def _check_running(self, names: list[str]) -> None:
+        for name in names:
+            state = container_state(name) or {}
+            if not state.get("Running"):
+                tail = [ln for ln in container_logs(name).splitlines() if ln.strip()][-1:] or ["(no log)"]
+                raise UserError(f"{name} exited with code {state.get('ExitCode')}: {tail[0].strip()[:300]}",
+                                CLUSTER_FAILED)
+
+    def wait_for_scheduler(self, timeout: float) -> None:
+        def ready():
+            self._check_running([self.scheduler_name])
+            return "Scheduler at:" in container_logs(self.scheduler_name)
+
+        if not wait_until(ready, timeout):
+            raise UserError(f"{self.scheduler_name} did not report 'Scheduler at:' within {timeout:.0f} s",
+                            CLUSTER_FAILED)
+
+    def registered_workers(self) -> int:
+        log = container_logs(self.scheduler_name)
+        return len(re.findall(r"Register worker", log)) - len(re.findall(r"Remove worker", log))
+
+    def wait_for_workers(self, n: int, timeout: float) -> None:
+        def ready():
+            self._check_running([self.scheduler_name] + [c for c in self.containers if "-worker-" in c])
+            return self.registered_workers() >= n
+
+        if not wait_until(ready, timeout):
+            raise UserError(f"only {self.registered_workers()} of {n} workers registered within {timeout:.0f} s",
+                            CLUSTER_FAILED)
+
+    def client_args(self, image: str | None = None, env: dict | None = None, interactive: bool = False) -> list[str]:
+        """`docker run` arguments (without the command) for a client container on the cluster network."""
+        args = [docker_bin(), "run", "--rm", "--network", self.network, "--shm-size", "1g",
+                "--label", f"{CLUSTER_LABEL}={self.name}"]
+        if interactive:
+            args.append("-i")
+        for k, v in sorted((env or {}).items()):
+            args += ["-e", f"{k}={v}"]
+        return args + self._env() + self._mounts(True) + [image or self.image]
+
+    def run_client(self, argv: list[str], image: str | None = None, env: dict | None = None,
+                   input: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        cmd = self.client_args(image, env, interactive=input is not None) + list(argv)
+        try:
+            return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise UserError(f"client {' '.join(argv[:3])} did not finish within {timeout:.0f} s", CLUSTER_FAILED)
+
+    def workload(self, kind: str, *args: str, image: str | None = None, timeout: float = 300) -> dict:
+        """`ucx-dask-gpu workload KIND --scheduler ADDR --json ...` in a client container; its JSON result."""
+        proc = self.run_client(["ucx-dask-gpu", "workload", kind, "--scheduler", self.address, "--json", *args],
+                               image=image, timeout=timeout)
+        if proc.returncode not in (0, 1):
+            last = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["(no output)"]
+            raise UserError(f"workload {kind} failed (exit {proc.returncode}): {last[0].strip()}", CLUSTER_FAILED)
+        try:
+            return parse_json_output(proc.stdout)
+        except ValueError:
+            raise UserError(f"workload {kind}: no JSON result: {proc.stdout[-200:]!r}", CLUSTER_FAILED) from None
+
+    def kill(self, name: str) -> None:
+        docker(["kill", name], code=CLUSTER_FAILED, what=f"killing {name}")
+
+    def stop(self, quiet: bool = False) -> dict:
+        """Stop workers, then the scheduler (SIGTERM, grace period); remove everything. Returns a report."""
+        report = {"logs": {}, "exit_codes": {}, "tracebacks": []}
+        if not self.started:
+            return report
+        workers = [c for c in self.containers if c != self.scheduler_name]
+        for group in (workers, [c for c in self.containers if c == self.scheduler_name]):
+            running = [c for c in group if (container_state(c) or {}).get("Running")]
+            if running:
+                subprocess.run([docker_bin(), "stop", "-t", str(STOP_GRACE_S), *running], capture_output=True)
+        for name in self.containers:
+            state = container_state(name) or {}
+            log = container_logs(name)
+            report["logs"][name] = log
+            report["exit_codes"][name] = state.get("ExitCode")
+            if has_traceback(log):
+                report["tracebacks"].append(name)
+        if self.containers:
+            subprocess.run([docker_bin(), "rm", "-f", *self.containers], capture_output=True)
+        subprocess.run([docker_bin(), "volume", "rm", "-f", self.volume], capture_output=True)
+        subprocess.run([docker_bin(), "network", "rm", self.network], capture_output=True)
+        if self.tls_dir is not None:
+            shutil.rmtree(self.tls_dir, ignore_errors=True)
+        self.started = False
+        if not quiet:
+            clean = "clean" if not report["tracebacks"] else f"tracebacks in {', '.join(report['tracebacks'])}"
+            say(f"{self.name}: stopped ({clean})")
+        return report
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop(quiet=True)
+
+
+def parse_json_output(text: str) -> dict:
+    """The JSON object a client printed on stdout, ignoring lines other libraries may print around it (UCX's log
+    lines start with "[timestamp]", so only objects count)."""
+    decoder = json.JSONDecoder()
+    offset = 0
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith("{"):
+            try:
+                value = decoder.raw_decode(text, offset + len(line) - len(line.lstrip()))[0]
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                return value
+        offset += len(line)
+    raise ValueError("no JSON object in the output")
+
+
+def make_tls_dir(uid: int | None) -> Path:
+    """A throw-away CA and one cluster certificate (openssl), readable by the image's user only."""
+    if not shutil.which("openssl"):
+        raise UserError("TLS needs the openssl command (apt-get install openssl)", USAGE)
+    d = Path(tempfile.mkdtemp(prefix="udg-tls."))
+    sans = "subjectAltName=DNS:scheduler,DNS:localhost,IP:127.0.0.1"
+    cmds = [
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=ucx-dask-gpu test CA",
+         "-keyout", "ca.key", "-out", "ca.pem"],
+        ["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=scheduler", "-keyout", "node.key",
+         "-out", "node.csr"],
+        ["openssl", "x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+         "-days", "2", "-extfile", "ext.cnf", "-out", "node.pem"],
+    ]
+    (d / "ext.cnf").write_text(sans + "\n")
+    for cmd in cmds:
+        proc = subprocess.run(cmd, cwd=d, capture_output=True, text=True)
+        if proc.returncode != 0:
+            shutil.rmtree(d, ignore_errors=True)
+            raise UserError(f"openssl {cmd[1]} failed: {proc.stderr.strip().splitlines()[-1:]}", CLUSTER_FAILED)
+    for f in ("ca.key", "node.csr", "ext.cnf", "ca.srl"):
+        (d / f).unlink(missing_ok=True)
+    # The containers run as the image's user: the key is theirs (0600), the certificates world-readable.
+    os.chmod(d, 0o755)
+    for f, mode in (("ca.pem", 0o644), ("node.pem", 0o644), ("node.key", 0o600)):
+        os.chmod(d / f, mode)
+        if uid is not None and os.geteuid() == 0:
+            os.chown(d / f, uid, uid)
+    return d
+
+
+def remove_all_clusters() -> int:
+    """Remove every container, volume and network any cluster of ours left (an interrupted run); returns the count.
+
+    Everything carries the CLUSTER_LABEL label; this also ends clusters that are running now.
+    """
+    removed = 0
+    for kind, listing in (("container", ["ps", "-aq"]), ("volume", ["volume", "ls", "-q"]),
+                          ("network", ["network", "ls", "-q"])):
+        proc = subprocess.run([docker_bin(), *listing, "--filter", f"label={CLUSTER_LABEL}"],
+                              capture_output=True, text=True)
+        ids = proc.stdout.split()
+        removed += len(ids)
+        if ids:
+            rm = ["rm", "-f"] if kind == "container" else [kind, "rm"]
+            subprocess.run([docker_bin(), *rm, *ids], capture_output=True)
+    return removed

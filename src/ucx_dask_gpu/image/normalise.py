@@ -1,0 +1,258 @@
+"""Reproducible image: the same inputs give the same image id, byte for byte, on any build machine.
+
+Docker 20.10's classic builder (what Debian ships; no BuildKit `rewrite-timestamp`) writes build times into every
+layer (directory and file mtimes), into the image config (`created`, history, the build container's id and
+hostname, the parent image id, the engine version) and leaves .pyc files whose headers carry file mtimes. So the
+image is made deterministic AFTER `docker build`, from what the build produced:
+
+1. `docker save` the built image;
+2. normalise every layer tar (oci/layer.py: sorted entries, mtimes clamped to SOURCE_DATE_EPOCH, numeric owners, no
+   atime/ctime, only xattr pax records, whiteouts kept; stale .pyc headers, /etc/shadow days and build litter fixed);
+3. add one layer with the SBOM (oci/sbom.py), generated from the normalised layers themselves (dpkg status,
+   installed distributions, UCX build info) and the hashed lock;
+4. rebuild the config from an allow-list (oci/archive.py); OCI labels `created`/`version`/`revision`/`source` and
+   the stack id; new diff_ids;
+5. write ONE archive that is both an OCI image layout and a `docker load` archive, itself deterministic, and
+   `docker load` it.
+
+The image id (sha256 of the config) is then a function of the inputs only; it is what two clean builds compare.
+Next to the archive: image.json (ids and digests) and layers.json (every entry of every layer: path, type, mode,
+owner, mtime, size, sha256), which `compare` uses to name the first differing files per layer.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import BAD_ARCHIVE, USAGE, UserError
+from ..fsutil import atomic_write_text, sha256_file
+from ..oci import sbom as sbommod
+from ..oci.archive import LABEL_PREFIX, NullWriter, canonical_json, iso, normalise_config, write_archive
+from ..oci.compare import IMAGE_JSON, LAYERS_JSON
+from ..oci.layer import LayerResult, Overlay, STACK_ID_IN_LAYER, normalise_layer, sbom_layer
+from ..oci.sbom import SBOM_IN_IMAGE
+from ..stack import Stack
+from ..stack.lock import canonical
+from .docker import docker, image_inspect
+from .labels import oci_labels
+from .paths import default_ucxx_wheels, work_dir
+from .wheelhouse import MANIFEST, wheelhouse_dir
+
+SBOM_JSON = "sbom.cdx.json"
+ARCHIVE = "image.tar"
+
+
+def say(msg: str) -> None:
+    print(f"repro: {msg}", file=sys.stderr, flush=True)
+
+
+# --- the whole image ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class ImageResult:
+    tag: str
+    image_id: str
+    source_image_id: str
+    manifest_digest: str
+    archive_sha256: str
+    diff_ids: list[str]
+    out_dir: str
+    archive: str | None
+    sbom_sha256: str | None
+    dropped: dict[str, list[str]] = field(default_factory=dict)
+    pyc_fixed: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def default_out_dir(cache: Path, tag: str) -> Path:
+    """<cache>/image/<tag>/repro: next to the build's own per-tag work directory."""
+    return work_dir(cache, tag) / "repro"
+
+
+def normalise_image(st: Stack, ref: str, out_dir: Path, *, tag: str | None = None, keep_archive: bool = False,
+                    wheels: dict[str, tuple[str, str]] | None = None, with_sbom: bool = True,
+                    load: bool = True) -> ImageResult:
+    """docker save REF -> normalised layers + SBOM layer + config -> archive -> docker load -> tag.
+
+    `wheels`: canonical name -> (wheel file name, sha256) of the wheels the image was installed from (the SBOM
+    names the exact file and hash; without it, each pin is listed with all the hashes the lock allows).
+    """
+    epoch = st.source_date_epoch
+    tag = tag or ref
+    meta = image_inspect(ref)
+    if meta is None:
+        raise UserError(f"no image {ref!r} to normalise (build it first: scripts/build_image.sh)", BAD_ARCHIVE)
+    source_id = meta["Id"]
+    previous = _previous(out_dir)
+    if previous and source_id in (previous["image_id"], previous["source_image_id"]) \
+            and image_inspect(previous["image_id"]) is not None and (not keep_archive or previous.get("archive")):
+        # A warm rebuild gave the same docker build output (or REF is our result already): same normalised image.
+        if tag != ref or source_id != previous["image_id"]:
+            docker(["tag", previous["image_id"], tag], code=BAD_ARCHIVE, what=f"docker tag {tag}")
+        say(f"{tag}: {previous['image_id'][:19]} (normalised before from {previous['source_image_id'][:19]})")
+        return ImageResult(**{**previous, "tag": tag})
+    if LABEL_PREFIX + "sbom" in ((meta.get("Config") or {}).get("Labels") or {}):
+        raise UserError(f"{ref} is a normalised image already (it has an SBOM layer) but {out_dir} does not record "
+                        "it; normalise the image docker build made", BAD_ARCHIVE)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    secs: dict[str, float] = {}
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=".normalise.", dir=out_dir) as tmp_s:
+        tmp = Path(tmp_s)
+        saved = tmp / "saved.tar"
+        say(f"docker save {ref} ({source_id[:19]})")
+        docker(["save", "-o", str(saved), ref], code=BAD_ARCHIVE, what=f"docker save {ref}")
+        secs["save"] = round(time.monotonic() - t0, 1)
+        t0 = time.monotonic()
+        try:
+            outer = tarfile.open(saved)
+            dmanifest = json.load(outer.extractfile("manifest.json"))
+            if len(dmanifest) != 1:
+                raise UserError(f"docker save {ref}: expected one image in the archive, got {len(dmanifest)}",
+                                BAD_ARCHIVE)
+            cfg = json.load(outer.extractfile(dmanifest[0]["Config"]))
+        except (KeyError, ValueError, tarfile.TarError, TypeError) as e:
+            raise UserError(f"docker save {ref}: unexpected archive layout ({e})", BAD_ARCHIVE) from None
+        overlay = Overlay()
+        blobs = tmp / "blobs"
+        blobs.mkdir()
+        results: list[LayerResult] = []
+        paths: list[tuple[str, Path]] = []
+        for i, layer_path in enumerate(dmanifest[0]["Layers"]):
+            staged = blobs / f"layer-{i}"
+            ltar = tarfile.open(fileobj=outer.extractfile(layer_path))
+            with open(staged, "wb") as f:
+                res = normalise_layer(ltar, f, epoch, overlay, where=f"{ref} layer {i}")
+            results.append(res)
+            paths.append((res.diff_id, staged))
+            if res.dropped:
+                say(f"layer {i}: dropped {len(res.dropped)} build-litter file(s), e.g. {', '.join(res.dropped[:3])}")
+        labels_before = (cfg.get("config") or {}).get("Labels") or {}
+        stack_id = (overlay.watched.get(STACK_ID_IN_LAYER, b"").decode().split() or [None])[0] \
+            or labels_before.get(LABEL_PREFIX + "stack-id")
+        labels = oci_labels(st, labels_before, stack_id)
+        extra_history = []
+        sbom_bytes = None
+        if with_sbom:
+            sbom_bytes = sbommod.sbom_from_overlay(st, overlay.watched, labels={**labels_before, **labels},
+                                                   wheels=wheels)
+            staged = blobs / "layer-sbom"
+            with open(staged, "wb") as f:
+                res = sbom_layer(f, epoch, sbom_bytes, overlay)
+            results.append(res)
+            paths.append((res.diff_id, staged))
+            extra_history.append({"created": iso(epoch), "created_by": f"ucx-dask-gpu repro normalise: "
+                                  f"SBOM (CycloneDX) at /{SBOM_IN_IMAGE}", "comment": "sbom"})
+            labels[LABEL_PREFIX + "sbom.sha256"] = hashlib.sha256(sbom_bytes).hexdigest()
+        diff_ids = [d for d, _ in paths]
+        config = normalise_config(cfg, diff_ids, epoch, labels, extra_history)
+        config_bytes = canonical_json(config)
+        outer.close()
+        saved.unlink()
+        secs["normalise"] = round(time.monotonic() - t0, 1)
+        annotations = {k: v for k, v in labels.items() if k.startswith("org.opencontainers.image.")}
+        annotations[LABEL_PREFIX + "stack-id"] = labels.get(LABEL_PREFIX + "stack-id", "")
+        ref_name = st.version
+        t0 = time.monotonic()
+        image_id = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
+        # An image with this id exists already (another build gave the same bytes): docker has every layer, so
+        # the archive is only hashed (for its digest), not written, and nothing is loaded.
+        present = load and image_inspect(image_id) is not None
+        archive_tmp = tmp / ARCHIVE
+        if keep_archive or (load and not present):
+            with open(archive_tmp, "wb") as f:
+                digests = write_archive(f, epoch, config_bytes, paths, ref_name, annotations)
+        else:
+            digests = write_archive(NullWriter(), epoch, config_bytes, paths, ref_name, annotations)
+        shutil.rmtree(blobs)
+        secs["archive"] = round(time.monotonic() - t0, 1)
+        if load and not present:
+            t0 = time.monotonic()
+            say(f"docker load {digests['image_id'][:19]} ({archive_tmp.stat().st_size / 1e9:.2f} GB)")
+            docker(["load", "-q", "-i", str(archive_tmp)], code=BAD_ARCHIVE, what="docker load of the normalised image")
+            secs["load"] = round(time.monotonic() - t0, 1)
+        if load:
+            loaded = image_inspect(digests["image_id"])
+            if loaded is None or loaded.get("Id") != digests["image_id"]:
+                raise UserError(f"docker load did not give image {digests['image_id']} (docker computed "
+                                f"{(loaded or {}).get('Id')})", BAD_ARCHIVE)
+            if present:
+                say(f"{digests['image_id'][:19]} is in Docker already (same bytes as an earlier build): not loaded")
+            docker(["tag", digests["image_id"], tag], code=BAD_ARCHIVE, what=f"docker tag {tag}")
+        archive_path = None
+        if keep_archive:
+            archive_path = out_dir / ARCHIVE
+            os.replace(archive_tmp, archive_path)
+        files = {
+            LAYERS_JSON: json.dumps({"config": config, "layers": [
+                {"diff_id": r.diff_id, "size": r.size, "dropped": r.dropped, "rewritten": r.rewritten,
+                 "entries": [e.as_list() for e in r.entries]} for r in results]}, separators=(",", ":")) + "\n",
+        }
+        if sbom_bytes is not None:
+            files[SBOM_JSON] = sbom_bytes.decode()
+        result = ImageResult(tag=tag, image_id=digests["image_id"], source_image_id=source_id,
+                             manifest_digest=digests["manifest_digest"], archive_sha256=digests["archive_sha256"],
+                             diff_ids=diff_ids, out_dir=str(out_dir), archive=str(archive_path) if archive_path else None,
+                             sbom_sha256=hashlib.sha256(sbom_bytes).hexdigest() if sbom_bytes else None,
+                             dropped={str(i): r.dropped for i, r in enumerate(results) if r.dropped},
+                             pyc_fixed=sum(1 for r in results for p in r.rewritten if p.endswith(".pyc")),
+                             seconds=secs)
+        files[IMAGE_JSON] = json.dumps(result.__dict__, indent=2, sort_keys=True) + "\n"
+        for name, text in files.items():
+            atomic_write_text(out_dir / name, text)
+    return result
+
+
+def _previous(out_dir: Path) -> dict | None:
+    try:
+        data = json.loads((out_dir / IMAGE_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    fields = set(ImageResult.__dataclass_fields__)
+    return data if isinstance(data, dict) and fields <= set(data) else None
+
+
+def build_wheels(st: Stack, cache: Path) -> dict[str, tuple[str, str]]:
+    """The wheels an image build installs from: the verified wheelhouse of the lock, our UCXX wheels and our own
+    wheel."""
+    dirs = [d for d in (wheelhouse_dir(cache, st.lock_path()), default_ucxx_wheels(), cache / "pkg") if d.is_dir()]
+    return wheels_from(dirs)
+
+
+def finish_build(st: Stack, tag: str, cache: Path, extra_wheels: list[Path] = (),
+                 keep_archive: bool = False) -> ImageResult:
+    """The image build's last step: call it right after `docker build` produced `tag` (and the stack id check).
+
+    Normalises `tag` in place (the tag then names the reproducible image with its SBOM) and writes image.json,
+    layers.json and sbom.cdx.json to <cache>/image/<tag>/repro. A warm rebuild that gives the same docker build
+    output costs one `docker image inspect`.
+    """
+    wheels = build_wheels(st, cache)
+    if extra_wheels:
+        wheels.update(wheels_from([Path(w) for w in extra_wheels]))
+    return normalise_image(st, tag, default_out_dir(cache, tag), tag=tag, wheels=wheels, keep_archive=keep_archive)
+
+
+def wheels_from(paths: list[Path]) -> dict[str, tuple[str, str]]:
+    """canonical name -> (file, sha256) from wheel files and wheelhouse directories (their wheelhouse.json)."""
+    found: dict[str, tuple[str, str]] = {}
+    for p in paths:
+        if p.is_dir():
+            manifest = p / MANIFEST
+            files = json.loads(manifest.read_text())["files"] if manifest.is_file() else \
+                {w.name: sha256_file(w) for w in sorted(p.glob("*.whl"))}
+        elif p.is_file() and p.name.endswith(".whl"):
+            files = {p.name: sha256_file(p)}
+        else:
+            raise UserError(f"--wheels {p}: not a wheel or a directory of wheels", USAGE)
+        for fname, sha in files.items():
+            found[canonical(fname.split("-", 1)[0])] = (fname, sha)
+    return found

@@ -1,0 +1,351 @@
+"""The image's SBOM: CycloneDX 1.6 JSON, made with cyclonedx-python-lib, deterministic.
+
+Components:
+- every Debian package dpkg says is installed (name, version, architecture; purl pkg:deb/debian/NAME@VERSION
+  ?arch=ARCH&distro=debian-N; source package as a property) and the operating system itself;
+- every Python distribution installed outside Debian's own python3 directories (purl pkg:pypi/NAME@VERSION) with
+  the sha256 of the exact wheel it was installed from when known, else every hash the lock allows for the pin;
+- UCX, from the prefix's share/ucx-dask-gpu/build-info.json: version, source tag, commit and content tree, the
+  configure line, modules and patches; the CUDA wheels/debs the build compiled against are listed with scope
+  "excluded" (used to build, not shipped);
+- UCXX, from the venv's share/ucx-dask-gpu/ucxx-build-info.json: its wheels are built from source (tag, commit,
+  content tree, CMake options, the UCX they were built against) and are the PyPI-named components not in the lock.
+
+Deterministic: metadata.timestamp is SOURCE_DATE_EPOCH, and serialNumber is a UUID derived from the document's
+own content (the same inputs give the same bytes; different inputs a different serial).
+
+`check_sbom` cross-checks a document against the hashed lock (every pin present with its version and an allowed
+hash), against a dpkg status file (exactly the installed packages, same versions) and against a UCX build info.
+"""
+from __future__ import annotations
+
+import email.parser
+import hashlib
+import json
+import uuid
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+
+from ..errors import SBOM_GENERATOR, SBOM_MISMATCH, UserError
+from ..stack import Stack
+from ..stack.lock import Pin, canonical, load_lock
+from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO
+from .archive import LABEL_PREFIX
+
+# Where the image carries its SBOM (its own last layer).
+SBOM_IN_IMAGE = "usr/share/ucx-dask-gpu/sbom.cdx.json"
+PROP = "ucx-dask-gpu:"
+# A fixed namespace for serial numbers derived from content (uuid5 of the content's sha256).
+SERIAL_NAMESPACE = uuid.UUID("3c5d1f0e-7a0b-5b7e-9a51-7563782d6461")
+# Distributions under these directories come from Debian packages (listed as debs, not again as PyPI packages).
+DEBIAN_PYTHON_DIRS = ("usr/lib/python3/", "usr/lib/python3.", "usr/share/python3/")
+
+
+def generator(st: Stack) -> tuple[str, str]:
+    """(distribution, version) of the SBOM generator pinned in stack.toml [sbom]; the installed one must be it,
+    because the SBOM's bytes (part of the image) depend on it."""
+    name, pinned = st.sbom.generator, st.sbom.generator_version
+    try:
+        installed = version(name)
+    except PackageNotFoundError:
+        installed = None
+    if installed != pinned:
+        raise UserError(f"SBOM generator {name} is {installed or 'not installed'}, stack.toml [sbom] pins {pinned}: "
+                        f"the image would not be reproducible (pip install {name}=={pinned}, or `make venv`)",
+                        SBOM_GENERATOR)
+    return name, pinned
+
+
+# --- inputs ---------------------------------------------------------------------------------------------------------
+
+def parse_dpkg_status(text: str) -> list[dict[str, str]]:
+    """Paragraphs of a dpkg status file (deb822), continuation lines folded."""
+    out, cur, key = [], {}, None
+    for line in text.splitlines():
+        if not line.strip():
+            if cur:
+                out.append(cur)
+            cur, key = {}, None
+        elif line[0] in " \t" and key:
+            cur[key] += "\n" + line.strip()
+        elif ":" in line:
+            key, _, value = line.partition(":")
+            cur[key] = value.strip()
+    if cur:
+        out.append(cur)
+    return out
+
+
+def installed_debs(text: str) -> dict[tuple[str, str], dict[str, str]]:
+    """(package, architecture) -> paragraph, for packages whose status is `install ok installed`."""
+    debs = {}
+    for p in parse_dpkg_status(text):
+        if p.get("Status", "").split()[-1:] == ["installed"] and "Package" in p:
+            debs[(p["Package"], p.get("Architecture", "all"))] = p
+    return debs
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep:
+            out[k.strip()] = v.strip().strip('"')
+    return out
+
+
+def dists_from_files(files: dict[str, bytes]) -> dict[str, dict]:
+    """canonical name -> {name, version, path} from `.../*.dist-info/METADATA` contents (Debian's dirs skipped)."""
+    dists = {}
+    for path in sorted(files):
+        if not path.endswith(".dist-info/METADATA") or path.startswith(DEBIAN_PYTHON_DIRS):
+            continue
+        msg = email.parser.BytesHeaderParser().parsebytes(files[path])
+        name, version = msg.get("Name"), msg.get("Version")
+        if name and version:
+            dists.setdefault(canonical(name), {"name": name, "version": version,
+                                               "path": path.rsplit("/", 2)[0]})
+    return dists
+
+
+# --- building --------------------------------------------------------------------------------------------------------
+
+def _iso(epoch: int) -> datetime:
+    return datetime.fromtimestamp(epoch, timezone.utc)
+
+
+def build_sbom(*, name: str, version: str, epoch: int, dpkg_status: str | None = None, os_release: str | None = None,
+               dists: dict[str, dict] | None = None, pins: dict[str, Pin] | None = None,
+               wheels: dict[str, tuple[str, str]] | None = None, build_info: dict | None = None,
+               build_info_sha256: str | None = None, ucxx_info: dict | None = None, ucx_repository: str | None = None,
+               properties: dict[str, str] | None = None, tools: dict[str, str] | None = None) -> bytes:
+    """The SBOM as bytes (JSON + newline). See the module docstring for what goes in. `ucx_repository`: UCX's git
+    repository (stack.toml [conda.about].ucx_dev_url), for the purl's vcs_url."""
+    # cyclonedx-python-lib is heavy and only needed where an SBOM is made or checked.
+    from cyclonedx.model import HashAlgorithm, HashType, Property
+    from cyclonedx.model.bom import Bom, BomMetaData
+    from cyclonedx.model.component import Component, ComponentScope, ComponentType
+    from cyclonedx.model.tool import ToolRepository
+    from cyclonedx.output.json import JsonV1Dot6
+    from packageurl import PackageURL
+
+    def props(d: dict) -> list:
+        return [Property(name=PROP + k, value=str(v)) for k, v in sorted(d.items()) if v not in (None, "")]
+
+    def sha(hexes) -> list:
+        return [HashType(alg=HashAlgorithm.SHA_256, content=h) for h in sorted(set(hexes))]
+
+    components = []
+    osr = parse_os_release(os_release or "")
+    distro = f"{osr.get('ID', 'debian')}-{osr['VERSION_ID']}" if osr.get("VERSION_ID") else None
+    if osr:
+        components.append(Component(type=ComponentType.OPERATING_SYSTEM, name=osr.get("ID", "debian"),
+                                    version=osr.get("VERSION_ID"), description=osr.get("PRETTY_NAME"),
+                                    bom_ref=f"os:{osr.get('ID', 'debian')}"))
+    for (pkg, arch), p in sorted(installed_debs(dpkg_status or "").items()):
+        quals = {"arch": arch, **({"distro": distro} if distro else {})}
+        purl = PackageURL(type="deb", namespace="debian", name=pkg, version=p.get("Version"), qualifiers=quals)
+        src = p.get("Source", "").split(" ")[0] or None
+        components.append(Component(type=ComponentType.LIBRARY, name=pkg, version=p.get("Version"), purl=purl,
+                                    bom_ref=purl.to_string(), properties=props({"deb:source": src,
+                                                                                 "deb:arch": arch})))
+    pins = pins or {}
+    wheels = wheels or {}
+    built = {canonical(p["name"]): p for p in (ucxx_info or {}).get("packages", [])}
+    ucxx_src = ((ucxx_info or {}).get("sources") or {}).get("UCXX") or {}
+    for cname, d in sorted((dists or {}).items()):
+        purl = PackageURL(type="pypi", name=cname, version=d["version"])
+        pin = pins.get(cname)
+        if cname in built and built[cname]["version"] == d["version"]:
+            hashes, wheel = [built[cname]["sha256"]], built[cname]["wheel"]
+        elif cname in wheels:
+            hashes, wheel = [wheels[cname][1]], wheels[cname][0]
+        else:
+            hashes, wheel = (pin.hashes if pin and pin.version == d["version"] else []), None
+        extra = {}
+        if cname in built:
+            extra = {"python:built-from-source": f"{ucxx_src.get('tag')} {ucxx_src.get('commit')}",
+                     "python:source-content-tree": ucxx_src.get("content_tree"),
+                     "python:cmake-args": " ".join([*(ucxx_info or {}).get("cmake_args", []),
+                                                    *built[cname].get("cmake_args", [])]),
+                     "python:built-against-ucx": ((ucxx_info or {}).get("ucx") or {}).get("version")}
+        components.append(Component(type=ComponentType.LIBRARY, name=d["name"], version=d["version"], purl=purl,
+                                    bom_ref=purl.to_string(), hashes=sha(hashes),
+                                    properties=props({"python:wheel": wheel, "python:location": "/" + d["path"],
+                                                      "python:in-lock": "true" if pin else "false", **extra})))
+    if build_info:
+        components += _ucx_components(build_info, build_info_sha256, ucx_repository, Component, ComponentType,
+                                      ComponentScope, PackageURL, props, sha)
+
+    root = Component(type=ComponentType.CONTAINER, name=name, version=version, bom_ref=f"image:{name}",
+                     properties=props(properties or {}))
+
+    def render(serial: uuid.UUID) -> str:
+        bom = Bom(components=components, serial_number=serial,
+                  metadata=BomMetaData(component=root, timestamp=_iso(epoch), tools=ToolRepository(components=[
+                      Component(type=ComponentType.APPLICATION, name=n, version=v, bom_ref=f"tool:{n}")
+                      for n, v in sorted((tools or {}).items())]),
+                      properties=props({"source-date-epoch": epoch})))
+        bom.register_dependency(root, [c for c in components if c.scope != ComponentScope.EXCLUDED])
+        return JsonV1Dot6(bom).output_as_string(indent=2)
+
+    draft = render(uuid.UUID(int=0))
+    serial = uuid.uuid5(SERIAL_NAMESPACE, hashlib.sha256(draft.encode()).hexdigest())
+    return (render(serial) + "\n").encode()
+
+
+def _ucx_components(info, info_sha, repository, Component, ComponentType, ComponentScope, PackageURL, props,
+                    sha) -> list:
+    src = info.get("source") or {}
+    conf = info.get("configure") or {}
+    quals = {}
+    if src.get("url"):
+        quals["download_url"] = src["url"]
+    if src.get("sha256"):
+        quals["checksum"] = f"sha256:{src['sha256']}"
+    if src.get("tag") and repository:
+        quals["vcs_url"] = f"git+{repository}@{src['tag']}"
+    purl = PackageURL(type="generic", name="ucx", version=info.get("ucx_version"), qualifiers=quals)
+    caps = info.get("capabilities") or {}
+    ucx = Component(type=ComponentType.LIBRARY, name="ucx", version=info.get("ucx_version"), purl=purl,
+                    bom_ref="ucx", hashes=sha([src["sha256"]] if src.get("sha256") else []),
+                    description="UCX built from source by ucx-src-build (ucx-dask-gpu)",
+                    properties=props({
+                        "ucx:source-archive": src.get("archive"),
+                        "ucx:source-url": src.get("url"),
+                        "ucx:source-tag": src.get("tag"),
+                        "ucx:source-commit": src.get("commit"),
+                        "ucx:source-content-tree": src.get("content_tree"),
+                        "ucx:configure": conf.get("command"),
+                        "ucx:modules": " ".join(info.get("modules") or []),
+                        "ucx:patches": " ".join(p if isinstance(p, str) else p.get("name", str(p))
+                                                for p in info.get("patches") or []),
+                        "ucx:prefix": info.get("build_prefix"),
+                        "ucx:compiler": info.get("compiler"),
+                        "ucx:build-info.sha256": info_sha,
+                    }))
+    out = [ucx]
+    cuda = caps.get("cuda") or {}
+    for inp in cuda.get("inputs") or []:
+        kind = inp.get("kind")
+        purl = (PackageURL(type="pypi", name=canonical(inp["name"]), version=inp.get("version")) if kind == "wheel"
+                else PackageURL(type="deb", namespace="debian", name=inp["name"], version=inp.get("version"),
+                                qualifiers={"arch": "amd64"}))
+        out.append(Component(type=ComponentType.LIBRARY, name=inp["name"], version=inp.get("version"), purl=purl,
+                             bom_ref=f"build:{purl.to_string()}", scope=ComponentScope.EXCLUDED,
+                             hashes=sha([inp["sha256"]] if inp.get("sha256") else []),
+                             properties=props({"build-input-of": "ucx", "build-input-kind": kind})))
+    return out
+
+
+def sbom_from_overlay(st: Stack, files: dict[str, bytes], labels: dict[str, str],
+                      wheels: dict[str, tuple[str, str]] | None = None) -> bytes:
+    """The SBOM of an image from the files the normaliser collected out of its layers (`layer.Overlay`)."""
+    gen, gen_version = generator(st)
+    info_paths = sorted(p for p in files if p.endswith(f"/{BUILD_INFO}"))
+    info = info_sha = None
+    if info_paths:
+        raw = files[info_paths[0]]
+        try:
+            info = json.loads(raw)
+        except ValueError:
+            raise UserError(f"/{info_paths[0]} in the image is not JSON", SBOM_MISMATCH) from None
+        info_sha = hashlib.sha256(raw).hexdigest()
+    ucxx_paths = sorted(p for p in files if p.endswith(f"/{UCXX_BUILD_INFO}"))
+    try:
+        ucxx_info = json.loads(files[ucxx_paths[0]]) if ucxx_paths else None
+    except ValueError:
+        raise UserError(f"/{ucxx_paths[0]} in the image is not JSON", SBOM_MISMATCH) from None
+    keep = {"revision": "org.opencontainers.image.revision", "source": "org.opencontainers.image.source",
+            "stack-id": LABEL_PREFIX + "stack-id"}
+    return build_sbom(
+        name=st.image.name, version=st.version, epoch=st.source_date_epoch,
+        dpkg_status=files.get("var/lib/dpkg/status", b"").decode("utf-8", "replace"),
+        os_release=files.get("usr/lib/os-release", b"").decode("utf-8", "replace"),
+        dists=dists_from_files(files), pins=load_lock(st.lock_path()), wheels=wheels, build_info=info,
+        build_info_sha256=info_sha, ucxx_info=ucxx_info, ucx_repository=st.conda.about.ucx_dev_url,
+        tools={gen: gen_version, st.name: st.version},
+        properties={short: labels[long] for short, long in keep.items() if labels.get(long)})
+
+
+# --- checking --------------------------------------------------------------------------------------------------------
+
+def validate(text: str) -> str | None:
+    """None when `text` is valid CycloneDX 1.6 JSON (strict schema), else the validator's first error."""
+    # cyclonedx-python-lib is heavy and only needed where an SBOM is made or checked.
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    err = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
+    return None if err is None else str(getattr(err, "data", err)).splitlines()[0][:300]
+
+
+def _purl_parts(purl: str):
+    from packageurl import PackageURL  # comes with cyclonedx-python-lib
+
+    return PackageURL.from_string(purl)
+
+
+def check_sbom(doc: dict, *, pins: dict[str, Pin] | None = None, dpkg_status: str | None = None,
+               build_info: dict | None = None, ucxx_info: dict | None = None,
+               extra_dists: set[str] = frozenset()) -> list[str]:
+    """Problems where the SBOM disagrees with the lock, the dpkg status, the UCX build info or the UCXX build info
+    (empty: agrees). Our UCXX wheels are the PyPI components the lock may lack, each with its built wheel's sha256."""
+    problems: list[str] = []
+    pypi: dict[str, tuple[str, set[str]]] = {}
+    debs: dict[tuple[str, str], str] = {}
+    by_name: dict[str, dict] = {}
+    for c in doc.get("components", []):
+        by_name.setdefault(c.get("name"), c)
+        if c.get("scope") == "excluded" or not c.get("purl"):
+            continue
+        p = _purl_parts(c["purl"])
+        hashes = {h["content"] for h in c.get("hashes", []) if h.get("alg") == "SHA-256"}
+        if p.type == "pypi":
+            pypi[canonical(p.name)] = (p.version, hashes)
+        elif p.type == "deb":
+            debs[(p.name, (p.qualifiers or {}).get("arch", ""))] = p.version
+    if pins is not None:
+        for name, pin in sorted(pins.items()):
+            if name not in pypi:
+                problems.append(f"lock pin {name}=={pin.version} is not in the SBOM")
+                continue
+            ver, hashes = pypi[name]
+            if ver != pin.version:
+                problems.append(f"{name}: SBOM has {ver}, the lock pins {pin.version}")
+            if not hashes:
+                problems.append(f"{name}: no sha256 in the SBOM")
+            elif not hashes <= set(pin.hashes):
+                problems.append(f"{name}: SBOM hash {sorted(hashes - set(pin.hashes))[0]} is not one the lock allows")
+        built = {canonical(p["name"]): p for p in (ucxx_info or {}).get("packages", [])}
+        for name, p in sorted(built.items()):
+            if name not in pypi:
+                problems.append(f"{name}=={p['version']} (built from source) is not in the SBOM")
+            elif pypi[name] != (p["version"], {p["sha256"]}):
+                problems.append(f"{name}: SBOM has {pypi[name][0]} {sorted(pypi[name][1])}, the UCXX build made "
+                                f"{p['version']} sha256 {p['sha256']}")
+        for name in sorted(set(pypi) - set(pins) - set(extra_dists) - set(built)):
+            problems.append(f"{name}=={pypi[name][0]} is in the SBOM but not in the lock")
+    if dpkg_status is not None:
+        want = {k: v["Version"] for k, v in installed_debs(dpkg_status).items()}
+        for k in sorted(set(want) - set(debs)):
+            problems.append(f"deb {k[0]}:{k[1]} {want[k]} is installed but not in the SBOM")
+        for k in sorted(set(debs) - set(want)):
+            problems.append(f"deb {k[0]}:{k[1]} {debs[k]} is in the SBOM but not installed")
+        for k in sorted(set(want) & set(debs)):
+            if want[k] != debs[k]:
+                problems.append(f"deb {k[0]}:{k[1]}: SBOM has {debs[k]}, dpkg has {want[k]}")
+    if build_info is not None:
+        c = by_name.get("ucx")
+        if c is None:
+            problems.append("UCX is not in the SBOM")
+        else:
+            props = {p["name"]: p["value"] for p in c.get("properties", [])}
+            src = build_info.get("source") or {}
+            if c.get("version") != build_info.get("ucx_version"):
+                problems.append(f"ucx: SBOM has {c.get('version')}, the build info {build_info.get('ucx_version')}")
+            if {h["content"] for h in c.get("hashes", [])} != {src.get("sha256")}:
+                problems.append(f"ucx: SBOM source hash differs from the build info's {src.get('sha256')}")
+            if props.get(PROP + "ucx:configure") != (build_info.get("configure") or {}).get("command"):
+                problems.append("ucx: SBOM configure line differs from the build info's")
+    return problems

@@ -1,0 +1,103 @@
+"""`ucx-dask-gpu workload transpose|from-map`: run a client workload on a Dask cluster and check its answer.
+
+Both connect to `--scheduler ADDRESS` (the image's 3-role cluster) or start a LocalCluster with `--protocol`, check
+their result against an answer computed on the client with plain numpy/pyarrow, and survive a worker dying
+mid-run: inputs are generated or read by pure tasks (lost results are recomputed by the scheduler), and
+`retries` covers tasks that fail outright.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ..errors import VERDICT_FAILED
+from ..fsutil import atomic_write_text
+from .client import connect
+from .from_map import FORMATS, NUMERIC_COLUMNS, prepare_dataset, run_from_map
+from .transpose import check_transpose_args, run_transpose
+
+
+def _summary(r: dict) -> str:
+    verdict = "ok" if r["ok"] else "MISMATCH"
+    versions = "versions identical" if r["versions_identical"] else \
+        f"versions DIFFER ({', '.join(d['package'] for d in r['version_differences'])})"
+    workers = f"{r['workers_start']} workers" + (f" -> {r['workers_end']}" if r["workers_end"] != r["workers_start"]
+                                                 else "")
+    if r["workload"] == "transpose":
+        what = (f"transpose {r['size']}x{r['size']} chunk {r['chunk']} {r['backend']}: value {r['value']:.6f} "
+                f"expected {r['expected']:.6f}")
+    else:
+        what = (f"from-map {r['files']} {r['format']} files: read columns "
+                f"{' / '.join(','.join(c) for c in r['columns_read']) or 'none'} for projection "
+                f"{','.join(r['projected_columns'] or ['none'])}; sums {'match' if r['values_ok'] else 'DIFFER'}")
+    return f"{what} {verdict}, {r['wall_s']:.2f} s over {r['protocol']}, {workers}, {versions}"
+
+
+def _reserve_stdout_for_results():
+    """Send everything else written to fd 1 to stderr; return a file on the real stdout for the result.
+
+    UCX logs to stdout from C (e.g. its UCX_MEMTYPE_CACHE warning), in this process and in LocalCluster workers
+    started from it; without this, `--json > result.json` would not be JSON over UCX.
+    """
+    sys.stdout.flush()
+    results = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return results
+
+
+def _run(args, body) -> int:
+    results = _reserve_stdout_for_results()
+    with connect(args.scheduler, args.protocol, args.n_workers, args.threads_per_worker, args.timeout) as client:
+        result = body(client)
+    if args.output:
+        atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
+    results.write((json.dumps(result, indent=2) if args.json else _summary(result)) + "\n")
+    results.flush()
+    return 0 if result["ok"] else VERDICT_FAILED
+
+
+def _cmd_transpose(args) -> int:
+    check_transpose_args(args.size, args.chunk, args.backend)
+    return _run(args, lambda c: run_transpose(c, args.size, args.chunk, args.seed, args.backend, args.retries))
+
+
+def _cmd_from_map(args) -> int:
+    paths, columns = prepare_dataset(args.path, args.format, args.files, args.rows,
+                                     [c for c in args.columns.split(",") if c], args.seed, not args.no_write)
+    return _run(args, lambda c: run_from_map(c, paths, args.format, columns, args.retries))
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scheduler", metavar="ADDRESS", help="scheduler to use, e.g. ucx://10.0.0.1:8786 (default: "
+                                                          "start a LocalCluster)")
+    p.add_argument("--protocol", default="tcp", choices=["tcp", "ucx", "ucxx"],
+                   help="LocalCluster protocol when no --scheduler (default tcp)")
+    p.add_argument("--n-workers", type=int, default=2, help="LocalCluster workers (default 2)")
+    p.add_argument("--threads-per-worker", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=30, help="seconds to wait for the scheduler (default 30)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--retries", type=int, default=2, help="retries per failing task (default 2)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--output", metavar="FILE", help="also write the JSON result to FILE")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("workload", help="run a client workload on a Dask cluster and check its answer")
+    s = p.add_subparsers(dest="workload", metavar="WORKLOAD", required=True)
+    t = s.add_parser("transpose", help="(x + x.T).sum() on a chunked random array, checked against numpy")
+    t.add_argument("--size", type=int, default=4000, help="x is SIZE x SIZE float64 (default 4000)")
+    t.add_argument("--chunk", type=int, default=1000, help="chunk edge (default 1000)")
+    t.add_argument("--backend", choices=["numpy", "cupy"], default="numpy", help="array type on the workers")
+    _common(t)
+    t.set_defaults(func=_cmd_transpose)
+    f = s.add_parser("from-map", help="dd.from_map Parquet/Feather reader with column projection, checked")
+    f.add_argument("path", help="directory shared with the workers (files are written there unless --no-write)")
+    f.add_argument("--format", choices=sorted(FORMATS), default="parquet")
+    f.add_argument("--files", type=int, default=8, help="files to write, one partition each (default 8)")
+    f.add_argument("--rows", type=int, default=50_000, help="rows per file (default 50000)")
+    f.add_argument("--columns", default="a,b", help=f"columns to sum, among {','.join(NUMERIC_COLUMNS)} (default a,b)")
+    f.add_argument("--no-write", action="store_true", help="read the files already in PATH")
+    _common(f)
+    f.set_defaults(func=_cmd_from_map)

@@ -1,0 +1,222 @@
+"""`ucx-dask-gpu workload from-map`: Parquet/Feather files summed through a projecting `dd.from_map` reader, checked
+against pyarrow/pandas on the client, and proof that every worker read exactly the projected columns (each read is
+reported as a Dask event).
+
+numpy, pandas, pyarrow and dask are imported inside functions: the CLI imports this module and starts without them."""
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from pathlib import Path
+
+from ..errors import DATA_INVALID, USAGE, UserError
+from ..fsutil import atomic_path
+from ..gate.identity import compare_versions
+from .client import RTOL, n_workers, on_cluster, scheme, warm_up
+
+READ_TOPIC = "ucx-dask-gpu-read"
+FORMATS = {"parquet": ".parquet", "feather": ".feather"}
+NUMERIC_COLUMNS = ("id", "a", "b", "d")
+
+
+def dataset_table(index: int, rows: int, seed: int):
+    """File `index` of the dataset: id (int64), a (float64), b (int64), c (string), d (float64)."""
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng([seed, index])
+    first = index * rows
+    return pa.table({
+        "id": pa.array(np.arange(first, first + rows, dtype="int64")),
+        "a": pa.array(rng.random(rows)),
+        "b": pa.array(rng.integers(0, 1000, rows, dtype="int64")),
+        "c": pa.array([f"s{(first + k) % 97}" for k in range(rows)], type=pa.string()),
+        "d": pa.array(rng.normal(size=rows)),
+    })
+
+
+def write_dataset(directory: str | Path, fmt: str, files: int, rows: int, seed: int) -> list[Path]:
+    """Write the files (each atomically: a reader never sees half a file); returns their paths."""
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {directory}: {e.strerror}", DATA_INVALID) from None
+    paths = []
+    for index in range(files):
+        path = directory / f"part-{index:05d}{FORMATS[fmt]}"
+        table = dataset_table(index, rows, seed)
+        with atomic_path(path) as tmp:
+            if fmt == "parquet":
+                pq.write_table(table, tmp, row_group_size=max(1, rows // 4))
+            else:
+                feather.write_feather(table, tmp)
+        paths.append(path)
+    return paths
+
+
+def find_dataset(directory: str | Path, fmt: str) -> list[Path]:
+    paths = sorted(Path(directory).glob(f"part-*{FORMATS[fmt]}"))
+    if not paths:
+        raise UserError(f"{directory}: no part-*{FORMATS[fmt]} files (run without --no-write to create them)",
+                        DATA_INVALID)
+    return paths
+
+
+class ArrowFileReader:
+    """`dd.from_map` function: one Parquet/Feather file -> one pandas partition, reading only projected columns.
+
+    dask 2026.x pushes a column selection into from_map through the function's `columns=` keyword (it warns that
+    the older DataFrameIOFunction protocol is no longer used for projection); `columns` / `project_columns` are
+    kept so the object also satisfies that protocol. Each call logs the columns it really read as a Dask event
+    (topic READ_TOPIC), so the client can show projection happened on the workers.
+    """
+
+    def __init__(self, fmt: str, all_columns: list[str], run: str, columns: list[str] | None = None):
+        self.fmt = fmt
+        self.all_columns = list(all_columns)
+        self.run = run
+        self._columns = list(columns) if columns is not None else None
+
+    @property
+    def columns(self) -> list[str]:
+        return self._columns if self._columns is not None else self.all_columns
+
+    def project_columns(self, columns) -> "ArrowFileReader":
+        return ArrowFileReader(self.fmt, self.all_columns, self.run, list(columns))
+
+    def read_table(self, path: str, columns: list[str] | None):
+        if self.fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path, columns=columns)
+        import pyarrow.feather as feather
+
+        return feather.read_table(path, columns=columns, memory_map=True)
+
+    def __call__(self, path: str, columns=None):
+        columns = list(columns) if columns is not None else self._columns
+        table = self.read_table(path, columns)
+        try:
+            from distributed import get_worker
+
+            worker = get_worker()
+        except ValueError:  # not inside a worker (e.g. a local compute): nothing to report to
+            worker = None
+        if worker is not None:
+            worker.log_event(READ_TOPIC, {"run": self.run, "file": Path(path).name,
+                                          "columns": table.column_names, "rows": table.num_rows,
+                                          "worker": worker.address})
+        return table.to_pandas()
+
+
+def _meta(all_columns_table):
+    return all_columns_table.schema.empty_table().to_pandas()
+
+
+def _find_projection(collection) -> list[str] | None:
+    """The columns dask's optimizer pushed into from_map (None if it pushed nothing)."""
+    from dask.dataframe.dask_expr.io import FromMapProjectable
+
+    # Unfused, so the reader's expression is still a node of its own (fusing happens after projection).
+    for node in collection.optimize(fuse=False).expr.walk():
+        if isinstance(node, FromMapProjectable):
+            return list(node.columns_operand) if node.columns_operand is not None else None
+    return None
+
+
+def _wait_for_read_events(client, run: str, files: set[str], timeout: float = 15.0) -> list[dict]:
+    """Events of this run, once every file has one (workers send them in batches, a few ms late)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = [msg for _, msg in client.get_events(READ_TOPIC) if isinstance(msg, dict) and msg.get("run") == run]
+        if {e["file"] for e in events} >= files or time.monotonic() > deadline:
+            return events
+        time.sleep(0.1)
+
+
+def from_map_expected(paths: list[Path], fmt: str, columns: list[str]) -> dict[str, float | int]:
+    """Column sums with pyarrow/pandas on the client, reading every file whole (no projection involved)."""
+    import pandas as pd
+
+    reader = ArrowFileReader(fmt, [], "client")
+    frame = pd.concat([reader.read_table(str(p), None).to_pandas() for p in paths], ignore_index=True)
+    return {c: frame[c].sum().item() for c in columns}
+
+
+def prepare_dataset(directory: str | Path, fmt: str = "parquet", files: int = 8, rows: int = 50_000,
+                    columns: list[str] | None = None, seed: int = 0, write: bool = True) -> tuple[list[Path], list[str]]:
+    """Validate the arguments and write (or find) the files, before any cluster starts: (paths, columns)."""
+    if fmt not in FORMATS:
+        raise UserError(f"unknown format {fmt!r} (expected parquet or feather)", USAGE)
+    columns = list(columns or ["a", "b"])
+    bad = [c for c in columns if c not in NUMERIC_COLUMNS]
+    if bad or len(set(columns)) != len(columns):
+        raise UserError(f"--columns must be distinct names among {', '.join(NUMERIC_COLUMNS)} (got "
+                        f"{','.join(columns)})", USAGE)
+    if write:
+        if files <= 0 or rows <= 0:
+            raise UserError(f"--files and --rows must be positive (got {files}, {rows})", USAGE)
+        paths = write_dataset(directory, fmt, files, rows, seed)
+    else:
+        paths = find_dataset(directory, fmt)
+    expected_columns = dataset_table(0, 1, seed).column_names
+    try:
+        on_disk = ArrowFileReader(fmt, expected_columns, "probe").read_table(str(paths[0]), None).schema
+    except Exception as e:  # pyarrow raises several types for a foreign or damaged file
+        raise UserError(f"{paths[0]}: not a readable {fmt} file: {e}", DATA_INVALID) from None
+    if on_disk.names != expected_columns:
+        raise UserError(f"{paths[0]}: columns {on_disk.names}, expected {expected_columns}", DATA_INVALID)
+    return paths, columns
+
+
+def run_from_map(client, paths: list[Path], fmt: str = "parquet", columns: list[str] | None = None,
+                 retries: int = 2) -> dict:
+    """Sum `columns` over the files with a dd.from_map reader; check the sums and that workers read only them."""
+    import dask.dataframe as dd
+
+    columns = list(columns or ["a", "b"])
+    template = dataset_table(0, 1, 0)
+    all_columns = template.column_names
+    versions = compare_versions(client.get_versions(check=False))
+    run = uuid.uuid4().hex
+    reader = ArrowFileReader(fmt, all_columns, run)
+    df = dd.from_map(reader, [str(p) for p in paths], meta=_meta(template), label=f"read-{fmt}",
+                     enforce_metadata=False)
+    query = df[columns].sum()
+    projected = _find_projection(query)
+    warm_up(client, ("pandas", "pyarrow.parquet", "pyarrow.feather", "dask.dataframe"))
+    workers_start = n_workers(client)
+    start = time.perf_counter()
+    result = on_cluster("from-map", client.compute(query, retries=retries))
+    wall = time.perf_counter() - start
+    events = _wait_for_read_events(client, run, {p.name for p in paths})
+
+    expected = from_map_expected(paths, fmt, columns)
+    # One dtype for the whole result Series: an int column's sum comes back as float64 next to a float column;
+    # it must still equal the client's integer sum exactly.
+    value = {c: result[c].item() for c in columns}
+    values_ok = all(
+        value[c] == expected[c] if isinstance(expected[c], int)
+        else math.isclose(value[c], expected[c], rel_tol=RTOL) for c in columns)
+    read_sets = sorted({tuple(e["columns"]) for e in events})
+    files_read = {e["file"] for e in events}
+    projection_ok = (projected is not None and set(projected) == set(columns)
+                     and bool(events) and all(set(cols) == set(columns) for cols in read_sets)
+                     and files_read == {p.name for p in paths})
+    return {
+        "workload": "from-map", "format": fmt, "directory": str(Path(paths[0]).parent), "files": len(paths),
+        "query": f"df[{columns!r}].sum()",
+        "protocol": scheme(client.scheduler.address), "scheduler": client.scheduler.address,
+        "workers_start": workers_start, "workers_end": n_workers(client),
+        "requested_columns": columns, "projected_columns": projected,
+        "columns_read": [list(c) for c in read_sets], "all_columns": all_columns,
+        "reads": len(events), "files_read": len(files_read),
+        "value": value, "expected": expected, "values_ok": values_ok, "projection_ok": projection_ok,
+        "ok": values_ok and projection_ok, "wall_s": round(wall, 4),
+        "versions_identical": versions["identical"], "version_differences": versions["differences"],
+    }

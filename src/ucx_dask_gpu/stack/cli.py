@@ -1,0 +1,90 @@
+"""`ucx-dask-gpu stack …`: read stack.toml, and (re)generate the files derived from it."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import USAGE, UserError
+from ..fsutil import atomic_write_text
+from . import generate
+from .model import load, value
+
+
+def _cmd_validate(args) -> int:
+    st = load(args.file)
+    print(f"{st.path}: ok ({st.name} {st.version}, UCX {st.ucx.version}, UCXX {st.ucxx.source.version}, "
+          f"CUDA {st.cuda_major})")
+    return 0
+
+
+def _cmd_get(args) -> int:
+    v = value(args.key, args.file)
+    print(json.dumps(v) if isinstance(v, (dict, list)) or args.json else v)
+    return 0
+
+
+def _cmd_id(args) -> int:
+    for p in [args.build_info, *args.extra_lock]:
+        if p is not None and not p.is_file():
+            raise UserError(f"stack id: {p} does not exist", USAGE)
+    print(load(args.file).stack_id(build_info=args.build_info, extra_locks=tuple(args.extra_lock)))
+    return 0
+
+
+def _regen(args, path: str, render) -> int:
+    st = load(args.file)
+    target = st.root / path
+    text = render(st)
+    if args.check:
+        current = target.read_text() if target.exists() else ""
+        if current != text:
+            print(f"{target.name} is out of date with stack.toml; run `make regen`", file=sys.stderr)
+            return 1
+        print(f"{target.name}: up to date")
+        return 0
+    atomic_write_text(target, text)
+    print(f"wrote {target}")
+    return 0
+
+
+def _cmd_env_yml(args) -> int:
+    return _regen(args, generate.ENVIRONMENT_YML, generate.render_environment_yml)
+
+
+def _cmd_lock(args) -> int:
+    st = load(args.file)
+    if args.check:
+        problems = generate.check_lock_matches(st)
+        for p in problems:
+            print(p, file=sys.stderr)
+        if not problems:
+            print(f"{', '.join(str(rel) for rel, _ in generate.locks(st))}: satisfy stack.toml")
+        return 1 if problems else 0
+    for rel, requirements in generate.locks(st):
+        atomic_write_text(st.root / rel, generate.compile_lock(st, requirements))
+        print(f"wrote {st.root / rel}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stack", help="read stack.toml and regenerate files derived from it")
+    p.add_argument("--file", help="stack.toml to read (default: the repository's / the installed copy)")
+    s = p.add_subparsers(dest="stack_command", metavar="ACTION", required=True)
+    s.add_parser("validate", help="validate stack.toml").set_defaults(func=_cmd_validate)
+    g = s.add_parser("get", help="print one value, e.g. `ucx.source.version`")
+    g.add_argument("key")
+    g.add_argument("--json", action="store_true", help="print as JSON")
+    g.set_defaults(func=_cmd_get)
+    i = s.add_parser("id", help="print the stack id (hash of stack.toml + lock [+ extra locks] [+ UCX build info])")
+    i.add_argument("--build-info", type=Path, help="the UCX prefix's share/ucx-dask-gpu/build-info.json (image id)")
+    i.add_argument("--extra-lock", type=Path, action="append", default=[],
+                   help="hashed requirements installed on top of the lock (repeatable)")
+    i.set_defaults(func=_cmd_id)
+    e = s.add_parser("env-yml", help="generate environment.yml")
+    e.add_argument("--check", action="store_true", help="fail if environment.yml is out of date")
+    e.set_defaults(func=_cmd_env_yml)
+    lk = s.add_parser("lock", help="resolve the hash-pinned Python locks (runtime, UCXX build) with uv")
+    lk.add_argument("--check", action="store_true", help="fail if a lock no longer satisfies stack.toml")
+    lk.set_defaults(func=_cmd_lock)

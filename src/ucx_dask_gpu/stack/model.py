@@ -1,0 +1,533 @@
+"""The typed model of `stack.toml`, the single place where versions, URLs and hashes are written.
+
+Every consumer (UCX build, recipes, image, environment.yml, SBOM, doctor) goes through `load()`, which validates the
+whole file at once: a typo fails here, with one line naming the key, and nothing else reads the TOML tables.
+
+The [stack], [sources], [ucx] and [cuda] tables are fields of `Stack` itself (what the UCX build reads: `st.ucx` is
+the UCX source archive); every other table is one frozen section: `st.ucxx`, `st.debian`, `st.image`, `st.sbom`,
+`st.python`, `st.conda`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+from urllib.parse import urlparse
+
+from ..errors import BAD_STACK, USAGE, UserError
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([-+~.][0-9A-Za-z.+~-]+)?$")
+# configure options the UCX build adds from detection / its own arguments (ucxbuild/build.py configure_command).
+BUILD_DETECTED_FLAGS = frozenset({"--prefix", "--with-cuda", "--without-cuda", "--with-verbs", "--without-verbs",
+                                  "--with-rdmacm", "--without-rdmacm", "--with-gdrcopy", "--without-gdrcopy"})
+STACK_ENV = "UCX_DASK_GPU_STACK"
+# Where an installed environment keeps its stack id: the environment variable wins over the file the image writes.
+STACK_ID_ENV = "UCX_DASK_GPU_STACK_ID"
+STACK_ID_FILE = Path("/etc/ucx-dask-gpu/stack-id")
+
+
+class StackError(UserError):
+    def __init__(self, where: str, message: str):
+        super().__init__(f"{where}: {message}", BAD_STACK)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A file fetched by URL and verified by sha256 (a wheel, a .deb)."""
+
+    name: str
+    version: str
+    url: str
+    sha256: str
+
+    @property
+    def filename(self) -> str:
+        return Path(urlparse(self.url).path).name
+
+
+@dataclass(frozen=True)
+class SourceArchive:
+    """A release tag of an upstream repository, fetched as an archive and verified by its content (gittree.py)."""
+
+    name: str  # what it is, for messages: "UCX", "UCXX", "rapids-cmake", "CPM.cmake"
+    version: str
+    tag: str
+    commit: str
+    archive: str  # file name, in source mirrors and the cache
+    urls: tuple[str, ...]
+    content_tree: str  # git tree id of the archive's content
+    sha256: str  # a known archive file with that content, accepted without unpacking
+
+
+@dataclass(frozen=True)
+class UcxxPackage:
+    """One wheel of the UCXX build: its directory in the UCXX source and the CMake options it is built with."""
+
+    name: str
+    path: str
+    cmake_args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class UcxxBuild:
+    """[ucxx]: the binding built from source against our UCX."""
+
+    min_ucx: str  # UCXX refuses an older UCX at import (MAJOR.MINOR)
+    source: SourceArchive
+    rapids_cmake: SourceArchive
+    cpm: SourceArchive
+    lock: Path  # hash-pinned build environment, relative to the repository
+    requirements: tuple[str, ...]
+    matrix_entry: str
+    packages: tuple[UcxxPackage, ...]
+
+
+@dataclass(frozen=True)
+class DebianSpec:
+    """[debian]: the mirror the bases and the build machines use, and the package lists."""
+
+    suite: str
+    mirror: str
+    ucx_build_packages: tuple[str, ...]
+    base_packages: tuple[str, ...]
+    builder_packages: tuple[str, ...]
+    image_host_packages: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """[image]: names, the fixed user, and the paths the Dockerfile installs UCX and the venv at."""
+
+    name: str
+    base_name: str
+    builder_name: str
+    user: str
+    uid: int
+    ucx_prefix: str
+    venv: str
+
+
+@dataclass(frozen=True)
+class SbomSpec:
+    """[sbom]: the SBOM generator, pinned (its output is part of the image's bytes)."""
+
+    generator: str
+    generator_version: str
+
+
+@dataclass(frozen=True)
+class PythonSpec:
+    """[python]: the interpreter the image runs, and the hash-pinned lock resolved for it."""
+
+    version: str
+    platform: str
+    lock: Path
+    requirements: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CondaAbout:
+    """[conda.about]: the recipes' homepage and repository URLs."""
+
+    ucx_home: str
+    ucx_dev_url: str
+    home: str
+    ucxx_home: str
+
+
+@dataclass(frozen=True)
+class CondaSpec:
+    """[conda]: the development environment and the recipes' settings."""
+
+    channels: tuple[str, ...]
+    cuda_versions: tuple[str, ...]
+    dev_tools: tuple[str, ...]
+    cuda_managed: tuple[str, ...]
+    names: Mapping[str, str]          # PyPI name -> conda-forge name ("" = not a conda package)
+    c_stdlib_version: str
+    metapackage: tuple[str, ...]
+    about: CondaAbout
+
+
+@dataclass(frozen=True)
+class Stack:
+    path: Path
+    name: str
+    version: str
+    cuda_major: int
+    source_date_epoch: int
+    source: str | None                # [stack].source: where the image's sources live (else git's origin)
+    mirror_dirs: tuple[str, ...]      # [sources]
+    ucx: SourceArchive
+    ucxx: UcxxBuild
+    configure_flags: tuple[str, ...]
+    required_modules: tuple[str, ...]
+    cuda_header_wheels: tuple[Artifact, ...]
+    cuda_link_debs: tuple[Artifact, ...]
+    debian: DebianSpec
+    image: ImageSpec
+    sbom: SbomSpec
+    python: PythonSpec
+    conda: CondaSpec
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    def lock_path(self) -> Path:
+        return self.root / self.python.lock
+
+    def source_archives(self) -> tuple[SourceArchive, ...]:
+        return (self.ucx, self.ucxx.source, self.ucxx.rapids_cmake, self.ucxx.cpm)
+
+    def mirror_paths(self) -> list[Path]:
+        """[sources].mirror_dirs resolved against the repository root."""
+        return [(self.root / d).resolve() for d in self.mirror_dirs]
+
+    def stack_id(self, build_info: Path | None = None, extra_locks: tuple[Path, ...] = ()) -> str:
+        """Hash of stack.toml + the Python lock (+ any extra hashed requirements installed on top, + the UCX
+        build-info.json): two environments with the same id were built from the same inputs.
+
+        The image's id (STACK_ID_FILE, its label) is this with the build info of the UCX inside it; files are hashed
+        with their base names, so the checkout and the image's copies give the same id.
+        """
+        return stack_id_of([self.path, self.lock_path(), *extra_locks, *([build_info] if build_info else [])])
+
+
+def stack_id_of(paths: list[Path], extra: bytes = b"") -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode() + b"\0")
+        h.update(p.read_bytes() if p.exists() else b"<missing>")
+        h.update(b"\0")
+    h.update(extra)
+    return h.hexdigest()[:16]
+
+
+# --- validation helpers ------------------------------------------------------------------------------------------
+
+def _get(table: dict, key: str, where: str, typ: type | tuple[type, ...], required: bool = True, default=None):
+    if key not in table:
+        if required:
+            raise StackError(f"{where}.{key}", "missing")
+        return default
+    value = table[key]
+    # bool is an int subclass; a version written as `true` is still wrong.
+    if isinstance(value, bool) and typ is not bool or not isinstance(value, typ):
+        tname = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise StackError(f"{where}.{key}", f"expected {tname}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _str_list(table: dict, key: str, where: str, required: bool = True) -> tuple[str, ...]:
+    value = _get(table, key, where, list, required, default=[])
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise StackError(f"{where}.{key}[{i}]", f"expected a non-empty string, got {item!r}")
+    return tuple(value)
+
+
+def _sha256(table: dict, where: str) -> str:
+    value = _get(table, "sha256", where, str)
+    if not SHA256_RE.match(value):
+        raise StackError(f"{where}.sha256", f"expected 64 lowercase hex characters, got {value!r}")
+    return value
+
+
+def _url(value: str, where: str) -> str:
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https", "file") or (parsed.scheme != "file" and not parsed.netloc) \
+            or not parsed.path or parsed.path.endswith("/") or any(c.isspace() for c in value):
+        raise StackError(where, f"not a well-formed http(s)/file URL to a file: {value!r}")
+    return value
+
+
+def _version(table: dict, where: str) -> str:
+    value = _get(table, "version", where, str)
+    if not VERSION_RE.match(value):
+        raise StackError(f"{where}.version", f"not a version string: {value!r}")
+    return value
+
+
+def _table_list(table: dict, key: str, where: str) -> list[dict]:
+    value = _get(table, key, where, list)
+    if not value:
+        raise StackError(f"{where}.{key}", "must list at least one entry")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise StackError(f"{where}.{key}[{i}]", "expected a table")
+    return value
+
+
+def _unique(values: list[str], where: str, what: str) -> None:
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise StackError(where, f"{what} {v!r} appears twice")
+        seen.add(v)
+
+
+def _artifact(t: dict, where: str) -> Artifact:
+    return Artifact(
+        name=_get(t, "name", where, str),
+        version=_version(t, where),
+        url=_url(_get(t, "url", where, str), f"{where}.url"),
+        sha256=_sha256(t, where),
+    )
+
+
+def _hexdigits(t: dict, key: str, where: str, n: int) -> str:
+    value = _get(t, key, where, str)
+    if not re.fullmatch(f"[0-9a-f]{{{n}}}", value):
+        raise StackError(f"{where}.{key}", f"expected {n} lowercase hex characters, got {value!r}")
+    return value
+
+
+def _source_archive(t: dict, where: str, name: str) -> SourceArchive:
+    archive = _get(t, "archive", where, str)
+    if "/" in archive or not re.search(r"\.tar\.(gz|xz|bz2)$", archive):
+        raise StackError(f"{where}.archive", f"expected a tarball file name, got {archive!r}")
+    urls = _str_list(t, "urls", where)
+    for i, u in enumerate(urls):
+        _url(u, f"{where}.urls[{i}]")
+    return SourceArchive(
+        name=name,
+        version=_version(t, where),
+        tag=_get(t, "tag", where, str),
+        commit=_hexdigits(t, "commit", where, 40),
+        archive=archive,
+        urls=urls,
+        content_tree=_hexdigits(t, "content_tree", where, 40),
+        sha256=_sha256(t, where),
+    )
+
+
+def _relative_file(value: str, where: str) -> Path:
+    if os.path.isabs(value) or ".." in Path(value).parts:
+        raise StackError(where, f"must be a path inside the repository, got {value!r}")
+    return Path(value)
+
+
+def _ucxx(t: dict, where: str) -> UcxxBuild:
+    build = _get(t, "build", where, dict)
+    bw = f"{where}.build"
+    packages = []
+    for i, p in enumerate(_table_list(build, "packages", bw)):
+        pw = f"{bw}.packages[{i}]"
+        path = _get(p, "path", pw, str)
+        _relative_file(path, f"{pw}.path")
+        args = _str_list(p, "cmake_args", pw)
+        for k, arg in enumerate(args):
+            if not arg.startswith("-D"):
+                raise StackError(f"{pw}.cmake_args[{k}]", f"expected a -DNAME=VALUE option, got {arg!r}")
+        packages.append(UcxxPackage(name=_get(p, "name", pw, str), path=path, cmake_args=args))
+    _unique([p.name for p in packages], f"{bw}.packages", "name")
+    min_ucx = _get(t, "min_ucx", where, str)
+    if not re.match(r"^\d+\.\d+$", min_ucx):
+        raise StackError(f"{where}.min_ucx", f"expected MAJOR.MINOR, got {min_ucx!r}")
+    return UcxxBuild(
+        min_ucx=min_ucx,
+        source=_source_archive(_get(t, "source", where, dict), f"{where}.source", "UCXX"),
+        rapids_cmake=_source_archive(_get(t, "rapids_cmake", where, dict), f"{where}.rapids_cmake", "rapids-cmake"),
+        cpm=_source_archive(_get(t, "cpm", where, dict), f"{where}.cpm", "CPM.cmake"),
+        lock=_relative_file(_get(build, "lock", bw, str), f"{bw}.lock"),
+        requirements=_str_list(build, "requirements", bw),
+        matrix_entry=_get(build, "matrix_entry", bw, str),
+        packages=tuple(packages),
+    )
+
+
+def _image(t: dict, where: str) -> ImageSpec:
+    paths = {}
+    for key in ("ucx_prefix", "venv"):
+        value = _get(t, key, where, str)
+        if not value.startswith("/") or value.endswith("/") or ".." in value.split("/") or " " in value:
+            raise StackError(f"{where}.{key}", f"expected an absolute directory path, got {value!r}")
+        paths[key] = value
+    names = {}
+    for key in ("name", "base_name", "builder_name", "user"):
+        value = _get(t, key, where, str)
+        if not re.match(r"^[a-z][a-z0-9._-]*$", value):
+            raise StackError(f"{where}.{key}", f"expected a lowercase image/user name, got {value!r}")
+        names[key] = value
+    uid = _get(t, "uid", where, int)
+    if not 1000 <= uid < 65534:
+        raise StackError(f"{where}.uid", f"expected a non-system uid in 1000..65533, got {uid}")
+    return ImageSpec(uid=uid, **names, **paths)
+
+
+def _http_url(t: dict, key: str, where: str) -> str:
+    value = _get(t, key, where, str)
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise StackError(f"{where}.{key}", f"expected an http(s) URL, got {value!r}")
+    return value
+
+
+def _debian(t: dict, where: str) -> DebianSpec:
+    return DebianSpec(
+        suite=_get(t, "suite", where, str),
+        mirror=_url(_get(t, "mirror", where, str) + "/x", f"{where}.mirror")[:-2],
+        ucx_build_packages=_str_list(t, "ucx_build_packages", where),
+        base_packages=_str_list(t, "base_packages", where),
+        builder_packages=_str_list(t, "builder_packages", where),
+        image_host_packages=_str_list(t, "image_host_packages", where),
+    )
+
+
+def _sbom(t: dict, where: str) -> SbomSpec:
+    generator = _get(t, "generator", where, str)
+    pinned = _get(t, "generator_version", where, str)
+    if not generator or not pinned:
+        raise StackError(where, "needs generator and generator_version (non-empty strings)")
+    return SbomSpec(generator=generator, generator_version=pinned)
+
+
+def _python(t: dict, where: str) -> PythonSpec:
+    version = _get(t, "version", where, str)
+    if not re.match(r"^3\.\d+$", version):
+        raise StackError(f"{where}.version", f"expected 3.N, got {version!r}")
+    return PythonSpec(version=version, platform=_get(t, "platform", where, str),
+                      lock=_relative_file(_get(t, "lock", where, str), f"{where}.lock"),
+                      requirements=_str_list(t, "requirements", where))
+
+
+def _conda(t: dict, where: str) -> CondaSpec:
+    names = _get(t, "names", where, dict)
+    for k, v in names.items():
+        if not isinstance(v, str):
+            raise StackError(f"{where}.names.{k}", f"expected a string, got {v!r}")
+    cuda_versions = _str_list(t, "cuda_versions", where)
+    for i, v in enumerate(cuda_versions):
+        if not re.match(r"^\d+\.\d+$", v):
+            raise StackError(f"{where}.cuda_versions[{i}]", f"expected MAJOR.MINOR, got {v!r}")
+    glibc = t.get("c_stdlib_version")
+    if not isinstance(glibc, str) or not re.match(r"^2\.\d+$", glibc):
+        raise StackError(f"{where}.c_stdlib_version", f"expected a glibc version 2.MINOR, got {glibc!r}")
+    meta = t.get("metapackage")
+    if not isinstance(meta, list) or not meta or not all(isinstance(n, str) and re.match(r"^[a-z0-9][a-z0-9._-]*$", n)
+                                                         for n in meta):
+        raise StackError(f"{where}.metapackage", f"expected a non-empty list of conda package names, got {meta!r}")
+    about = t.get("about")
+    if not isinstance(about, dict):
+        raise StackError(f"{where}.about", "missing (a table with home, ucx_home, ucx_dev_url, ucxx_home)")
+    return CondaSpec(
+        channels=_str_list(t, "channels", where),
+        cuda_versions=cuda_versions,
+        dev_tools=_str_list(t, "dev_tools", where),
+        cuda_managed=_str_list(t, "cuda_managed", where),
+        names=MappingProxyType(dict(names)),
+        c_stdlib_version=glibc,
+        metapackage=tuple(meta),
+        about=CondaAbout(**{k: _http_url(about, k, f"{where}.about")
+                            for k in ("ucx_home", "ucx_dev_url", "home", "ucxx_home")}),
+    )
+
+
+def parse(data: dict[str, Any], path: Path) -> Stack:
+    w = path.name
+    if _get(data, "schema", w, int) != 1:
+        raise StackError(f"{w}.schema", f"unsupported schema {data['schema']!r} (this tool reads 1)")
+    st = _get(data, "stack", w, dict)
+    ucx = _get(data, "ucx", w, dict)
+    conf = _get(ucx, "configure", f"{w}.ucx", dict)
+    cuda = _get(data, "cuda", w, dict)
+
+    cuda_major = _get(st, "cuda_major", f"{w}.stack", int)
+    if cuda_major not in (12, 13):
+        raise StackError(f"{w}.stack.cuda_major", f"expected 12 or 13, got {cuda_major}")
+    epoch = _get(st, "source_date_epoch", f"{w}.stack", int)
+    if epoch <= 0:
+        raise StackError(f"{w}.stack.source_date_epoch", f"must be a positive Unix time, got {epoch}")
+    source = _get(st, "source", f"{w}.stack", str, required=False) or None
+    sources = _get(data, "sources", w, dict)
+    mirror_dirs = _str_list(sources, "mirror_dirs", f"{w}.sources", required=False)
+    ucx_source = _source_archive(_get(ucx, "source", f"{w}.ucx", dict), f"{w}.ucx.source", "UCX")
+    ucxx = _ucxx(_get(data, "ucxx", w, dict), f"{w}.ucxx")
+    _unique([a.archive for a in (ucx_source, ucxx.source, ucxx.rapids_cmake, ucxx.cpm)], w, "source archive")
+
+    flags = _str_list(conf, "flags", f"{w}.ucx.configure")
+    for i, flag in enumerate(flags):
+        if not flag.startswith("--"):
+            raise StackError(f"{w}.ucx.configure.flags[{i}]", f"expected a --option, got {flag!r}")
+        if flag.split("=", 1)[0] in BUILD_DETECTED_FLAGS:
+            raise StackError(f"{w}.ucx.configure.flags[{i}]",
+                             f"{flag.split('=', 1)[0]} is set by the build from what it detects; remove it here")
+    required_modules = _str_list(conf, "required_modules", f"{w}.ucx.configure")
+    for i, m in enumerate(required_modules):
+        if "/" in m or not m.endswith(".so"):
+            raise StackError(f"{w}.ucx.configure.required_modules[{i}]", f"expected a lib/ucx/*.so name, got {m!r}")
+    return Stack(
+        path=path,
+        name=_get(st, "name", f"{w}.stack", str),
+        version=_version(st, f"{w}.stack"),
+        cuda_major=cuda_major,
+        source_date_epoch=epoch,
+        source=source,
+        mirror_dirs=mirror_dirs,
+        ucx=ucx_source,
+        ucxx=ucxx,
+        configure_flags=flags,
+        required_modules=required_modules,
+        cuda_header_wheels=tuple(_artifact(t, f"{w}.cuda.header_wheels[{i}]")
+                                 for i, t in enumerate(_table_list(cuda, "header_wheels", f"{w}.cuda"))),
+        cuda_link_debs=tuple(_artifact(t, f"{w}.cuda.link_debs[{i}]")
+                             for i, t in enumerate(_table_list(cuda, "link_debs", f"{w}.cuda"))),
+        debian=_debian(_get(data, "debian", w, dict), f"{w}.debian"),
+        image=_image(_get(data, "image", w, dict), f"{w}.image"),
+        sbom=_sbom(_get(data, "sbom", w, dict), f"{w}.sbom"),
+        python=_python(_get(data, "python", w, dict), f"{w}.python"),
+        conda=_conda(_get(data, "conda", w, dict), f"{w}.conda"),
+    )
+
+
+def find_stack_file() -> Path:
+    """$UCX_DASK_GPU_STACK, else the repository's stack.toml (source checkout), else the copy shipped in the package."""
+    env = os.environ.get(STACK_ENV)
+    if env:
+        return Path(env)
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package.parent.parent / "stack.toml", package / "_data" / "stack.toml"):
+        if candidate.is_file():
+            return candidate
+    raise UserError(f"no stack.toml found (set {STACK_ENV}=/path/to/stack.toml)", BAD_STACK)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}", BAD_STACK) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path.name}: not valid TOML: {e}", BAD_STACK) from None
+
+
+def load(path: str | os.PathLike | None = None) -> Stack:
+    path = Path(path) if path is not None else find_stack_file()
+    return parse(_read(path), path.resolve())
+
+
+def value(dotted: str, path: str | os.PathLike | None = None):
+    """One value as written in stack.toml (`ucx.source.version`), for shell scripts; the whole file is validated
+    first, so a script never reads a value from a file the model refuses."""
+    path = Path(path) if path is not None else find_stack_file()
+    cur: Any = _read(path)
+    parse(cur, path.resolve())
+    for part in dotted.split("."):
+        if isinstance(cur, list):
+            if not part.isdigit() or int(part) >= len(cur):
+                raise UserError(f"{dotted!r}: {part!r} is not an index of a {len(cur)}-item list", USAGE)
+            cur = cur[int(part)]
+        elif isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        else:
+            raise UserError(f"no key {dotted!r} in stack.toml", USAGE)
+    return cur

@@ -1,0 +1,339 @@
+"""This machine's topology: GPUs from NVML, affinity from NVML or sysfs (`local_cpulist`, `numa_node` where NVML
+answers Not Supported, as in a Firecracker VM; the source is recorded per GPU), NICs (InfiniBand/RoCE RDMA devices
+and Ethernet interfaces) and the PCIe distance of every GPU to every NIC from the PCI hierarchy (bridges resolved
+through the /sys/bus/pci/devices symlinks). `record_sysfs` writes the part of sysfs read here as a text record that
+`materialize_sysfs` turns back into a tree, so a GPU host's record is a fixture anywhere.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import nvml
+from ..errors import BAD_TOPOLOGY, NO_GPU, SYSFS_UNREADABLE, UserError
+from .model import ARPHRD_INFINIBAND, BDF_RE, PCI_ROOT_RE, GpuInfo, NicInfo, Topology, parse_cpulist
+
+
+# --- sysfs -------------------------------------------------------------------------------------------------------
+
+def sysfs_bdf(bus_id: str) -> str:
+    """NVML's '00000000:18:00.0' -> sysfs '0000:18:00.0'."""
+    dom, _, rest = bus_id.lower().partition(":")
+    return f"{int(dom, 16):04x}:{rest}"
+
+
+@dataclass(frozen=True)
+class PciLocation:
+    root: str                 # host bridge, e.g. "pci0000:00"
+    chain: tuple[str, ...]    # bridges from the root down, then the device itself (BDFs)
+
+    @property
+    def bdf(self) -> str:
+        return self.chain[-1]
+
+    @property
+    def bridges(self) -> tuple[str, ...]:
+        return self.chain[:-1]
+
+
+def _read_optional(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}", SYSFS_UNREADABLE) from None
+
+
+def pci_location(root: Path, link: Path) -> PciLocation | None:
+    """Resolve a sysfs device link (…/device, /sys/bus/pci/devices/X) to its PCI chain.
+
+    Walks up from the resolved directory to the nearest PCI function (a virtio NIC resolves to …/0000:00:03.0/virtio2),
+    then lists the bridges between it and the host bridge. None when the device is not on PCI (virtio-mmio, platform).
+    """
+    devices = (root / "sys" / "devices").resolve()
+    try:
+        real = Path(os.path.realpath(link, strict=True)).resolve()
+    except OSError:
+        return None
+    try:
+        parts = real.relative_to(devices).parts
+    except ValueError:
+        return None
+    if not parts or not PCI_ROOT_RE.match(parts[0]):
+        return None
+    chain: list[str] = []
+    for p in parts[1:]:
+        if BDF_RE.match(p):
+            chain.append(p)
+        else:
+            break
+    if not chain:
+        return None
+    return PciLocation(root=parts[0], chain=tuple(chain))
+
+
+def pci_level(a: PciLocation | None, b: PciLocation | None, numa_a: int | None, numa_b: int | None,
+              single_numa: bool) -> str | None:
+    """nvidia-smi's PCIe connection level between two devices from their PCI chains.
+
+    PIX: at most one switch between them (common bridge, at most one bridge below it on each side);
+    PXB: several bridges below the deepest common one; PHB: same host bridge, no common bridge;
+    NODE: different host bridges in one NUMA node; SYS: across NUMA nodes. None when either is not on PCI.
+    """
+    if a is None or b is None:
+        return None
+    if a.root != b.root:
+        if single_numa or (numa_a is not None and numa_a == numa_b):
+            return "NODE"
+        return "SYS"
+    common = 0
+    for x, y in zip(a.bridges, b.bridges):
+        if x != y:
+            break
+        common += 1
+    if common == 0:
+        return "PHB"
+    hops = (len(a.bridges) - common) + (len(b.bridges) - common)
+    return "PIX" if hops <= 2 else "PXB"
+
+
+def numa_cpus(root: Path) -> dict[int, list[int]]:
+    node_dir = root / "sys" / "devices" / "system" / "node"
+    out: dict[int, list[int]] = {}
+    if not node_dir.is_dir():
+        return out
+    for d in sorted(node_dir.glob("node[0-9]*")):
+        text = _read_optional(d / "cpulist")
+        if text is not None:
+            out[int(d.name[4:])] = parse_cpulist(text)
+    return out
+
+
+def _numa_node(root: Path, loc: PciLocation) -> int | None:
+    text = _read_optional(root / "sys" / "bus" / "pci" / "devices" / loc.bdf / "numa_node")
+    try:
+        node = int(text) if text is not None else -1
+    except ValueError:
+        node = -1
+    return node if node >= 0 else None
+
+
+def discover_nics(root: Path = Path("/")) -> tuple[list[NicInfo], dict[str, PciLocation]]:
+    """RDMA devices from /sys/class/infiniband and NIC interfaces from /sys/class/net (virtual ones skipped)."""
+    root = Path(root)
+    nics: list[NicInfo] = []
+    locs: dict[str, PciLocation] = {}
+    rdma_netdevs: set[str] = set()
+    ib_dir = root / "sys" / "class" / "infiniband"
+    if ib_dir.is_dir():
+        for dev in sorted(ib_dir.iterdir()):
+            loc = pci_location(root, dev / "device")
+            ports = []
+            ports_dir = dev / "ports"
+            if ports_dir.is_dir():
+                for p in sorted(ports_dir.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+                    state = (_read_optional(p / "state") or "").split(":")[-1].strip() or None
+                    ports.append((int(p.name), state, _read_optional(p / "link_layer")))
+            active = [p for p in ports if p[1] == "ACTIVE"]
+            port, state, layer = (active or ports or [(1, None, None)])[0]
+            net_dir = dev / "device" / "net"
+            netdevs = sorted(os.listdir(net_dir)) if net_dir.is_dir() else []
+            rdma_netdevs.update(netdevs)
+            nic = NicInfo(name=dev.name, kind="ib", netdev=netdevs[0] if netdevs else None, rdma_device=dev.name,
+                          port=port, port_state=state, link_layer=layer,
+                          pci_bus_id=loc.bdf if loc else None, numa_node=_numa_node(root, loc) if loc else None)
+            nics.append(nic)
+            if loc:
+                locs[nic.name] = loc
+    net_dir = root / "sys" / "class" / "net"
+    if not net_dir.is_dir():
+        raise UserError(f"cannot read {net_dir}: not a directory (is sysfs mounted?)", SYSFS_UNREADABLE)
+    for nd in sorted(net_dir.iterdir()):
+        if nd.name in rdma_netdevs or not (nd / "device").exists():
+            continue   # IPoIB interface of an RDMA device above, or virtual (lo, bridges, ifb, docker0)
+        loc = pci_location(root, nd / "device")
+        nic = NicInfo(name=nd.name, kind="eth", netdev=nd.name, pci_bus_id=loc.bdf if loc else None,
+                      numa_node=_numa_node(root, loc) if loc else None)
+        if _read_optional(nd / "type") == ARPHRD_INFINIBAND:
+            nic.link_layer = "InfiniBand"   # IPoIB without a visible RDMA device: TCP over it only
+        nics.append(nic)
+        if loc:
+            locs[nic.name] = loc
+    return nics, locs
+
+
+def from_machine(root: str | os.PathLike = "/") -> Topology:
+    """GPUs from NVML, affinity from NVML or sysfs, NICs and PCI distances from sysfs under `root`."""
+    pci_dir = Path(root) / "sys" / "bus" / "pci" / "devices"
+    if not pci_dir.is_dir():
+        raise UserError(f"cannot read {pci_dir}: not a directory (is sysfs mounted?)", SYSFS_UNREADABLE)
+    return assemble(nvml.discover(), root)     # discover() raises NVML_UNAVAILABLE / NO_GPU with one line
+
+
+def assemble(found, root: str | os.PathLike = "/") -> Topology:
+    """Topology from NVML's GPUs (`nvml.Gpu` list) and the sysfs tree under `root` (the machine, or a record)."""
+    root = Path(root)
+    pci_dir = root / "sys" / "bus" / "pci" / "devices"
+    if not pci_dir.is_dir():
+        raise UserError(f"cannot read {pci_dir}: not a directory (is sysfs mounted?)", SYSFS_UNREADABLE)
+    if not found:
+        raise UserError("no GPU: NVML reports 0 devices", NO_GPU)
+    nodes = numa_cpus(root)
+    topo = Topology(source="NVML + sysfs", gpus=[])
+    locs: dict[int, PciLocation] = {}
+    for g in found:
+        info = GpuInfo(index=g.index, pci_bus_id=g.pci_bus_id, name=g.name)
+        bdf = sysfs_bdf(g.pci_bus_id)
+        loc = pci_location(root, pci_dir / bdf)
+        if loc is None:
+            raise UserError(f"GPU {g.index} ({bdf}): no PCI device at {pci_dir / bdf}", SYSFS_UNREADABLE)
+        locs[g.index] = loc
+        dev = pci_dir / bdf
+        if g.cpu_affinity:
+            info.cpus, info.cpus_source = list(g.cpu_affinity), "nvml"
+        else:
+            text = _read_optional(dev / "local_cpulist")
+            if text:
+                info.cpus, info.cpus_source = parse_cpulist(text), "sysfs"
+        if g.numa_nodes:
+            info.numa_nodes, info.numa_source = list(g.numa_nodes), "nvml"
+        else:
+            node = _numa_node(root, loc)
+            if node is not None:
+                info.numa_nodes, info.numa_source = [node], "sysfs"
+            elif info.cpus and nodes:
+                near = [n for n, cpus in nodes.items() if set(info.cpus) & set(cpus)]
+                if near:
+                    info.numa_nodes, info.numa_source = near, "sysfs-cpus"
+        topo.gpus.append(info)
+
+    # NVLink: peers are GPUs, or NVSwitches (then every pair of switch-attached GPUs is connected through them).
+    by_bus = {g.pci_bus_id: g.index for g in found}
+    switch_links = {g.index: sum(c for peer, c in g.nvlink_peers.items() if peer not in by_bus) for g in found}
+    single_numa = len(nodes) <= 1
+
+    def numa(i):
+        ns = topo.gpu(i).numa_nodes
+        return ns[0] if ns and len(ns) == 1 else None
+
+    for a in found:
+        for b in found:
+            if a.index == b.index:
+                continue
+            n = a.nvlink_peers.get(b.pci_bus_id, 0)
+            if not n and switch_links[a.index] and switch_links[b.index]:
+                n = min(switch_links[a.index], switch_links[b.index])
+            topo.gpu_links[(a.index, b.index)] = f"NV{n}" if n else (
+                pci_level(locs[a.index], locs[b.index], numa(a.index), numa(b.index), single_numa) or "SYS")
+    if any(switch_links.values()):
+        topo.notes.append("NVLink through NVSwitch: NV# counts the GPU's links to the switches")
+
+    nics, nic_locs = discover_nics(root)
+    topo.nics = nics
+    for g in topo.gpus:
+        for nic in nics:
+            topo.gpu_nic[(g.index, nic.name)] = pci_level(locs[g.index], nic_locs.get(nic.name), numa(g.index),
+                                                          nic.numa_node, single_numa)
+    for g in topo.gpus:
+        if g.cpus_source == "sysfs":
+            topo.notes.append(f"GPU{g.index}: NVML has no CPU affinity here; cores from sysfs local_cpulist")
+        elif g.cpus is None:
+            topo.notes.append(f"GPU{g.index}: no CPU affinity from NVML or sysfs; worker is not pinned")
+    return topo
+
+
+SYSFS_RECORD_HEADER = "# ucx-dask-gpu sysfs record v1: L path<TAB>link target | D path | F path<TAB>content"
+SYSFS_FILES = ("numa_node", "local_cpulist", "class", "vendor", "device", "type", "state", "link_layer", "cpulist")
+
+
+def record_sysfs(root: str | os.PathLike = "/") -> str:
+    """The part of sysfs that `from_machine` reads, as a text record (symlinks kept as they are).
+
+    `materialize_sysfs()` turns a record back into a tree that `discover_nics` / `pci_location` read like the real
+    thing, so a record taken on a GPU host is a fixture for tests anywhere.
+    """
+    root = Path(root)
+    entries: dict[str, tuple[str, ...]] = {}   # path -> ("D",) | ("L", target) | ("F", content)
+
+    def rel(p: Path) -> str:
+        return str(p.relative_to(root))
+
+    def add_link(src: Path) -> Path:
+        entries[rel(src)] = ("L", os.readlink(src))
+        return Path(os.path.realpath(src))
+
+    def add_dir(d: Path):
+        entries.setdefault(rel(d), ("D",))
+        for name in SYSFS_FILES:
+            f = d / name
+            if f.is_file() and not f.is_symlink():
+                try:
+                    text = f.read_text().strip()
+                except OSError:
+                    continue
+                if "\n" not in text:
+                    entries[rel(f)] = ("F", text)
+
+    def add_chain(real: Path):
+        devices = root / "sys" / "devices"
+        p = real
+        while p != devices and devices in p.parents:
+            add_dir(p)
+            p = p.parent
+
+    for cls in ("net", "infiniband"):
+        d = root / "sys" / "class" / cls
+        if not d.is_dir():
+            continue
+        entries[rel(d)] = ("D",)
+        for entry in sorted(d.iterdir()):
+            real = add_link(entry) if entry.is_symlink() else entry
+            add_dir(real)
+            dev = real / "device"
+            if dev.is_symlink():
+                add_link(dev)
+                target = Path(os.path.realpath(dev))
+                add_chain(target)
+                if (target / "net").is_dir():
+                    for nd in sorted((target / "net").iterdir()):
+                        entries.setdefault(rel(nd), ("D",))
+            if (real / "ports").is_dir():
+                for port in sorted((real / "ports").iterdir()):
+                    add_dir(port)
+    pci = root / "sys" / "bus" / "pci" / "devices"
+    if not pci.is_dir():
+        raise UserError(f"cannot read {pci}: not a directory (is sysfs mounted?)", SYSFS_UNREADABLE)
+    entries[rel(pci)] = ("D",)
+    for entry in sorted(pci.iterdir()):
+        add_chain(add_link(entry) if entry.is_symlink() else entry)
+    nodes = root / "sys" / "devices" / "system" / "node"
+    if nodes.is_dir():
+        for d in sorted(nodes.glob("node[0-9]*")):
+            add_dir(d)
+    lines = [SYSFS_RECORD_HEADER] + ["\t".join((e[0], path) + e[1:]) for path, e in sorted(entries.items())]
+    return "\n".join(lines) + "\n"
+
+
+def materialize_sysfs(record: str, dest: str | os.PathLike) -> Path:
+    """Recreate a `record_sysfs()` record as a directory tree under `dest` (which becomes a sysfs root)."""
+    dest = Path(dest)
+    lines = record.splitlines()
+    if not lines or lines[0] != SYSFS_RECORD_HEADER:
+        raise UserError("not a ucx-dask-gpu sysfs record (first line differs)", BAD_TOPOLOGY)
+    for n, ln in enumerate(lines[1:], 2):
+        parts = ln.split("\t")
+        kind, path = parts[0], parts[1] if len(parts) > 1 else ""
+        if not path or path.startswith("/") or ".." in Path(path).parts or kind not in ("L", "D", "F") \
+                or (kind in ("L", "F") and len(parts) != 3):
+            raise UserError(f"sysfs record line {n}: cannot read {ln!r}", BAD_TOPOLOGY)
+        p = dest / path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "D":
+            p.mkdir(exist_ok=True)
+        elif kind == "L":
+            os.symlink(parts[2], p)
+        else:
+            p.write_text(parts[2] + "\n")
+    return dest

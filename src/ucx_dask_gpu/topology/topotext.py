@@ -1,0 +1,182 @@
+"""`nvidia-smi topo -m` text -> Topology: for hosts without NVML access, plans for another host, and tests."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from ..errors import BAD_TOPOLOGY, NO_GPU, UserError
+from .model import (ANSI_RE, IPOIB_NAME_RE, LEVEL_ALIASES, NV_RE, PCI_LEVELS, RDMA_NAME_RE, TRAILING_COLUMNS, GpuInfo,
+                    NicInfo, Topology, parse_cpulist)
+
+
+# --- nvidia-smi topo -m text -------------------------------------------------------------------------------------
+
+def _norm_level(cell: str) -> str | None:
+    cell = LEVEL_ALIASES.get(cell, cell)
+    if cell == "X" or cell in PCI_LEVELS or NV_RE.match(cell):
+        return cell
+    return None
+
+
+def _classify_nic(name: str) -> NicInfo:
+    if RDMA_NAME_RE.match(name):
+        return NicInfo(name=name, kind="ib", rdma_device=name)
+    if IPOIB_NAME_RE.match(name):
+        return NicInfo(name=name, kind="ib", netdev=name)
+    return NicInfo(name=name, kind="eth", netdev=name)
+
+
+def _split_header(line: str) -> list[str]:
+    if "\t" in line:
+        return [c.strip() for c in line.split("\t")][1:]
+    return [c for c in re.split(r"\s{2,}", line.strip()) if c]
+
+
+def _split_row(line: str, ndev: int) -> tuple[str, list[str], list[str]]:
+    """(label, device cells, trailing cells)."""
+    if "\t" in line:
+        cells = [c.strip() for c in line.split("\t")]
+        return cells[0], cells[1:1 + ndev], cells[1 + ndev:]
+    toks = line.split()
+    return toks[0], toks[1:1 + ndev], toks[1 + ndev:]
+
+
+def parse_topo_text(text: str, source: str = "nvidia-smi topo -m") -> Topology:
+    """Parse `nvidia-smi topo -m` output (tab-separated as printed, or space-aligned as pasted).
+
+    Handles the GPU x GPU matrix (X, NV#, PIX, PXB, PHB, NODE, SYS; SOC from old drivers), NIC columns and rows
+    (mlx5_N / ibN / NICn with the "NIC Legend" block), the CPU Affinity / NUMA Affinity / GPU NUMA ID columns, a
+    separate "CPU Affinity" block (as some listings print it), and ANSI escapes in the header.
+    Raises UserError(BAD_TOPOLOGY) naming the line for anything it cannot read, UserError(NO_GPU) when no GPU row.
+    """
+    def bad(msg: str):
+        return UserError(f"{source}: {msg}", BAD_TOPOLOGY)
+
+    lines = [ANSI_RE.sub("", ln).rstrip("\r\n") for ln in text.splitlines()]
+    # The matrix (and, in some listings, a separate CPU Affinity block) comes first; "Legend:" and
+    # "NIC Legend:" (NIC0: mlx5_0, ...) close the listing.
+    legend: dict[str, str] = {}
+    body: list[str] = []
+    in_legend = False
+    for ln in lines:
+        s = ln.strip()
+        if s in ("Legend:", "NIC Legend:"):
+            in_legend = True
+        elif in_legend:
+            m = re.match(r"^(NIC\d+):\s*(\S+)$", s)
+            if m:
+                legend[m.group(1)] = m.group(2)
+        elif not (s.startswith("$") or "nvidia-smi" in s):   # the command line / prompt in pasted listings
+            body.append(ln)
+
+    # Blocks separated by blank lines; each starts with a header line (first cell empty, i.e. indented).
+    blocks: list[list[str]] = []
+    cur: list[str] = []
+    for ln in body + [""]:
+        if ln.strip():
+            cur.append(ln)
+        elif cur:
+            blocks.append(cur)
+            cur = []
+    if not blocks:
+        raise UserError(f"{source}: no topology matrix found", BAD_TOPOLOGY)
+
+    devices: list[str] | None = None
+    matrix: dict[str, dict[str, str]] = {}
+    trailing: dict[str, dict[str, str]] = {}
+    for block in blocks:
+        header_line = block[0]
+        if not header_line[:1].isspace():
+            raise bad(f"expected a header line (starting with a tab or spaces), got {header_line.strip()!r}")
+        header = _split_header(header_line)
+        if not header:
+            raise bad("empty header line")
+        devcols = [h for h in header if h not in TRAILING_COLUMNS]
+        trailcols = [h for h in header if h in TRAILING_COLUMNS]
+        if header[:len(devcols)] != devcols:
+            raise bad(f"device columns must come before {', '.join(trailcols)}: {header}")
+        if devcols:
+            if devices is not None:
+                raise bad("two device matrices in one listing")
+            devices = devcols
+        for row in block[1:]:
+            label, cells, trail = _split_row(row, len(devcols))
+            if len(cells) != len(devcols):
+                raise bad(f"row {label!r} has {len(cells)} matrix cells, the header names {len(devcols)}")
+            if devcols:
+                if label not in devcols:
+                    raise bad(f"row {label!r} is not one of the columns {devcols}")
+                levels = {}
+                for col, cell in zip(devcols, cells):
+                    lvl = _norm_level(cell)
+                    if lvl is None:
+                        raise bad(f"row {label!r}, column {col!r}: unknown connection {cell!r}")
+                    if (lvl == "X") != (col == label):
+                        raise bad(f"row {label!r}, column {col!r}: {cell!r} (X belongs on the diagonal only)")
+                    levels[col] = lvl
+                matrix[label] = levels
+            # nvidia-smi prints an extra tab after the NUMA Affinity value: drop surplus empty cells.
+            while len(trail) > len(trailcols) and "" in trail[1:]:
+                trail.pop(trail.index("", 1))
+            if len(trail) > len(trailcols):
+                raise bad(f"row {label!r} has {len(trail)} cells after the matrix, the header names {trailcols}")
+            trailing.setdefault(label, {}).update(
+                {col: val for col, val in zip(trailcols, trail) if val and val != "N/A"})
+
+    if devices is None:
+        raise bad("no device columns (GPU0, GPU1, ...) in the header")
+    gpu_labels = [d for d in devices if re.fullmatch(r"GPU\d+", d)]
+    if not gpu_labels:
+        raise UserError(f"{source}: no GPU in the topology (columns: {', '.join(devices)})", NO_GPU)
+    missing = [d for d in devices if d not in matrix]
+    if missing:
+        raise bad(f"no row for {', '.join(missing)}")
+    for a in gpu_labels:
+        for b in gpu_labels:
+            if matrix[a][b] != matrix[b][a]:
+                raise bad(f"{a}->{b} is {matrix[a][b]} but {b}->{a} is {matrix[b][a]}")
+    unknown_trailing = [lbl for lbl in trailing if lbl not in devices]
+    if unknown_trailing:
+        raise bad(f"affinity rows for unknown devices {unknown_trailing}")
+
+    topo = Topology(source=source, gpus=[])
+    for lbl in gpu_labels:
+        idx = int(lbl[3:])
+        t = trailing.get(lbl, {})
+        g = GpuInfo(index=idx)
+        try:
+            if "CPU Affinity" in t:
+                g.cpus, g.cpus_source = parse_cpulist(t["CPU Affinity"]), "topo-text"
+            if "NUMA Affinity" in t:
+                g.numa_nodes, g.numa_source = parse_cpulist(t["NUMA Affinity"]), "topo-text"
+        except ValueError as e:
+            raise bad(f"row {lbl!r}: {e}") from None
+        topo.gpus.append(g)
+    for a in gpu_labels:
+        for b in gpu_labels:
+            if a != b:
+                topo.gpu_links[(int(a[3:]), int(b[3:]))] = matrix[a][b]
+    for col in devices:
+        if col in gpu_labels:
+            continue
+        name = legend.get(col, col)
+        nic = _classify_nic(name)
+        if nic.kind == "ib" and nic.rdma_device:
+            nic.port = 1
+        topo.nics.append(nic)
+        for lbl in gpu_labels:
+            topo.gpu_nic[(int(lbl[3:]), name)] = matrix[lbl][col]
+    if any(n.rdma_device for n in topo.nics):
+        topo.notes.append("RDMA port 1 assumed (topo -m text does not name ports)")
+    return topo
+
+
+def read_topo_file(path: str) -> Topology:
+    if path == "-":
+        return parse_topo_text(sys.stdin.read(), source="nvidia-smi topo -m (stdin)")
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}", BAD_TOPOLOGY) from None
+    return parse_topo_text(text, source=f"nvidia-smi topo -m text {path}")

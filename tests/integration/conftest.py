@@ -1,0 +1,115 @@
+"""Fixtures of the integration tests: the shipped dask config, and real `dask scheduler` / `dask worker` processes,
+each with its own environment.
+
+Every process gets an isolated dask config: DASK_ROOT_CONFIG points at an empty directory (so a host-wide /etc/dask
+cannot leak in) and DASK_CONFIG at the config under test (usually the shipped one, installed by the test).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ucx_dask_gpu.gate import daskconfig, identity
+
+
+def env_for(tmp: Path, config_dir: Path | None, stack_id: str | None = None,
+            extra_path: Path | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_") and k != identity.STACK_ID_ENV}
+    empty = tmp / "empty-dask-config"
+    empty.mkdir(exist_ok=True)
+    env["DASK_ROOT_CONFIG"] = str(empty)
+    env["DASK_CONFIG"] = str(config_dir or empty)
+    if stack_id is not None:
+        env[identity.STACK_ID_ENV] = stack_id
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH")]))
+    return env
+
+
+def fake_distribution(where: Path, name: str = "guard-probe", version: str = "9.9") -> Path:
+    """A real extra installed distribution (a .dist-info on sys.path): the environments then truly differ."""
+    info = where / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return where
+
+
+class Proc:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path):
+        self.log = log
+        self._fh = open(log, "wb")
+        self.popen = subprocess.Popen(args, env=env, stdout=self._fh, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.popen.wait(timeout)
+        finally:
+            self._fh.flush()
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+        self._fh.close()
+
+
+def start_scheduler(tmp: Path, env: dict[str, str], name: str = "scheduler", protocol: str = "tcp",
+                    timeout: float = 90) -> tuple[Proc, str]:
+    sched_file = tmp / f"{name}.json"
+    proc = Proc([sys.executable, "-m", "dask", "scheduler", "--protocol", protocol, "--host", "127.0.0.1",
+                 "--port", "0", "--dashboard-address", ":0", "--scheduler-file", str(sched_file)],
+                env, tmp / f"{name}.log")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"scheduler exited early:\n{proc.text()[-3000:]}")
+        try:
+            return proc, json.loads(sched_file.read_text())["address"]
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.2)
+    proc.stop()
+    raise RuntimeError(f"scheduler did not start in {timeout} s:\n{proc.text()[-3000:]}")
+
+
+def start_worker(tmp: Path, env: dict[str, str], address: str, name: str, nanny: bool = True,
+                 extra_args: tuple[str, ...] = ()) -> Proc:
+    args = [sys.executable, "-m", "dask", "worker", address, "--name", name, "--nthreads", "1",
+            "--dashboard-address", ":0", "--local-directory", str(tmp / f"{name}-space"), *extra_args]
+    if not nanny:
+        args.append("--no-nanny")
+    return Proc(args, env, tmp / f"{name}.log")
+
+
+def run_python(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def procs() -> SimpleNamespace:
+    """env_for, fake_distribution, start_scheduler, start_worker, run_python: see each one's docstring."""
+    return SimpleNamespace(env_for=env_for, fake_distribution=fake_distribution, start_scheduler=start_scheduler,
+                           start_worker=start_worker, run_python=run_python)
+
+
+@pytest.fixture(scope="module")
+def shipped_config(tmp_path_factory) -> Path:
+    """The dask config the image ships (CPU transports), installed into a directory of its own."""
+    d = tmp_path_factory.mktemp("dask-config")
+    daskconfig.install(d, "cpu")
+    return d

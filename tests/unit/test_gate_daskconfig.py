@@ -1,0 +1,80 @@
+"""The shipped dask config: it installs all-or-nothing, every key is one dask/distributed-ucxx really reads, and the
+transports translate to the UCX_TLS we mean (through distributed-ucxx's own translation)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import dask
+import pytest
+
+from ucx_dask_gpu.gate import daskconfig
+from ucx_dask_gpu.errors import CONFIG_DEST, UserError
+
+
+def _flat(d, prefix=""):
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict) and v:
+            yield from _flat(v, key)
+        else:
+            yield key, v
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_install_writes_both_files_with_guard_preloads(tmp_path, kind):
+    written = daskconfig.install(tmp_path, kind)
+    assert sorted(p.name for p in written) == sorted([daskconfig.COMMON, daskconfig.INSTALLED_TRANSPORTS])
+    cfg = daskconfig.load_installed(tmp_path)
+    for role in ("scheduler", "worker", "client"):
+        assert cfg["distributed"][role]["preload"] == ["ucx_dask_gpu.gate.guard"]
+    assert cfg["distributed-ucxx"]["nvlink"] is (kind == "gpu")
+
+
+def test_every_key_is_known_to_dask_or_distributed_ucxx(tmp_path):
+    import distributed  # noqa: F401  (loads distributed's defaults into dask.config)
+    from distributed_ucxx.config import _load_default_config
+
+    daskconfig.install(tmp_path, "gpu")
+    ours = daskconfig.load_installed(tmp_path)
+    defaults = dask.config.merge(dask.config.config, _load_default_config())
+    known = dict(_flat(defaults))
+    for key, _ in _flat(ours):
+        # Free-form mappings (UCX environment) have no defaults to compare against.
+        if key.startswith("distributed-ucxx.environment."):
+            continue
+        assert key in known, f"{key} is not a dask/distributed-ucxx setting (typo?)"
+
+
+@pytest.mark.parametrize("kind,tls", [("cpu", "tcp"), ("gpu", "tcp,cuda_copy,cuda_ipc")])
+def test_transports_become_the_intended_ucx_tls(tmp_path, kind, tls):
+    from distributed_ucxx.ucxx import _prepare_ucx_config
+
+    daskconfig.install(tmp_path, kind)
+    with dask.config.set(daskconfig.load_installed(tmp_path)):
+        options, _ = _prepare_ucx_config()
+    assert options["TLS"] == tls
+
+
+def test_install_onto_a_file_fails_and_writes_nothing(tmp_path):
+    target = tmp_path / "not-a-dir"
+    target.write_text("x")
+    with pytest.raises(UserError) as err:
+        daskconfig.install(target, "cpu")
+    assert err.value.exit_code == CONFIG_DEST
+    assert target.read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["not-a-dir"]
+
+
+def test_cli_bad_dest_is_one_line_and_its_own_exit_code(tmp_path):
+    target = tmp_path / "f"
+    target.write_text("")
+    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "config", "install", "--dest", str(target),
+                           "--transports", "cpu"], capture_output=True, text=True)
+    assert proc.returncode == CONFIG_DEST
+    assert len(proc.stderr.strip().splitlines()) == 1 and str(target) in proc.stderr
+
+
+def test_unknown_transports_is_a_usage_error():
+    with pytest.raises(UserError) as err:
+        daskconfig.render("infiniband")
+    assert err.value.exit_code == 2

@@ -1,0 +1,93 @@
+"""Workload pieces that need no cluster: the client-side answers, the projecting reader, argument checks."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ucx_dask_gpu.proof import from_map, transpose
+from ucx_dask_gpu.gate import identity
+from ucx_dask_gpu.errors import DATA_INVALID, SCHEDULER_UNREACHABLE, USAGE, UserError
+
+
+@pytest.mark.parametrize("size,chunk", [(10, 3), (9, 9), (7, 2)])
+def test_transpose_expected_is_the_numpy_answer(size, chunk):
+    # Assemble x from its blocks and let numpy do the whole expression.
+    sizes = transpose._chunk_sizes(size, chunk)
+    x = np.block([[transpose._random_block(5, i, j, (ri, rj)) for j, rj in enumerate(sizes)]
+                  for i, ri in enumerate(sizes)])
+    assert x.shape == (size, size)
+    assert transpose.transpose_expected(size, chunk, 5) == pytest.approx(float((x + x.T).sum()), rel=1e-12)
+
+
+def test_compare_versions_reports_each_differing_package():
+    same = {"packages": {"python": "3.11.7", "dask": "2026.7.1", "numpy": "2.4.6"}}
+    other = {"packages": {"python": "3.11.7", "dask": "2026.7.1", "numpy": "2.3.0"}}
+    assert identity.compare_versions({"client": same, "scheduler": same, "workers": {"w1": same}}) == \
+        {"identical": True, "differences": []}
+    out = identity.compare_versions({"client": same, "scheduler": same, "workers": {"w1": same, "w2": other}})
+    assert out["identical"] is False
+    assert out["differences"] == [{"package": "numpy", "client": "2.4.6", "scheduler": "2.4.6",
+                                   "workers": {"w1": "2.4.6", "w2": "2.3.0"}}]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "feather"])
+def test_reader_reads_only_the_projected_columns(tmp_path, fmt):
+    paths, columns = from_map.prepare_dataset(tmp_path, fmt, files=2, rows=100, columns=["b", "d"])
+    full = from_map.dataset_table(1, 100, 0)
+    reader = from_map.ArrowFileReader(fmt, full.column_names, "t").project_columns(columns)
+    assert reader.columns == ["b", "d"]
+    part = reader(str(paths[1]), columns=columns)
+    assert list(part.columns) == ["b", "d"]
+    assert part["b"].sum() == full.column("b").to_numpy().sum()
+
+
+def test_dask_pushes_the_selection_into_the_reader(tmp_path):
+    import dask.dataframe as dd
+
+    paths, _ = from_map.prepare_dataset(tmp_path, "parquet", files=2, rows=10)
+    template = from_map.dataset_table(0, 1, 0)
+    reader = from_map.ArrowFileReader("parquet", template.column_names, "t")
+    df = dd.from_map(reader, [str(p) for p in paths], meta=from_map._meta(template), enforce_metadata=False)
+    assert sorted(from_map._find_projection(df[["d", "a"]].sum())) == ["a", "d"]
+    assert from_map._find_projection(df.sum(numeric_only=True)) is None
+
+
+@pytest.mark.parametrize("kwargs,code", [
+    ({"columns": ["c"]}, USAGE),            # the string column has no sum to check
+    ({"columns": ["a", "a"]}, USAGE),
+    ({"files": 0}, USAGE),
+    ({"fmt": "csv"}, USAGE),
+    ({"write": False}, DATA_INVALID),       # empty directory
+])
+def test_prepare_dataset_rejects_bad_input(tmp_path, kwargs, code):
+    with pytest.raises(UserError) as err:
+        from_map.prepare_dataset(tmp_path / "data", **kwargs)
+    assert err.value.exit_code == code
+
+
+def test_prepare_dataset_rejects_foreign_files(tmp_path):
+    (tmp_path / "part-00000.parquet").write_bytes(b"not parquet")
+    with pytest.raises(UserError) as err:
+        from_map.prepare_dataset(tmp_path, write=False)
+    assert err.value.exit_code == DATA_INVALID
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "workload", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_bad_columns_fail_before_any_cluster_starts(tmp_path):
+    proc = _cli("from-map", str(tmp_path), "--columns", "c")
+    assert proc.returncode == USAGE
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "--columns" in proc.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_cli_unreachable_scheduler_has_its_own_exit_code():
+    proc = _cli("transpose", "--scheduler", "tcp://127.0.0.1:9", "--timeout", "1")
+    assert proc.returncode == SCHEDULER_UNREACHABLE
+    assert len(proc.stderr.strip().splitlines()) == 1 and "tcp://127.0.0.1:9" in proc.stderr
