@@ -16,12 +16,13 @@ from ..oci.layer import normalise_rootfs_tar
 from ..stack import load
 from ..stack.lock import canonical, load_lock
 from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO
-from . import check, normalise
+from . import check, compose, normalise
 from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
-from .cluster import remove_all_clusters
+from .cluster import Cluster, remove_all_clusters
 from .demo import demo_ok, render_demo, run_demo
 from .docker import docker, engine_version, ensure_engine
+from .gpuhost import parse_gpus
 from .paths import CACHE_ENV, default_cache, default_ucxx_wheels, image_ref
 from .wheelhouse import build_own_wheel, ensure_wheelhouse
 
@@ -79,10 +80,33 @@ def _cmd_build(args) -> int:
     return 0
 
 
+def _host_settings(args) -> dict:
+    """--gpus / --infiniband / --cma as Cluster keyword arguments (GPU mode when --gpus is given)."""
+    if not args.gpus:
+        if args.infiniband or args.cma:
+            raise UserError("--infiniband and --cma are GPU-host settings: give --gpus too", USAGE)
+        return {}
+    try:
+        gpus = parse_gpus(args.gpus)
+    except ValueError as e:
+        raise UserError(str(e), USAGE) from None
+    return {"gpu": True, "gpus": tuple(gpus), "infiniband": args.infiniband, "cma": args.cma}
+
+
+def _add_host_settings(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", metavar="N,M,...",
+                   help="GPU host: one dask cuda worker per listed GPU (--gpus device=N), all sharing one IPC and "
+                        "PID namespace so cuda_ipc works between them")
+    p.add_argument("--infiniband", action="store_true",
+                   help="GPU workers get /dev/infiniband, IPC_LOCK and unlimited memlock (InfiniBand hosts)")
+    p.add_argument("--cma", action="store_true", help="GPU workers get SYS_PTRACE (UCX's cma between them)")
+
+
 def _cmd_demo(args) -> int:
     st = _stack(args)
+    host = _host_settings(args)
     engine_version()
-    rows = run_demo(args.image or image_ref(st), args.protocol or ["ucx", "tcp"], args.workers)
+    rows = run_demo(args.image or image_ref(st), args.protocol or ["ucx", "tcp"], args.workers, **host)
     print(render_demo(rows))
     for r in rows:
         if r["logs"]:
@@ -90,6 +114,30 @@ def _cmd_demo(args) -> int:
     if args.json:
         atomic_write_text(args.json, json.dumps(rows, indent=2, sort_keys=True) + "\n")
     return 0 if demo_ok(rows) else VERDICT_FAILED
+
+
+def _cmd_compose(args) -> int:
+    st = _stack(args)
+    host = _host_settings(args)
+    cluster = Cluster(args.image or image_ref(st), protocol=args.protocol, n_workers=args.workers, **host)
+    words = [f"--protocol {args.protocol}"] + ([f"--gpus {args.gpus}"] if args.gpus else [f"--workers {args.workers}"])
+    words += [w for w, on in (("--infiniband", args.infiniband), ("--cma", args.cma)) if on]
+    text = compose.render(cluster, " ".join(words))
+    if args.check:
+        try:
+            current = Path(args.check).read_text()
+        except OSError as e:
+            raise UserError(f"cannot read {args.check}: {e.strerror}", USAGE) from None
+        if current != text:
+            raise UserError(f"{args.check} is not what `ucx-dask-gpu image compose {' '.join(words)}` writes: "
+                            "regenerate it", VERDICT_FAILED)
+        print(f"{args.check}: up to date")
+    elif args.output:
+        atomic_write_text(args.output, text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _cmd_remove_clusters(args) -> int:
@@ -143,7 +191,17 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
                    help="protocol(s) to run (default: ucx and tcp)")
     d.add_argument("--workers", type=int, default=2)
     d.add_argument("--json", metavar="FILE", help="also write the full results to FILE")
+    _add_host_settings(d)
     d.set_defaults(func=_cmd_demo)
+
+    c = s.add_parser("compose", help="the same cluster as a compose file for one host (scheduler, workers, client)")
+    c.add_argument("--image", help="image to run (default: [image].name:[stack].version)")
+    c.add_argument("--protocol", choices=["ucx", "tcp"], default="ucx")
+    c.add_argument("--workers", type=int, default=2, help="CPU workers (without --gpus)")
+    _add_host_settings(c)
+    c.add_argument("-o", "--output", metavar="FILE", help="write the compose file here (default: stdout)")
+    c.add_argument("--check", metavar="FILE", help="exit 1 unless FILE is exactly what this would write")
+    c.set_defaults(func=_cmd_compose)
 
     r = s.add_parser("remove-clusters", help="remove every container/volume/network left by clusters of ours "
                                             "(after an interrupted run; also ends running ones)")
