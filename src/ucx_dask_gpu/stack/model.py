@@ -5,7 +5,7 @@ whole file at once: a typo fails here, with one line naming the key, and nothing
 
 The [stack], [sources], [ucx] and [cuda] tables are fields of `Stack` itself (what the UCX build reads: `st.ucx` is
 the UCX source archive); every other table is one frozen section: `st.ucxx`, `st.debian`, `st.image`, `st.sbom`,
-`st.python`, `st.conda`.
+`st.python`, `st.conda`, `st.test_tools`.
 """
 from __future__ import annotations
 
@@ -132,6 +132,14 @@ class PythonSpec:
 
 
 @dataclass(frozen=True)
+class TestToolsSpec:
+    """[test_tools]: launchers the tests generate commands with (not in the image), and their hash-pinned lock."""
+
+    lock: Path
+    requirements: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class CondaAbout:
     """[conda.about]: the recipes' homepage and repository URLs."""
 
@@ -175,6 +183,7 @@ class Stack:
     sbom: SbomSpec
     python: PythonSpec
     conda: CondaSpec
+    test_tools: TestToolsSpec
 
     @property
     def root(self) -> Path:
@@ -398,6 +407,14 @@ def _python(t: dict, where: str) -> PythonSpec:
                       requirements=_str_list(t, "requirements", where))
 
 
+def _test_tools(t: dict, where: str) -> TestToolsSpec:
+    reqs = _str_list(t, "requirements", where)
+    for i, r in enumerate(reqs):
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][0-9A-Za-z.+-]*$", r):
+            raise StackError(f"{where}.requirements[{i}]", f"expected NAME==VERSION (pinned), got {r!r}")
+    return TestToolsSpec(lock=_relative_file(_get(t, "lock", where, str), f"{where}.lock"), requirements=reqs)
+
+
 def _conda(t: dict, where: str) -> CondaSpec:
     names = _get(t, "names", where, dict)
     for k, v in names.items():
@@ -484,6 +501,7 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
         sbom=_sbom(_get(data, "sbom", w, dict), f"{w}.sbom"),
         python=_python(_get(data, "python", w, dict), f"{w}.python"),
         conda=_conda(_get(data, "conda", w, dict), f"{w}.conda"),
+        test_tools=_test_tools(_get(data, "test_tools", w, dict), f"{w}.test_tools"),
     )
 
 
