@@ -16,21 +16,11 @@ import pytest
 
 from ucx_dask_gpu.image.cluster import Cluster, has_traceback, parse_json_output
 from ucx_dask_gpu.image.paths import base_ref
-from ucx_dask_gpu.image.docker import container_logs, container_state, docker_bin, ensure_engine, wait_until
+from ucx_dask_gpu.image.docker import container_logs, container_state, docker_bin, wait_until
 from ucx_dask_gpu.errors import ENV_MISMATCH, SCHEDULER_UNREACHABLE, UNKNOWN_ROLE
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def engine():
-    return ensure_engine(allow_start=True)
-
-
-@pytest.fixture(scope="session")
-def image(engine, st, build_image) -> dict:
-    return build_image()
 
 
 @pytest.fixture(scope="session")
