@@ -66,7 +66,8 @@ def _cmd_build(args) -> int:
     st = _stack(args)
     ucxx = Path(args.ucxx_wheels) if args.ucxx_wheels else default_ucxx_wheels()
     result = build_image(st, _cache(args), ucxx, tag=args.tag, extra_wheels=[Path(w) for w in args.extra_wheel],
-                         base_from=args.base_from, normalise=not args.no_normalise)
+                         base_from=args.base_from, normalise=not args.no_normalise,
+                         own_wheel=Path(args.own_wheel) if args.own_wheel else None)
     if args.json:
         print(json.dumps(result.__dict__, indent=2, sort_keys=True))
     else:
@@ -124,8 +125,11 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     bd = s.add_parser("build", help="fetch + verify every input, then docker build --network none")
     bd.add_argument("--tag", help="image tag (default: [image].name:[stack].version)")
     bd.add_argument("--extra-wheel", action="append", default=[], metavar="WHL",
-                    help="install this wheel on top of the lock (a deliberately different image: its stack id "
-                         "differs); repeatable")
+                    help="install this wheel on top of the lock; repeatable (the stack id changes only when it is "
+                         "a distribution of the environment contract: `ucx-dask-gpu guard show`)")
+    bd.add_argument("--own-wheel", metavar="WHL",
+                    help="install this ucx-dask-gpu wheel instead of one built from the checkout (a patched build "
+                         "under another version: another stack id)")
     bd.add_argument("--base-from", metavar="IMAGE",
                     help="derive both bases from this registry image with apt (e.g. "
                          "debian:SUITE-slim@sha256:...) instead of debootstrap")
