@@ -75,9 +75,10 @@ def _ucx_client(Client, addr, timeout: float):
     try:
         return Client(str(addr), timeout=max(timeout - diagnosis, 1))
     except (OSError, TimeoutError) as e:
+        failed = str(e) or type(e).__name__
         kind, what = what_answers(addr, max(timeout - (time.monotonic() - start), 1))
         said = f"{what} within {time.monotonic() - start:.0f} s" if kind == "silent" else what
-        raise UserError(f"no Dask scheduler over UCX at {addr}: {said} ({type(e).__name__}: {e})",
+        raise UserError(f"no Dask scheduler over UCX at {addr}: {failed}; on that port, {said}",
                         NOT_A_SCHEDULER) from None
 
 
