@@ -13,7 +13,8 @@ Order (each step fails with one line and its own exit code, before anything late
    environment contract (gate/identity.py), predicted here from the lock, the UCXX wheels and our own wheel; the
    image computes it from what it really installed (`ucx-dask-gpu guard id`, its stack-id file), and the two must be
    the same;
-8. the normalisation (normalise.py): the image becomes reproducible and carries its SBOM.
+8. the normalisation (normalise.py): the image becomes reproducible and carries its SBOM;
+9. the images earlier builds of this tag made and this one no longer uses are removed (leftovers.py).
 
 The classic builder (DOCKER_BUILDKIT=0) is used on purpose: it is what Debian's docker.io 20.10 ships, it honours
 `--network none` for every RUN, and the reproducible-image work builds on its layer format.
@@ -38,7 +39,7 @@ from ..stack import STACK_ID_FILE, Stack
 from ..stack.lock import canonical, load_lock
 from ..ucx.install import BUILD_INFO
 from ..ucxbuild.ucxx import UCXX_BUILD_INFO, ucx_identity
-from . import bases, wheelhouse
+from . import bases, leftovers, wheelhouse
 from .docker import docker, docker_bin, engine_version, human_size, image_inspect
 from .labels import build_labels
 from .normalise import finish_build
@@ -441,11 +442,17 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
         raise UserError(f"{tag}: the image computed stack id {inside} from what it installed, the build predicted "
                         f"{stack_id} from the lock and the wheels: an installed version is not the one given (run "
                         f"`docker run --rm {tag} ucx-dask-gpu guard show`)", BUILD_FAILED)
+    made = [i for log in ("docker-build-ucx.log", "docker-build.log")
+            for i in leftovers.step_ids((work / "logs" / log).read_text(errors="replace"))]
     if normalise:
         # Reproducible image + SBOM: sorted/clamped layers, config at SOURCE_DATE_EPOCH, SBOM layer; image.json,
         # layers.json and sbom.cdx.json land in <cache>/image/<tag>/repro (README "Reproducible image and SBOM").
         norm = step("normalise", finish_build, st, tag, cache, extra_wheels + ([own_wheel] if own_wheel else []))
         say(f"normalised {tag}: {norm.image_id} (docker build gave {norm.source_image_id[:19]})")
+        made.append(norm.image_id)
+    pruned = leftovers.record_and_prune(work, [tag, stage_tag], made)
+    if pruned:
+        say(f"removed {pruned} image(s) that earlier builds of {tag} made and this one no longer uses")
     timings["total"] = round(time.monotonic() - t_start, 1)
     meta = image_inspect(tag) or {}
     result = BuildResult(tag=tag, image_id=meta.get("Id", "?"), size=int(meta.get("Size", 0)), stack_id=stack_id,

@@ -16,7 +16,7 @@ from ..oci.layer import normalise_rootfs_tar
 from ..stack import load
 from ..stack.lock import canonical, load_lock
 from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO
-from . import check, normalise
+from . import check, leftovers, normalise
 from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
 from .cluster import remove_all_clusters
@@ -93,6 +93,14 @@ def _cmd_demo(args) -> int:
     return 0 if demo_ok(rows) else VERDICT_FAILED
 
 
+def _cmd_clean(args) -> int:
+    engine_version()
+    removed, tags = leftovers.clean(_cache(args))
+    print(f"removed {removed} image(s) recorded by this checkout's builds" + (f", tags {' '.join(tags)}" if tags else
+                                                                            ""))
+    return 0
+
+
 def _cmd_remove_clusters(args) -> int:
     engine_version()
     print(f"removed {remove_all_clusters()} container(s)/volume(s)/network(s) of ucx-dask-gpu clusters")
@@ -148,6 +156,10 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--workers", type=int, default=2)
     d.add_argument("--json", metavar="FILE", help="also write the full results to FILE")
     d.set_defaults(func=_cmd_demo)
+
+    c = s.add_parser("clean", help="remove the images this checkout's builds made (recorded in the build cache: "
+                                   "every step's image, the normalised images, their tags); the next build is cold")
+    c.set_defaults(func=_cmd_clean)
 
     r = s.add_parser("remove-clusters", help="remove every container/volume/network left by clusters of ours "
                                             "(after an interrupted run; also ends running ones)")
