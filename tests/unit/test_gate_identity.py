@@ -141,3 +141,32 @@ def test_preload_names_are_the_modules_dask_loads():
     assert daskconfig.QUIET_CLOSE == quietclose.__name__
     installed = daskconfig.render("cpu")[daskconfig.COMMON]
     assert installed.count(f"preload: [{identity.GUARD}]") == 4
+
+
+def test_versions_compare_as_pep440_releases():
+    assert identity.normal_version("0.51.01") == identity.normal_version("0.51.1") == "0.51.1"
+    assert identity.normal_version("2026.07.1") == "2026.7.1"
+    assert identity.normal_version("3.1.3.post1") == "3.1.3.post1"
+    assert identity.normal_version("1.0+local") == "1.0+local"
+
+
+def test_our_conda_metapackage_pins_give_the_locks_stack_id(st):
+    """`conda install -c ourchannel ucx-dask-gpu`: its run requirements (the recipe's generated pins) install the
+    contract at the lock's versions, so that environment has the stack id of the venv and the image; a channel
+    that pinned one of them differently would give another id, and the refusal names it."""
+    from ucx_dask_gpu.conda.settings import context_key, context_values
+
+    pins = context_values(st, st.name)
+    to_pypi = {conda: pypi for pypi, conda in st.conda.names.items() if conda}
+    conda_env = {to_pypi.get(name, name): pins[context_key(name)] for name in st.conda.metapackage
+                 if context_key(name) in pins}
+    conda_env.update({"ucxx": pins["ucxx_version"], "distributed-ucxx": pins["ucxx_version"], st.name: st.version})
+    locked = {name: pin.version for name, pin in load_lock(st.lock_path()).items()}
+    locked.update({"ucxx-cu13": st.ucxx.source.version, "distributed-ucxx-cu13": st.ucxx.source.version,
+                   st.name: st.version})
+    conda_terms = identity.contract(conda_env, st.python.version)
+    assert None not in conda_terms.values(), conda_terms  # every contract distribution is pinned by the channel
+    assert conda_terms == identity.contract(locked, st.python.version)
+    ours = _ident({**locked, "python": st.python.version})
+    other = _ident({**conda_env, "pandas": "0.0.1"})
+    assert "pandas: " in identity.check_peer(ours, "client", "conda-client", other, None)

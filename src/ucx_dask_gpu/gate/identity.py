@@ -58,6 +58,16 @@ def contract_name(name: str) -> str:
     return _CUDA_SUFFIX.sub("", canonical(name))
 
 
+_RELEASE = re.compile(r"^(\d+(?:\.\d+)*)(.*)$")
+
+
+def normal_version(version: str) -> str:
+    """Leading zeros of the release numbers dropped, as PEP 440 compares them: a conda package built from the tag
+    0.51.01 and the wheel 0.51.1 are one version."""
+    m = _RELEASE.match(version.strip())
+    return ".".join(str(int(p)) for p in m.group(1).split(".")) + m.group(2) if m else version.strip()
+
+
 def python_minor(version: str) -> str:
     """'3.11.7' / '3.11.7.final.0' -> '3.11'."""
     return ".".join(version.split(".")[:2])
@@ -70,7 +80,7 @@ def contract(packages: dict[str, str | None], python: str) -> dict[str, str | No
     for name, version in packages.items():
         term = contract_name(name)
         if term in CONTRACT and version:
-            found.setdefault(term, set()).add(version)
+            found.setdefault(term, set()).add(normal_version(version))
     terms: dict[str, str | None] = {PYTHON: python_minor(python)}
     for term in CONTRACT:
         terms[term] = ",".join(sorted(found[term])) if term in found else None
