@@ -1,6 +1,6 @@
 """Every failure a user can cause ends in one line with its exit code, on real processes on loopback: the workload CLI
-pointed at an HTTP server, at a scheduler's dashboard, at a server that accepts and never answers, at a scheduler
-without workers; and mutual TLS, which refuses a client without a certificate of the cluster's CA.
+pointed at an HTTP server, at a scheduler's dashboard, at a server that accepts and never answers, at a closed
+port, at a scheduler without workers; and mutual TLS, which refuses a client without a certificate of the cluster's CA.
 
 No timed assertions: "within --timeout" is checked as "it ended, with this code and this line", under an outer
 timeout several times larger.
@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from ucx_dask_gpu.errors import NO_WORKERS, NOT_A_SCHEDULER, TLS_REFUSED, UserError
+from ucx_dask_gpu.errors import NO_WORKERS, NOT_A_SCHEDULER, SCHEDULER_UNREACHABLE, TLS_REFUSED, UserError
 from ucx_dask_gpu.gate import tls
 
 pytestmark = pytest.mark.integration
@@ -111,6 +111,16 @@ def test_a_silent_server_ends_within_the_timeout(procs, tmp_path):
     finally:
         silent.kill()
         silent.wait()
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "ucx"])
+def test_a_closed_port_is_one_line_without_ucx_chatter(procs, tmp_path, scheme):
+    """Over UCX, a closed port used to give 27 UCXX ERROR lines before the answer."""
+    port = free_port()
+    proc = procs.workload(procs.env_for(tmp_path, None), "transpose", "--scheduler", f"{scheme}://127.0.0.1:{port}",
+                          "--timeout", "10", timeout=120)
+    assert proc.returncode == SCHEDULER_UNREACHABLE
+    assert f"nothing listens on 127.0.0.1:{port} (connection refused)" in one_line(proc)
 
 
 def test_no_workers_gives_up_after_the_stated_time_saying_so(procs, shipped_config, tmp_path):
