@@ -16,7 +16,7 @@ from ..oci.layer import normalise_rootfs_tar
 from ..stack import load
 from ..stack.lock import canonical, load_lock
 from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO
-from . import check, normalise
+from . import check, leftovers, normalise
 from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
 from .cluster import remove_all_clusters
@@ -66,7 +66,8 @@ def _cmd_build(args) -> int:
     st = _stack(args)
     ucxx = Path(args.ucxx_wheels) if args.ucxx_wheels else default_ucxx_wheels()
     result = build_image(st, _cache(args), ucxx, tag=args.tag, extra_wheels=[Path(w) for w in args.extra_wheel],
-                         base_from=args.base_from, normalise=not args.no_normalise)
+                         base_from=args.base_from, normalise=not args.no_normalise,
+                         own_wheel=Path(args.own_wheel) if args.own_wheel else None)
     if args.json:
         print(json.dumps(result.__dict__, indent=2, sort_keys=True))
     else:
@@ -90,6 +91,14 @@ def _cmd_demo(args) -> int:
     if args.json:
         atomic_write_text(args.json, json.dumps(rows, indent=2, sort_keys=True) + "\n")
     return 0 if demo_ok(rows) else VERDICT_FAILED
+
+
+def _cmd_clean(args) -> int:
+    engine_version()
+    removed, tags = leftovers.clean(_cache(args))
+    print(f"removed {removed} image(s) recorded by this checkout's builds" + (f", tags {' '.join(tags)}" if tags else
+                                                                            ""))
+    return 0
 
 
 def _cmd_remove_clusters(args) -> int:
@@ -124,8 +133,11 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     bd = s.add_parser("build", help="fetch + verify every input, then docker build --network none")
     bd.add_argument("--tag", help="image tag (default: [image].name:[stack].version)")
     bd.add_argument("--extra-wheel", action="append", default=[], metavar="WHL",
-                    help="install this wheel on top of the lock (a deliberately different image: its stack id "
-                         "differs); repeatable")
+                    help="install this wheel on top of the lock; repeatable (the stack id changes only when it is "
+                         "a distribution of the environment contract: `ucx-dask-gpu guard show`)")
+    bd.add_argument("--own-wheel", metavar="WHL",
+                    help="install this ucx-dask-gpu wheel instead of one built from the checkout (a patched build "
+                         "under another version: another stack id)")
     bd.add_argument("--base-from", metavar="IMAGE",
                     help="derive both bases from this registry image with apt (e.g. "
                          "debian:SUITE-slim@sha256:...) instead of debootstrap")
@@ -144,6 +156,10 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--workers", type=int, default=2)
     d.add_argument("--json", metavar="FILE", help="also write the full results to FILE")
     d.set_defaults(func=_cmd_demo)
+
+    c = s.add_parser("clean", help="remove the images this checkout's builds made (recorded in the build cache: "
+                                   "every step's image, the normalised images, their tags); the next build is cold")
+    c.set_defaults(func=_cmd_clean)
 
     r = s.add_parser("remove-clusters", help="remove every container/volume/network left by clusters of ours "
                                             "(after an interrupted run; also ends running ones)")

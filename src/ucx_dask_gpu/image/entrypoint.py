@@ -15,7 +15,9 @@ Transports: the image's /etc/dask holds the CPU transports (works on every host)
 (or with UCX_DASK_GPU_TRANSPORTS=gpu) DASK_CONFIG points at the GPU transports, which dask reads after /etc/dask.
 
 Workers also preload `ucx_dask_gpu.gate.quietclose` (after the configured preloads), so `docker stop` shuts them down
-without a heartbeat traceback (see that module).
+without a heartbeat traceback (see that module). `dask worker` ignores distributed.nanny.preload (its own
+--preload-nanny always wins), so the entrypoint passes the guard there: a refused worker then ends in its nanny with
+the scheduler's one-line reason and exit code ENV_MISMATCH, before any worker process starts (gate/guard.py).
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import sys
 
 from ..errors import UNKNOWN_ROLE, UserError
 from ..gate.daskconfig import QUIET_CLOSE, detect_transports
+from ..gate.identity import GUARD
+from ..proof.peer import parse_address
 from ..stack import STACK_ID_FILE
 
 # first word -> allowed second words (None: anything may follow)
@@ -90,10 +94,27 @@ def worker_preload_env(argv: list[str], environ: dict) -> dict:
     return {WORKER_PRELOAD_ENV: repr(configured + [QUIET_CLOSE])}
 
 
+def check_worker_address(argv: list[str]) -> None:
+    """`dask worker ADDRESS` / `dask cuda worker ADDRESS`: a malformed ADDRESS is one line (USAGE) here instead of
+    dask's traceback (only when the address comes right after the role, as documented)."""
+    n = 3 if argv[:3] == ["dask", "cuda", "worker"] else 2 if argv[:2] == ["dask", "worker"] else 0
+    if n and len(argv) > n and not argv[n].startswith("-"):
+        parse_address(argv[n], "the scheduler address")
+
+
+def nanny_preload_args(argv: list[str]) -> list[str]:
+    """For `dask worker`: the guard as a nanny preload too (see the module docstring)."""
+    if argv[:2] != ["dask", "worker"] or GUARD in argv:
+        return argv
+    return argv[:2] + ["--preload-nanny", GUARD] + argv[2:]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         cmd = resolve(argv)
+        check_worker_address(cmd)
+        cmd = nanny_preload_args(cmd)
     except UserError as e:
         print(f"ucx-dask-gpu image: {e}", file=sys.stderr)
         return e.exit_code
