@@ -75,13 +75,17 @@ lock: venv
 # The one image for client, scheduler and workers (docker/Dockerfile), and its cluster demo. `image` starts a Docker
 # engine when none runs (root), fetches + verifies every input, then builds with --network none (a warm rebuild is
 # a cache hit); `cluster-demo` runs scheduler + 2 workers + client over ucx and tcp, reports and stops cleanly.
-.PHONY: docker-engine image cluster-demo
+.PHONY: docker-engine image cluster-demo clean-images
 docker-engine:
 	ci/start_dockerd.sh
 image: venv docker-engine
 	scripts/build_image.sh
 cluster-demo: image
 	$(CLI) image demo
+# Every image this checkout's builds made (each build already removes what the previous build of its tag left and
+# it no longer uses); the next image build is cold.
+clean-images: venv
+	$(CLI) image clean
 # Two clean builds of the image must give the same image id (README "Reproducible image and SBOM").
 .PHONY: check-reproducible
 check-reproducible: venv docker-engine

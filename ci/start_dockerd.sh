@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Make sure a Docker engine answers. Build machines are fresh Debian 12 hosts (root, no systemd) with a docker client
-# but no engine: stack.toml [debian].image_host_packages (Debian's docker.io, debootstrap, openssl) are installed
-# when missing and dockerd is started in the background (overlay2 works as root). Without an engine and unable to
-# start one: one line, exit 7.
+# but no engine: those of stack.toml [debian].image_host_packages that are missing (Debian's docker.io, debootstrap,
+# openssl, skopeo) are installed, and dockerd is started in the background (overlay2 works as root). Without an
+# engine and unable to start one: one line, exit 7.
 # The logic is `ucx-dask-gpu image engine` (src/ucx_dask_gpu/image/docker.py); `--no-start` only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."

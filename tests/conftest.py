@@ -1,11 +1,16 @@
 """Fixtures shared by every kind of test: the repository and its stack, and the image tests' helpers (a minimal
-wheel; the image built the way a user builds it)."""
+wheel, a real distribution under another version; the image built the way a user builds it)."""
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import subprocess
+import sys
 import zipfile
+from importlib.metadata import distribution
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -47,6 +52,68 @@ def make_wheel():
     """make_wheel(directory, name, version, payload="") -> a minimal valid pure-Python wheel `name==version`,
     built without any build backend, whose module holds `payload`."""
     return _make_wheel
+
+
+def _record_line(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}\n"
+
+
+def _write_wheel(path: Path, files: dict[str, bytes], dist_info: str) -> Path:
+    record = "".join(_record_line(n, b) for n, b in files.items()) + f"{dist_info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for n, b in {**files, f"{dist_info}/RECORD": record.encode()}.items():
+            z.writestr(zipfile.ZipInfo(n, date_time=(2020, 1, 1, 0, 0, 0)), b)
+    return path
+
+
+def _reversioned(wheel: Path, version: str, directory: Path) -> Path:
+    """The same wheel (same code) under another version: its dist-info renamed, METADATA's Version and RECORD
+    rewritten, so pip installs it as that version."""
+    with zipfile.ZipFile(wheel) as z:
+        files = {n: z.read(n) for n in z.namelist()}
+    info = next(n.split("/")[0] for n in files if n.endswith(".dist-info/METADATA"))
+    project, old = info[: -len(".dist-info")].rsplit("-", 1)
+    new_info = f"{project}-{version}.dist-info"
+    out = {}
+    for n, b in files.items():
+        if n == f"{info}/RECORD":
+            continue
+        if n == f"{info}/METADATA":
+            b = b.replace(f"\nVersion: {old}\n".encode(), f"\nVersion: {version}\n".encode(), 1)
+        out[n.replace(info + "/", new_info + "/", 1) if n.startswith(info + "/") else n] = b
+    tags = wheel.name[: -len(".whl")].split("-")[-3:]
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return _write_wheel(Path(directory) / f"{project}-{version}-{'-'.join(tags)}.whl", out, new_info)
+
+
+def _installed_as_wheel(name: str, version: str, directory: Path) -> Path:
+    """A pure-Python distribution installed here, packed as a wheel again under `version` (its real code)."""
+    dist = distribution(name)
+    project = dist.metadata["Name"].replace("-", "_")
+    info = f"{project}-{version}.dist-info"
+    files = {str(f): Path(dist.locate_file(f)).read_bytes() for f in dist.files
+             if ".dist-info/" not in str(f) and "__pycache__" not in str(f) and not str(f).startswith("..")}
+    meta = dist.read_text("METADATA").replace(f"\nVersion: {dist.version}\n", f"\nVersion: {version}\n", 1)
+    files[f"{info}/METADATA"] = meta.encode()
+    files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return _write_wheel(Path(directory) / f"{project}-{version}-py3-none-any.whl", files, info)
+
+
+def _pip_target(wheels: list[Path], target: Path) -> Path:
+    """`pip install --no-deps --target TARGET WHEELS`: a directory to put ahead on a process's PYTHONPATH, where those
+    versions are then the installed ones (for imports and importlib.metadata alike)."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                    "--disable-pip-version-check", "--target", str(target), *map(str, wheels)], check=True)
+    return target
+
+
+@pytest.fixture(scope="session")
+def wheels():
+    """reversioned(wheel, version, dir), installed_as_wheel(name, version, dir), pip_target(wheels, dir): real
+    distributions under another version, for environments that differ in one pin (see each function)."""
+    return SimpleNamespace(reversioned=_reversioned, installed_as_wheel=_installed_as_wheel, pip_target=_pip_target)
 
 
 def _build_image(*args: str, timeout: int = 3600) -> dict:

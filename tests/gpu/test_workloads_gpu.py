@@ -47,11 +47,11 @@ def test_cupy_transpose_over_ucx_with_the_guard(tmp_path):
     reason = _why_not()
     if reason:
         pytest.skip(reason)
-    from ucx_dask_gpu.gate import daskconfig, identity
+    from ucx_dask_gpu.gate import daskconfig
 
     daskconfig.install(tmp_path / "dask", "gpu")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
-    env.update(DASK_CONFIG=str(tmp_path / "dask"), DASK_ROOT_CONFIG=str(tmp_path), **{identity.STACK_ID_ENV: "gputest"})
+    env.update(DASK_CONFIG=str(tmp_path / "dask"), DASK_ROOT_CONFIG=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -17,29 +17,20 @@ from types import SimpleNamespace
 
 import pytest
 
-from ucx_dask_gpu.gate import daskconfig, identity
+from ucx_dask_gpu.gate import daskconfig
 
 
-def env_for(tmp: Path, config_dir: Path | None, stack_id: str | None = None,
-            extra_path: Path | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_") and k != identity.STACK_ID_ENV}
+def env_for(tmp: Path, config_dir: Path | None, extra_path: Path | None = None) -> dict[str, str]:
+    """The environment of one process: its own dask config (none: an empty one) and, with `extra_path`, a directory
+    of installed distributions ahead of the venv's (other versions than the venv's: another environment)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
     empty = tmp / "empty-dask-config"
     empty.mkdir(exist_ok=True)
     env["DASK_ROOT_CONFIG"] = str(empty)
     env["DASK_CONFIG"] = str(config_dir or empty)
-    if stack_id is not None:
-        env[identity.STACK_ID_ENV] = stack_id
     if extra_path is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH")]))
     return env
-
-
-def fake_distribution(where: Path, name: str = "guard-probe", version: str = "9.9") -> Path:
-    """A real extra installed distribution (a .dist-info on sys.path): the environments then truly differ."""
-    info = where / f"{name.replace('-', '_')}-{version}.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    return where
 
 
 class Proc:
@@ -100,11 +91,17 @@ def run_python(code: str, env: dict[str, str], timeout: float = 120) -> subproce
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def workload(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`ucx-dask-gpu workload ARGS` in its own process (the CLI a user runs)."""
+    return subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "workload", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
 @pytest.fixture(scope="session")
 def procs() -> SimpleNamespace:
-    """env_for, fake_distribution, start_scheduler, start_worker, run_python: see each one's docstring."""
-    return SimpleNamespace(env_for=env_for, fake_distribution=fake_distribution, start_scheduler=start_scheduler,
-                           start_worker=start_worker, run_python=run_python)
+    """env_for, start_scheduler, start_worker, run_python, workload: see each one's docstring."""
+    return SimpleNamespace(env_for=env_for, start_scheduler=start_scheduler, start_worker=start_worker,
+                           run_python=run_python, workload=workload)
 
 
 @pytest.fixture(scope="module")

@@ -76,8 +76,8 @@ def test_stable_json_fields(transpose):
     assert all(r["status"] == "ok" for r in p["references"])
     goals = {g["goal"]: g["met"] for g in p["summary"]["goals"]}
     assert goals == {"wall_s <= 1000": True, "p2p_gbps_median >= 1000": False}
-    assert p["summary"]["ucx_tcp_wall_ratio"] == pytest.approx(
-        p["runs"][1]["wall_s_median"] / p["runs"][0]["wall_s_median"], rel=0.01)
+    # the report gives the ratio to 2 decimals: exactly the rounded ratio of the two medians it lists
+    assert p["summary"]["ucx_tcp_wall_ratio"] == round(p["runs"][1]["wall_s_median"] / p["runs"][0]["wall_s_median"], 2)
 
 
 def test_blocks_moved_and_were_measured(transpose):

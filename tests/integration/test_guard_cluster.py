@@ -1,20 +1,22 @@
-"""The environment gate on real processes: a scheduler with stack id A, and workers / clients whose stack id (and
-installed packages) differ, each in its own process with its own UCX_DASK_GPU_STACK_ID, all using the shipped
-dask config (which loads ucx_dask_gpu.gate.guard on every role)."""
+"""The environment gate on real processes: a `dask scheduler` with the shipped dask config (the guard on every role),
+and workers / clients in environments of their own: the same venv with one contract distribution at another version
+(the installed cloudpickle packed again under a .post1 version and installed by pip into a directory ahead on their
+sys.path), with a distribution outside the contract, or without the guard."""
 from __future__ import annotations
 
 import json
 import textwrap
+from importlib.metadata import version
 
 import pytest
 
+from ucx_dask_gpu.errors import ENV_MISMATCH
 from ucx_dask_gpu.gate import identity
-
 
 pytestmark = pytest.mark.integration
 
-ID_A = "a1a1a1a1a1a1a1a1"
-ID_B = "b2b2b2b2b2b2b2b2"
+CLOUDPICKLE = version("cloudpickle")
+CHANGED = f"{CLOUDPICKLE}.post1"
 
 CLIENT = textwrap.dedent("""
     import json, sys
@@ -39,49 +41,94 @@ def client_in_own_env(procs, address: str, env: dict, wait_workers: int = 0) -> 
 
 
 @pytest.fixture(scope="module")
+def changed_pin(tmp_path_factory, wheels):
+    """A directory that makes the venv an environment with cloudpickle CHANGED (real code, another version)."""
+    d = tmp_path_factory.mktemp("changed-pin")
+    return wheels.pip_target([wheels.installed_as_wheel("cloudpickle", CHANGED, d / "wheel")], d / "site")
+
+
+@pytest.fixture(scope="module")
+def outside_contract(tmp_path_factory, wheels, make_wheel):
+    """A directory that adds a distribution the contract does not name (a site's own library)."""
+    d = tmp_path_factory.mktemp("outside")
+    return wheels.pip_target([make_wheel(d, "site-library", "9.9", payload="x")], d / "site")
+
+
+@pytest.fixture(scope="module")
 def scheduler_a(procs, tmp_path_factory, shipped_config):
     tmp = tmp_path_factory.mktemp("sched-a")
-    proc, address = procs.start_scheduler(tmp, procs.env_for(tmp, shipped_config, ID_A))
+    proc, address = procs.start_scheduler(tmp, procs.env_for(tmp, shipped_config))
     yield tmp, address, proc
     proc.stop()
 
 
-def test_worker_with_other_stack_id_is_refused_and_exits(procs, scheduler_a, shipped_config, tmp_path):
+def new_lines(proc, before: int) -> list[str]:
+    return proc.text().splitlines()[before:]
+
+
+def test_a_refused_worker_says_why_in_one_line_and_exits_8(procs, scheduler_a, shipped_config, changed_pin, tmp_path):
+    """As the image runs it: `dask worker` with the guard as nanny preload (the entrypoint adds it)."""
     tmp, address, sched = scheduler_a
-    probe = procs.fake_distribution(tmp_path / "site")
-    env = procs.env_for(tmp_path, shipped_config, ID_B, probe)
-    worker = procs.start_worker(tmp_path, env, address, "refused-worker")
-    # Exits by itself (no retry loop): with its nanny, as the image runs it.
+    before = len(sched.text().splitlines())
+    worker = procs.start_worker(tmp_path, procs.env_for(tmp_path, shipped_config, changed_pin), address,
+                                "refused-worker", extra_args=("--preload-nanny", identity.GUARD))
     rc = worker.wait(timeout=120)
     worker.stop()
-    log = worker.text()
-    assert rc != 0
-    for text in (f"scheduler {ID_A} vs worker {ID_B}", "guard-probe: missing vs 9.9"):
-        assert text in log, log[-3000:]
-        assert text in sched.text()
-    seen = client_in_own_env(procs, address, procs.env_for(tmp_path, shipped_config, ID_A))
+    lines = worker.text().splitlines()
+    assert rc == ENV_MISMATCH, worker.text()[-3000:]
+    errors = [ln for ln in lines if " - ERROR - " in ln]
+    assert len(errors) == 1 and "refused worker refused-worker" in errors[0], worker.text()
+    assert f"cloudpickle: {CLOUDPICKLE} vs {CHANGED}" in errors[0]
+    # The rest is dask's own start-up INFO (the preload being loaded) and its last word: no traceback.
+    assert "Traceback" not in worker.text() and len(lines) <= 8, worker.text()
+    # The scheduler: one line for the refusal, nothing else (no CommClosedError traceback).
+    after = new_lines(sched, before)
+    assert [ln for ln in after if "refused" in ln] == [ln for ln in after if " - ERROR - " in ln]
+    assert len([ln for ln in after if "refused worker" in ln]) == 1 and "Traceback" not in "\n".join(after), after
+    seen = client_in_own_env(procs, address, procs.env_for(tmp_path, shipped_config))
     assert seen["connected"] and "refused-worker" not in seen["workers"], seen
 
 
-def test_client_with_other_stack_id_gets_the_message_from_client_creation(procs, scheduler_a, shipped_config, tmp_path):
+def test_a_worker_started_without_the_nanny_preload_is_still_refused(procs, scheduler_a, shipped_config, changed_pin,
+                                                                    tmp_path):
+    """Plain `dask worker` with the dask config only (it never loads distributed.nanny.preload): refused when its
+    worker process registers, and it exits by itself, with dask's own tracebacks (README says to add the preload)."""
+    _, address, sched = scheduler_a
+    worker = procs.start_worker(tmp_path, procs.env_for(tmp_path, shipped_config, changed_pin), address, "plain")
+    rc = worker.wait(timeout=120)
+    worker.stop()
+    assert rc != 0
+    assert f"cloudpickle: {CLOUDPICKLE} vs {CHANGED}" in worker.text() and "refused worker" in sched.text()
+
+
+def test_a_client_with_a_changed_pin_gets_the_message_from_client_creation(procs, scheduler_a, shipped_config,
+                                                                          changed_pin, tmp_path):
     _, address, _ = scheduler_a
-    probe = procs.fake_distribution(tmp_path / "site")
-    out = client_in_own_env(procs, address, procs.env_for(tmp_path, shipped_config, ID_B, probe))
+    out = client_in_own_env(procs, address, procs.env_for(tmp_path, shipped_config, changed_pin))
     assert out["connected"] is False and out["type"] == "ImportError"
-    assert f"scheduler {ID_A} vs client {ID_B}" in out["message"]
-    assert "guard-probe: missing vs 9.9" in out["message"]
+    assert "refused client" in out["message"] and f"cloudpickle: {CLOUDPICKLE} vs {CHANGED}" in out["message"]
 
 
-def test_client_without_the_guard_is_refused(procs, scheduler_a, tmp_path):
+def test_the_workload_cli_refused_is_one_line_and_exit_8(procs, scheduler_a, changed_pin, tmp_path):
+    """Our own client needs no dask config: it loads the guard itself."""
     _, address, _ = scheduler_a
-    out = client_in_own_env(procs, address, procs.env_for(tmp_path, None, ID_A))  # no dask config: no preload
+    proc = procs.workload(procs.env_for(tmp_path, None, changed_pin), "transpose", "--scheduler", address)
+    assert proc.returncode == ENV_MISMATCH, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert "refused client" in proc.stderr and f"cloudpickle: {CLOUDPICKLE} vs {CHANGED}" in proc.stderr
+
+
+def test_a_client_without_the_guard_is_told_how_to_load_it(procs, scheduler_a, tmp_path):
+    _, address, _ = scheduler_a
+    out = client_in_own_env(procs, address, procs.env_for(tmp_path, None))  # no dask config: no preload
     assert out["connected"] is False and out["type"] == "ImportError"
-    assert f"scheduler {ID_A} vs client none" in out["message"] and "ucx_dask_gpu.gate.guard" in out["message"]
+    assert "did not send its environment" in out["message"] and f"import {identity.GUARD}" in out["message"]
 
 
-def test_matching_stack_ids_are_accepted(procs, scheduler_a, shipped_config, tmp_path):
-    _, address, _ = scheduler_a
-    env = procs.env_for(tmp_path, shipped_config, ID_A)
+def test_the_same_contract_is_accepted_whatever_else_is_installed(procs, scheduler_a, shipped_config,
+                                                                 outside_contract, tmp_path):
+    _, address, sched = scheduler_a
+    env = procs.env_for(tmp_path, shipped_config, outside_contract)
     worker = procs.start_worker(tmp_path, env, address, "good-worker")
     try:
         out = client_in_own_env(procs, address, env, wait_workers=1)
@@ -89,34 +136,18 @@ def test_matching_stack_ids_are_accepted(procs, scheduler_a, shipped_config, tmp
         worker.stop()
     assert out["connected"], out
     assert "good-worker" in out["workers"] and out["sum"] == 45
+    # Accepted, and the difference outside the contract noted in one info line.
+    assert "packages outside the contract differ" in sched.text() and "site-library: missing vs 9.9" in sched.text()
 
 
-def test_scheduler_without_stack_id_warns_once_and_accepts_everyone(procs, shipped_config, tmp_path):
-    if identity.STACK_ID_FILE.exists():
-        pytest.skip(f"{identity.STACK_ID_FILE} exists here, so no process is without a stack id")
-    sched, address = procs.start_scheduler(tmp_path, procs.env_for(tmp_path, shipped_config, None))
-    worker = procs.start_worker(tmp_path, procs.env_for(tmp_path, shipped_config, ID_B), address, "any-worker")
-    try:
-        first = client_in_own_env(procs, address, procs.env_for(tmp_path, shipped_config, ID_B), wait_workers=1)
-        second = client_in_own_env(procs, address, procs.env_for(tmp_path, None, None))
-    finally:
-        worker.stop()
-        sched.stop()
-    assert first["connected"] and "any-worker" in first["workers"]
-    assert second["connected"]
-    log = sched.text()
-    assert log.count("this scheduler has no stack id") == 1, log[-3000:]
-    assert "refused" not in log
-
-
-def test_local_cuda_cluster_workers_carry_the_stack_id(procs, shipped_config, tmp_path):
+def test_local_cuda_cluster_workers_carry_the_identity(procs, shipped_config, tmp_path):
     """LocalCUDACluster passes its own worker preloads (dask_cuda.initialize); its workers must still be accepted.
 
-    dask-cuda's test switches let it start without a GPU; the scheduler has a stack id, so a worker without the
+    dask-cuda's test switches let it start without a GPU; the scheduler checks the contract, so a worker without the
     guard would be refused and the cluster would never get a worker.
     """
     pytest.importorskip("dask_cuda")
-    env = procs.env_for(tmp_path, shipped_config, ID_A)
+    env = procs.env_for(tmp_path, shipped_config)
     env.update(CUDA_VISIBLE_DEVICES="0", DASK_CUDA_TEST_SINGLE_GPU="1", DASK_CUDA_TEST_DISABLE_DEVICE_SPECIFIC="1")
     code = textwrap.dedent("""
         import json

@@ -2,33 +2,45 @@
 an internal network, over ucx (UCXX over TCP on CPU hosts), tcp and tls.
 
 Building the image is the expensive part: the session builds it once through scripts/build_image.sh (a warm
-Docker cache makes that a no-op), plus one deliberately different image (the same Dockerfile with one extra
-package installed, hence another stack id) for the environment gate.
+Docker cache makes that a no-op), plus one deliberately different image (our own package under another version,
+hence another stack id) for the environment gate. A client outside the image is a venv made by pip from the same
+lock, wheels and our wheel: accepted, and refused once one pin differs.
 """
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import tempfile
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
+from ucx_dask_gpu.errors import ENV_MISMATCH, NOT_A_SCHEDULER, TLS_REFUSED, UNKNOWN_ROLE
+from ucx_dask_gpu.gate import identity
+from ucx_dask_gpu.image import leftovers
 from ucx_dask_gpu.image.cluster import Cluster, has_traceback, parse_json_output
-from ucx_dask_gpu.image.paths import base_ref
 from ucx_dask_gpu.image.docker import container_logs, container_state, docker_bin, wait_until
-from ucx_dask_gpu.errors import ENV_MISMATCH, SCHEDULER_UNREACHABLE, UNKNOWN_ROLE
+from ucx_dask_gpu.image.paths import base_ref, default_cache, default_ucxx_wheels, work_dir
+from ucx_dask_gpu.image.wheelhouse import build_own_wheel, wheelhouse_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def own_wheel_as(st, tmp: Path, wheels, local: str) -> Path:
+    """Our package built from this checkout, under the version <stack version>+<local> (same code)."""
+    built = build_own_wheel(st, tmp / "built")
+    return wheels.reversioned(built, f"{st.version}+{local}", tmp / local)
+
+
 @pytest.fixture(scope="session")
-def variant(image, tmp_path_factory, build_image, make_wheel) -> dict:
-    """Same Dockerfile, one extra package: a different stack id."""
-    marker = make_wheel(tmp_path_factory.mktemp("variant"), "ucx-dask-gpu-variant-marker", "1",
-                        payload="deliberately different image")
-    return build_image("--tag", f"{image['tag'].split(':')[0]}:variant", "--extra-wheel", str(marker))
+def variant(image, st, tmp_path_factory, build_image, wheels) -> dict:
+    """Same Dockerfile, our own package under another version (a patched build): another stack id."""
+    own = own_wheel_as(st, tmp_path_factory.mktemp("variant"), wheels, "variant")
+    return build_image("--tag", f"{image['tag'].split(':')[0]}:variant", "--own-wheel", str(own))
 
 
 def stop_clean(cluster: Cluster, allow_tracebacks: tuple[str, ...] = ()) -> dict:
@@ -53,11 +65,14 @@ def test_image_labels_and_stack_id(image, st):
     assert labels["io.ucx-dask-gpu.ucx.version"] == image["ucx_version"]
     assert cfg["User"] == f"{st.image.uid}:{st.image.uid}"
     assert cfg["Entrypoint"][0] == "/usr/bin/tini"
-    # The id inside the image is the label (build_image.sh checked it too) and what the guard reads.
+    # The id the image computes is the label (build_image.sh checked it too), and the id this venv computes: the
+    # same lock, UCXX wheels and package, the same computation.
     out = subprocess.run([docker_bin(), "run", "--rm", "--network", "none", image["tag"], "ucx-dask-gpu", "guard",
                           "show", "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["stack_id"] == image["stack_id"]
+    inside = json.loads(out.stdout)
+    assert inside["stack_id"] == image["stack_id"] == identity.stack_id(), (inside["contract"],
+                                                                           identity.own_contract())
 
 
 def test_doctor_in_the_image_says_ucxx_runs_on_our_ucx(image, st):
@@ -100,6 +115,13 @@ def test_runtime_base_from_a_registry_image(engine, image, st):
 def test_variant_has_another_stack_id(image, variant):
     assert variant["stack_id"] != image["stack_id"]
     assert variant["ucx_version"] == image["ucx_version"]
+
+
+def test_the_build_records_its_images_to_remove_them_when_superseded(image, st):
+    """Every step's image and the normalised image are recorded for the next build of the tag to prune."""
+    rec = leftovers.read_record(work_dir(default_cache(), image["tag"]))
+    assert image["tag"] in rec["tags"] and len(rec["images"]) > 10
+    assert image["image_id"].split(":")[-1][:12] in rec["images"]
 
 
 # --- ucx: workloads, versions, the gate ------------------------------------------------------------------------------
@@ -155,19 +177,22 @@ def test_from_map_reads_only_projected_columns_on_workers(ucx_cluster):
     assert set(r["all_columns"]) > {"a", "b"}  # there were other columns to skip
 
 
-def test_worker_from_a_different_image_is_refused(ucx_cluster, image, variant):
+def test_worker_from_a_different_image_is_refused_in_one_line(ucx_cluster, image, variant, st):
     name = ucx_cluster.add_worker("variant", image=variant["tag"])
+    sched_before = container_logs(ucx_cluster.scheduler_name).splitlines()
     try:
         state = wait_until(lambda: (s := container_state(name)) and not s["Running"] and s, 120)
         assert state, f"{name} is still running: the scheduler did not refuse it"
         log = container_logs(name)
-        assert state["ExitCode"] != 0
-        assert "refused worker" in log and variant["stack_id"] in log and image["stack_id"] in log, log[-3000:]
-        sched = container_logs(ucx_cluster.scheduler_name)
-        assert "stack id differs" in sched and variant["stack_id"] in sched
-        assert "ucx-dask-gpu-variant-marker" in sched  # the differing package is named
+        assert state["ExitCode"] == ENV_MISMATCH, log[-3000:]
+        errors = [ln for ln in log.splitlines() if " - ERROR - " in ln]
+        assert len(errors) == 1 and "refused worker" in errors[0], log[-3000:]
+        assert variant["stack_id"] in errors[0] and image["stack_id"] in errors[0]
+        assert f"ucx-dask-gpu: {st.version} vs {st.version}+variant" in errors[0]  # the differing package, named
+        assert not has_traceback(log) and len(log.splitlines()) <= 8, log
+        sched = container_logs(ucx_cluster.scheduler_name).splitlines()[len(sched_before) - 1:]
+        assert len([ln for ln in sched if "refused worker" in ln]) == 1 and not has_traceback("\n".join(sched))
     finally:
-        # Its failed start is expected to log a traceback: keep it out of the clean-shutdown check.
         subprocess.run([docker_bin(), "rm", "-f", name], capture_output=True)
         ucx_cluster.containers.remove(name)
     assert ucx_cluster.registered_workers() == 2
@@ -177,12 +202,11 @@ def test_client_with_a_different_stack_id_is_refused_at_connect(ucx_cluster, ima
     proc = ucx_cluster.run_client(["ucx-dask-gpu", "workload", "transpose", "--scheduler", ucx_cluster.address],
                                   image=variant["tag"])
     assert proc.returncode == ENV_MISMATCH, proc.stderr[-2000:]
-    # One line says it all (dask's and UCX's own log lines may surround it); no traceback.
-    lines = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
-    assert len(lines) == 1 and "refused client" in lines[0] and "stack id differs" in lines[0], proc.stderr[-2000:]
+    # One line says it all, over UCX too: no traceback, no UCX/UCXX lines around it.
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "refused client" in lines[0] and "breaks the contract" in lines[0], proc.stderr
     assert image["stack_id"] in lines[0] and variant["stack_id"] in lines[0]
-    assert "ucx-dask-gpu-variant-marker" in lines[0]
-    assert not has_traceback(proc.stderr)
+    assert "ucx-dask-gpu: " in lines[0] and "+variant" in lines[0]
 
 
 def test_ucx_cluster_shuts_down_cleanly(ucx_cluster):
@@ -233,6 +257,49 @@ def test_transpose_over_tcp_gives_the_numpy_answer(tcp_cluster):
     assert r["protocol"] == "tcp" and r["ok"] and r["versions_identical"]
 
 
+@pytest.fixture(scope="module")
+def pip_client(image, st, tmp_path_factory, wheels) -> Path:
+    """A client outside the image, made the way a user without the image makes one: a fresh venv, `pip install`
+    from the lock (the wheelhouse the image build verified), our UCXX wheels and our own wheel, no dask config."""
+    tmp = tmp_path_factory.mktemp("pip-client")
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--disable-pip-version-check"]
+    cache = default_cache()
+    subprocess.run([*pip, "--find-links", str(wheelhouse_dir(cache, st.lock_path())), "--require-hashes", "-r",
+                    str(st.lock_path())], check=True, timeout=1800)
+    subprocess.run([*pip, "--no-deps", *map(str, sorted(default_ucxx_wheels().glob("*.whl"))),
+                    str(build_own_wheel(st, tmp / "own"))], check=True, timeout=600)
+    return venv
+
+
+def pip_workload(venv: Path, cluster: Cluster, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Its `ucx-dask-gpu workload` against the cluster's scheduler, from this host (its container address)."""
+    ip = json.loads(subprocess.run([docker_bin(), "inspect", cluster.scheduler_name], capture_output=True, text=True,
+                                   check=True).stdout)[0]["NetworkSettings"]["Networks"][cluster.network]["IPAddress"]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DASK_", "PYTHON", "VIRTUAL"))}
+    return subprocess.run([str(venv / "bin" / "ucx-dask-gpu"), "workload", "transpose", "--scheduler",
+                           f"tcp://{ip}:8786", "--size", "1000", "--chunk", "500", *args], capture_output=True,
+                          text=True, timeout=300, env={**clean, **(env or {})}, cwd=venv)
+
+
+def test_a_pip_installed_client_outside_the_image_is_accepted(tcp_cluster, pip_client, image):
+    proc = pip_workload(pip_client, tcp_cluster, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["ok"]
+    out = subprocess.run([str(pip_client / "bin" / "ucx-dask-gpu"), "guard", "id"], capture_output=True, text=True)
+    assert out.stdout.strip() == image["stack_id"]
+
+
+def test_the_pip_client_with_one_pin_changed_is_refused(tcp_cluster, pip_client, tmp_path, wheels):
+    changed = f"{version('cloudpickle')}.post1"
+    site = wheels.pip_target([wheels.installed_as_wheel("cloudpickle", changed, tmp_path / "w")], tmp_path / "site")
+    proc = pip_workload(pip_client, tcp_cluster, env={"PYTHONPATH": str(site)})
+    assert proc.returncode == ENV_MISMATCH, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"cloudpickle: {version('cloudpickle')} vs {changed}" in lines[0], lines
+
+
 def test_killing_a_worker_mid_computation_still_gives_the_right_result(tcp_cluster):
     cmd = tcp_cluster.client_args(interactive=True) + ["python", "-", tcp_cluster.address]
     with tempfile.TemporaryFile("w+") as err:
@@ -280,11 +347,22 @@ def test_plain_tcp_client_is_refused_by_the_tls_cluster(tls_cluster, image):
     cmd = [docker_bin(), "run", "--rm", "--network", tls_cluster.network, image["tag"], "ucx-dask-gpu", "workload",
            "transpose", "--scheduler", "tcp://scheduler:8786", "--timeout", "10"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == SCHEDULER_UNREACHABLE, proc.stderr[-2000:]
-    lines = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
-    assert len(lines) == 1 and "cannot connect to tcp://scheduler:8786" in lines[0], proc.stderr[-2000:]
-    assert not has_traceback(proc.stderr)
+    assert proc.returncode == NOT_A_SCHEDULER, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no Dask scheduler at tcp://scheduler:8786: a TLS server answered" in lines[0], lines
     # ... and it never became a client of the cluster.
+    assert container_logs(tls_cluster.scheduler_name).count("Receive client connection") == clients_before
+
+
+def test_a_client_without_a_certificate_is_refused_by_the_tls_cluster(tls_cluster, image):
+    """The same image, on the cluster's network, without the cluster's certificates (mutual TLS)."""
+    clients_before = container_logs(tls_cluster.scheduler_name).count("Receive client connection")
+    cmd = [docker_bin(), "run", "--rm", "--network", tls_cluster.network, image["tag"], "ucx-dask-gpu", "workload",
+           "transpose", "--scheduler", tls_cluster.address, "--timeout", "10"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == TLS_REFUSED, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "this client has no TLS certificate" in lines[0], lines
     assert container_logs(tls_cluster.scheduler_name).count("Receive client connection") == clients_before
 
 

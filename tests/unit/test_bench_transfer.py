@@ -199,3 +199,10 @@ def test_profile_summary_of_pyspy_raw_output():
     assert s["threads"] == {"main thread": 100, "thread: _worker (futures/thread.py)": 100}
     assert s["main_self_pct"][0] == ["BlockingMode._fd_reader_callback (_lib_async/x.py)", 60.0]
     assert ["BaseEventLoop._run_once (asyncio/base_events.py)", 100.0] in s["main_inclusive_pct"]
+
+
+def test_summary_names_a_variant_that_failed():
+    report = {"sizes": [8], "variants": [{"protocol": "ucx", "label": "baseline", "status": "error",
+                                         "error": "exited with -11 before writing a result"}]}
+    (line,) = ts.summary_lines(report)
+    assert line.startswith("ucx baseline") and "8 B –" in line and "[error: exited with -11" in line

@@ -159,7 +159,12 @@ def test_stack_toml_version_change_is_drift_until_regen_writes_it(repo):
     old = settings.settings(st).ucxx.version
     edit(repo / "stack.toml", f'version = "{old}"\ntag = "v{old}"', 'version = "0.51.02"\ntag = "v0.51.02"')
     st = load(repo / "stack.toml")
-    assert settings.drift(st) == ["recipes/ucxx/recipe.yaml", "recipes/ucx-dask-gpu/recipe.yaml"]
+    drift = settings.drift(st)
+    assert drift[:2] == ["recipes/ucxx/recipe.yaml", "recipes/ucx-dask-gpu/recipe.yaml"]
+    # The UCXX patches carried for the old version no longer belong to the recipe.
+    assert [d.split("recipes/")[-1] for d in drift[2:]] == \
+        [f"ucxx/patches/{p.name} (not a patch ucx-src-build carries)"
+         for p in sorted((repo / "recipes/ucxx/patches").glob("*.patch"))]
     line = one_line_error(cli(repo, "regen", "--check"), RECIPE_INVALID)
     assert "recipes/ucxx/recipe.yaml is out of date with stack.toml; run `make regen`" in line
     assert any("out of date" in p for p in problems(repo))
@@ -181,7 +186,7 @@ def test_configure_flags_are_generated_into_build_sh(repo):
 
 def test_ucx_patches_are_copied_into_the_recipe_and_listed(repo):
     st = load(repo / "stack.toml")
-    carried = [f"patches/{p.name}" for p in settings.ucx_patches(st)]
+    carried = [f"patches/{p.name}" for p in settings.carried_patches(st, "ucx")]
     (v, *_) = render_recipe(repo / "recipes", "ucx")
     assert v.sources[0].get("patches", []) == carried
     for rel in carried:
@@ -196,7 +201,7 @@ def test_ucx_patches_are_copied_into_the_recipe_and_listed(repo):
     (v, *_) = render_recipe(repo / "recipes", "ucx")
     assert v.sources[0]["patches"] == carried + ["patches/0099-fix.patch"]
     patch.unlink()
-    assert any("not a patch of UCX" in p for p in settings.drift(st))
+    assert any("not a patch ucx-src-build carries" in p for p in settings.drift(st))
     settings.regen(st)
     assert not (repo / "recipes/ucx/patches/0099-fix.patch").exists() and settings.drift(st) == []
 
@@ -221,3 +226,14 @@ def test_ucxx_build_scripts_carry_the_wheels_cmake_options(repo):
                if not a.startswith("-DCMAKE_INSTALL_"))
     edit(repo / "stack.toml", '"-DUCXX_ENABLE_CCCL=ON"', '"-DUCXX_ENABLE_CCCL=ON", "-DUCXX_ENABLE_RMM=ON"')
     assert settings.drift(load(repo / "stack.toml")) == ["recipes/ucxx/build_libucxx.sh"]
+
+
+def test_ucxx_recipe_applies_the_patches_the_wheel_build_carries(repo):
+    st = load(repo / "stack.toml")
+    carried = [f"patches/{p.name}" for p in settings.carried_patches(st, "ucxx")]
+    assert carried, "ucx-src-build carries UCXX patches"
+    for v in render_recipe(repo / "recipes", "ucxx"):
+        assert v.sources[0].get("patches", []) == carried  # the UCXX source, as the wheels get it
+    for rel in carried:
+        assert (repo / "recipes/ucxx" / rel).read_bytes() == \
+            (repo / "ucx-src-build/patches" / f"ucxx-{st.ucxx.source.version}" / rel.split("/")[1]).read_bytes()

@@ -5,11 +5,11 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import stack
 from ucx_dask_gpu.gate import identity
 from ucx_dask_gpu.ucx import install
 from ucx_dask_gpu.errors import UCX_NOT_FOUND
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    e = {k: v for k, v in os.environ.items() if k not in (identity.STACK_ID_ENV, install.PREFIX_ENV)}
+    e = {k: v for k, v in os.environ.items() if k != install.PREFIX_ENV}
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "doctor", *args], capture_output=True, text=True,
                           env=e, timeout=300)
@@ -52,15 +52,22 @@ def test_no_gpu_is_said_plainly_and_exits_0(report):
     assert table.returncode == 0 and "no GPU" in table.stdout
 
 
-def test_stack_id_computed_from_the_repository(report):
-    assert report["stack"]["id"] == stack.load(REPO / "stack.toml").stack_id()
+def test_stack_id_is_the_one_the_guard_computes(report):
+    assert report["stack"]["id"] == identity.stack_id()
     assert "computed" in report["stack"]["source"]
 
 
-def test_baked_stack_id_wins():
-    r = run("--json", env={identity.STACK_ID_ENV: "0123456789abcdef"})
-    got = json.loads(r.stdout)["stack"]
-    assert got["id"] == "0123456789abcdef" and identity.STACK_ID_ENV in got["source"]
+def test_finds_the_checkouts_ucx_prefix_without_being_told(report):
+    """In a venv of this checkout (`make venv`), doctor takes the UCX the venv preloads at start-up, i.e. `make ucx`'s
+    prefix, with no --ucx-prefix and from any working directory."""
+    preloaded = install.preloaded_prefix(Path(sysconfig.get_paths()["purelib"]))
+    if preloaded is None:
+        pytest.skip(f"this Python ({sys.prefix}) was not made by `make venv`: no start-up preload of a UCX")
+    r = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "doctor", "--json"], capture_output=True, text=True,
+                       env={k: v for k, v in os.environ.items() if k != install.PREFIX_ENV}, cwd="/", timeout=300)
+    u = json.loads(r.stdout)["ucx"]
+    assert u["prefix"] == str(preloaded) and "preload" in u["found_via"]
+    assert u["version"] and u["libraries"]["libucp.so"].startswith(str(preloaded))
 
 
 def test_ucxx_statement_matches_what_was_loaded(report):

@@ -151,20 +151,27 @@ def test_full_context_layout(tmp_path, st, make_wheel):
     assert not (ctx2 / "etc" / imagebuild.EXTRA_LOCK_NAME).exists()
 
 
-def test_stack_id_covers_build_info_and_extra_locks_by_content_and_name(tmp_path, st):
-    info = tmp_path / "build-info.json"
-    info.write_text('{"ucx_version": "1.13.1"}\n')
-    base = st.stack_id(build_info=info)
-    assert base != st.stack_id()
-    other = tmp_path / "o" / "build-info.json"
-    other.parent.mkdir()
-    other.write_text(info.read_text())
-    assert st.stack_id(build_info=other) == base  # same bytes, same name: same id wherever the file lives
-    other.write_text('{"ucx_version": "1.20.0"}\n')
-    assert st.stack_id(build_info=other) != base
-    extra = tmp_path / "extra-requirements.txt"
-    extra.write_text("x --hash=sha256:" + "0" * 64 + "\n")
-    assert st.stack_id(build_info=info, extra_locks=(extra,)) != base
+def test_stack_id_is_predicted_from_the_contract_versions_of_what_is_installed(tmp_path, st, make_wheel):
+    """The image's stack id (label, checked against what the image computes): the lock, our UCXX wheels, our own
+    wheel; another version of our package or of a contract distribution changes it, anything else does not."""
+    _, ucxx_info = imagebuild.read_ucxx_wheels(st, ucxx_dir(tmp_path, st, make_wheel))
+    own = make_wheel(tmp_path, st.name, st.version)
+    base = imagebuild.expected_stack_id(st, ucxx_info, [own])
+    (tmp_path / "p").mkdir()
+    patched = make_wheel(tmp_path / "p", st.name, st.version + "+patched")
+    assert imagebuild.expected_stack_id(st, ucxx_info, [patched]) != base
+    other = make_wheel(tmp_path, "some-site-library", "1.0")
+    assert imagebuild.expected_stack_id(st, ucxx_info, [own, other]) == base
+    pickle = make_wheel(tmp_path, "cloudpickle", "0.0.1")
+    assert imagebuild.expected_stack_id(st, ucxx_info, [own, pickle]) != base
+
+
+def test_own_wheel_must_be_ours(tmp_path, st, make_wheel):
+    with pytest.raises(UserError) as err:
+        imagebuild.own_wheel_of(st, make_wheel(tmp_path, "not-ours", "1.0"))
+    assert err.value.exit_code == BUILD_FAILED and "not a wheel of" in str(err.value)
+    ours = make_wheel(tmp_path, st.name, "9.9")
+    assert imagebuild.own_wheel_of(st, ours) == ours.resolve()
 
 
 def test_labels_carry_stack_id_ucx_ucxx_and_versions(tmp_path, st, make_wheel):

@@ -103,8 +103,11 @@ def test_tls_comes_from_dask_config_for_every_role_and_requires_encryption(tmp_p
     c.tls_dir = tmp_path
     env = env_of(c._env())
     assert env["DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"] == "True"
+    # Each role its own certificate of the cluster's CA: mutual TLS (gate/tls.py).
+    assert env["DASK_DISTRIBUTED__COMM__TLS__CA_FILE"] == "/tls/ca.pem"
     for role in ("SCHEDULER", "WORKER", "CLIENT"):
-        assert env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__KEY"] == "/tls/node.key"
+        assert env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__CERT"] == f"/tls/{role.lower()}.pem"
+        assert env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__KEY"] == f"/tls/{role.lower()}.key"
     assert "--tls-cert" not in c.scheduler_argv()  # with --interface, dask refuses the --tls-* flags
     assert f"{tmp_path}:/tls:ro" in c.client_args()
     assert env_of(Cluster("img:1", protocol="tcp")._env()) == {}

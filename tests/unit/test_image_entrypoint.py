@@ -141,3 +141,22 @@ def test_legacy_commands_of_the_package_go_through_the_entrypoint(tmp_path):
         pytest.skip(f"{exe} not installed (pip install -e . installs it)")
     proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "Usage: dask scheduler" in proc.stdout
+
+
+def test_dask_worker_gets_the_guard_as_nanny_preload():
+    """`dask worker` ignores distributed.nanny.preload; the guard must run in the nanny to refuse in one line."""
+    got = entrypoint.nanny_preload_args(["dask", "worker", "tcp://scheduler:8786", "--nthreads", "2"])
+    assert got == ["dask", "worker", "--preload-nanny", "ucx_dask_gpu.gate.guard", "tcp://scheduler:8786",
+                   "--nthreads", "2"]
+    assert entrypoint.nanny_preload_args(got) == got
+    for other in (["dask", "cuda", "worker", "tcp://s:1"], ["dask", "scheduler"]):  # dask-cuda honours the config
+        assert entrypoint.nanny_preload_args(other) == other
+
+
+@pytest.mark.parametrize("argv", [["dask", "worker", "not-an-address"], ["dask", "cuda", "worker", "foo://s:1"]])
+def test_a_malformed_worker_address_is_one_line_before_dask_starts(argv):
+    with pytest.raises(UserError) as err:
+        entrypoint.check_worker_address(argv)
+    assert err.value.exit_code == 2 and argv[-1] in str(err.value)
+    entrypoint.check_worker_address(["dask", "worker", "--nthreads", "2", "tcp://s:1"])  # options first: dask's own
+    entrypoint.check_worker_address(["dask", "worker", "ucx://scheduler:8786"])

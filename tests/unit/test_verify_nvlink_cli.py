@@ -2,13 +2,14 @@
 (host memory works here, CUDA memory fails here for real), the real NVML (absent here), the real CuPy probe."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import nvml
+from ucx_dask_gpu import nvml, stack
 from ucx_dask_gpu.ucx import perftest as pt
 from ucx_dask_gpu.nvlink import cli as nvlink_cli
 from ucx_dask_gpu.nvlink import report, undertest, verify
@@ -33,6 +34,10 @@ NVML_WORKS = _nvml_works()
 PIP = pip_wheel_prefix()
 needs_pip_ucx = pytest.mark.skipif(PIP is None or not (PIP / "bin" / "ucx_perftest").is_file(),
                                    reason="the libucx wheel (libucx-cu13) is not installed in this Python")
+# Our own build (`make ucx`): a real ucx_perftest for the runner tests wherever the suite runs.
+OURS = str(Path(os.environ.get("UCX_PREFIX", REPO / "build" / "ucx-prefix")).resolve())
+needs_our_ucx = pytest.mark.skipif(not (Path(OURS) / "bin" / "ucx_perftest").is_file(),
+                                   reason=f"no UCX build at {OURS} (make ucx, or set UCX_PREFIX)")
 no_gpu_here = pytest.mark.skipif(NVML_WORKS, reason="this machine has an NVIDIA driver: the no-GPU paths are not real")
 
 
@@ -62,10 +67,10 @@ def _one_line(err: str) -> str:
 # --- the CLI, end to end -------------------------------------------------------------------------------------------
 
 @no_gpu_here
-@needs_pip_ucx
+@needs_our_ucx
 def test_no_driver_is_nvml_unavailable_and_writes_nothing(tmp_path):
     out = tmp_path / "report"
-    r = cli("--ucx-prefix", "pip", "--out", str(out))
+    r = cli("--ucx-prefix", OURS, "--out", str(out))
     assert r.returncode == NVML_UNAVAILABLE
     assert "NVML unavailable" in _one_line(r.stderr)
     assert not out.exists() and r.stdout == ""
@@ -174,25 +179,26 @@ def test_pip_prefix_resolves_to_the_wheel():
 
 
 @no_gpu_here
-@needs_pip_ucx
+@needs_our_ucx
 def test_preflight_rejects_a_ucx_without_cuda_transports():
-    inst = undertest.resolve_install("pip")
+    inst = undertest.resolve_install(OURS)
     with pytest.raises(UserError) as e:
         undertest.preflight(inst, undertest.child_env(inst, [], {}))
     assert e.value.exit_code == PERFTEST_FAILED and "no CUDA transport" in str(e.value)
-    # what it learned before refusing is real: the wheel's version and its protocol-info capability
-    assert inst.version and inst.version.startswith("1.") and inst.proto_v2_default and inst.proto_used
-    assert undertest.evidence_mode(inst, {}) == "proto-used"
+    # what it learned before refusing is real: our build's version and its protocol-info capability
+    assert inst.version == stack.load(REPO / "stack.toml").ucx.version and inst.proto_v2_default
+    assert not inst.proto_used  # 1.20 has no `UCX_PROTO_INFO=used` mode: selection tables it is
+    assert undertest.evidence_mode(inst, {}) == "proto-selected"
     assert undertest.evidence_mode(inst, {"UCX_PROTO_ENABLE": "n"}) == "lanes"
     assert undertest.evidence_mode(inst, {}, forced="lanes") == "lanes"
 
 
 # --- the runner, for real ------------------------------------------------------------------------------------------
 
-@needs_pip_ucx
+@needs_our_ucx
 def test_run_pair_host_memory_for_real(tmp_path):
-    inst = undertest.resolve_install("pip")
-    env = {**undertest.child_env(inst, [], {}), "UCX_PROTO_INFO": "used"}
+    inst = undertest.resolve_install(OURS)
+    env = {**undertest.child_env(inst, [], {}), **undertest.EVIDENCE_ENV["proto-selected"]}  # 1.20: selection tables
     size = 1 << 20
     out = pt.run_pair(inst.perftest, ["-t", "tag_bw", "-m", "host", "-s", str(size), "-n", "200", "-w", "20"],
                       env, env, tmp_path, timeout=60)
@@ -200,14 +206,14 @@ def test_run_pair_host_memory_for_real(tmp_path):
     assert out.ok and res.iterations == 200 and res.gbps > 0
     assert res.gbps * 1e9 == pytest.approx(size / (res.lat_overall_us * 1e-6), rel=0.01)
     sides = [t for t in pt.parse_proto_tables(out.client_out) if t.is_send and t.mem_is("host")]
-    assert sides and any(r.count and r.covers(size) for r in sides[0].rows)
+    assert sides and any(r.covers(size) and r.transports for r in sides[0].rows)
     assert (tmp_path / "client.out").read_text() == out.client_out
 
 
 @no_gpu_here
-@needs_pip_ucx
+@needs_our_ucx
 def test_run_pair_cuda_without_gpu_fails_with_the_cause(tmp_path):
-    inst = undertest.resolve_install("pip")
+    inst = undertest.resolve_install(OURS)
     env = undertest.child_env(inst, [], {})
     out = pt.run_pair(inst.perftest, ["-t", "tag_bw", "-m", "cuda", "-s", "1048576", "-n", "10", "-w", "1"],
                       env, env, tmp_path, timeout=60)

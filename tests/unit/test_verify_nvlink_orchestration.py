@@ -6,20 +6,22 @@ CUDA do not exist here, and they are not what this test is about -- tests/gpu/te
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 from ucx_dask_gpu.nvlink import cli as nvlink_cli
 from ucx_dask_gpu.nvlink import report, undertest, verdict, verify
-from ucx_dask_gpu.ucx.install import pip_wheel_prefix
 from ucx_dask_gpu import nvml
 from ucx_dask_gpu.cli import build_parser, main
 from ucx_dask_gpu.errors import PERFTEST_FAILED, UserError
 from ucx_dask_gpu.report import write_report
 
-PIP = pip_wheel_prefix()
-pytestmark = pytest.mark.skipif(PIP is None or not (PIP / "bin" / "ucx_perftest").is_file(),
-                                reason="the libucx wheel (libucx-cu13) is not installed in this Python")
+# The UCX under test: our build (`make ucx`), whose ucx_perftest runs host memory here for real.
+OURS = str(Path(os.environ.get("UCX_PREFIX", Path(__file__).resolve().parents[2] / "build" / "ucx-prefix")).resolve())
+pytestmark = pytest.mark.skipif(not (Path(OURS) / "bin" / "ucx_perftest").is_file(),
+                                reason=f"no UCX build at {OURS} (make ucx, or set UCX_PREFIX)")
 
 
 @pytest.fixture
@@ -59,22 +61,23 @@ def recorded_side(h200):
 
 def test_run_and_variant_one_pair_on_host_memory(tmp_path, h200, recorded_side):
     gpus = h200.smi_gpus()
-    args = build_parser().parse_args(["verify-nvlink", "--ucx-prefix", "pip", "--sizes", "64KiB,1MiB", "--iters", "100",
+    args = build_parser().parse_args(["verify-nvlink", "--ucx-prefix", OURS, "--sizes", "64KiB,1MiB", "--iters", "100",
                                       "--variant", "UCX_PROTO_ENABLE=n", "--variant", "UCX_RNDV_SCHEME=bogus",
                                       "--variant-sizes", "1MiB", "--raw-dir", str(tmp_path / "raw"), "-q"])
-    inst = undertest.resolve_install("pip")
-    inst.version, inst.proto_v2_default, inst.proto_used = "1.21.0", True, True    # what preflight reads (GPU only)
+    inst = undertest.resolve_install(OURS)
+    # what preflight reads (GPU only) from 1.20.1: protocol v2, and `UCX_PROTO_INFO=used` not a mode of its own
+    inst.version, inst.proto_v2_default, inst.proto_used = "1.20.1", True, False
     # the variant turns protocol v2 off: no tables any more, so it is judged by lanes + the ablation run
     # and a study whose value this UCX rejects: recorded as that run's error, the others go on
-    runs = [verify.RunSpec(inst, None, "pip"), verify.RunSpec(inst, verify.parse_variant(args.variant[0]), "pip + v1"),
-            verify.RunSpec(inst, verify.parse_variant(args.variant[1]), "pip + bogus")]
+    runs = [verify.RunSpec(inst, None, "ours"), verify.RunSpec(inst, verify.parse_variant(args.variant[0]), "ours + v1"),
+            verify.RunSpec(inst, verify.parse_variant(args.variant[1]), "ours + bogus")]
     side = recorded_side(gpus)
     args.memory_type = "host"
     ver = verify.Verifier(args, gpus, [(gpus[0], gpus[1])], runs, verify.parse_sizes(args.sizes), side, [], {},
                       verdict.Thresholds())
     results = ver.run()
 
-    assert [r["evidence_method"] for r in results] == ["proto-used", "lanes", "proto-used"]
+    assert [r["evidence_method"] for r in results] == ["proto-selected", "lanes", "proto-selected"]
     assert [r["counts_for_exit"] for r in results] == [True, False, False]
     assert results[0]["error"] is None and results[1]["error"] is None
     assert "ucx_perftest failed" in results[2]["error"] and "bogus" in results[2]["error"]
@@ -89,9 +92,9 @@ def test_run_and_variant_one_pair_on_host_memory(tmp_path, h200, recorded_side):
         assert p["verdict"] == "fail" and any("NVLink counters saw" in x for x in p["reasons"])
         vis = p["evidence"]["visibility"]
         assert vis["server_declared"] == [gpus[1].uuid] and vis["client_declared"] == [gpus[0].uuid]
-    # the proto-used runs found the host-memory tables of the real perftest
+    # the protocol-table run found the host-memory selection tables of the real perftest
     used = results[0]["pairs"][0]["sizes"][-1]
-    assert used["transport_method"] == "proto-used" and used["transport"] != "unknown"
+    assert used["transport_method"] == "proto-selected" and used["transport"] != "unknown"
     # the lanes run did its ablation (UCX_TLS without cuda_ipc) at the largest size
     abl = results[1]["pairs"][0]["evidence"]["ablation"]
     assert abl["UCX_TLS"] == "^cuda_ipc" and abl["msg_bytes"] == 1 << 20 and abl["error"] is None
@@ -136,7 +139,7 @@ def test_command_end_to_end_with_recorded_gpu_side(tmp_path, monkeypatch, capsys
     monkeypatch.setattr(nvlink_cli, "preflight", preflight)
     monkeypatch.setattr(nvlink_cli, "GpuSide", recorded_side)
     out = tmp_path / "report"
-    argv = ["verify-nvlink", "--ucx-prefix", "pip", "--sizes", "1MiB", "--iters", "50", "--memory-type", "host",
+    argv = ["verify-nvlink", "--ucx-prefix", OURS, "--sizes", "1MiB", "--iters", "50", "--memory-type", "host",
             "--out", str(out)]
     monkeypatch.setattr("sys.argv", ["/usr/local/bin/ucx-dask-gpu", *argv])  # what command.txt records
     rc = main(argv)
@@ -146,7 +149,7 @@ def test_command_end_to_end_with_recorded_gpu_side(tmp_path, monkeypatch, capsys
     rep = json.loads((out / "verify-nvlink.json").read_text())
     assert [(p["src"], p["dst"]) for p in rep["pairs"]] == [(0, 1), (1, 0)]
     assert rep["ucx"]["version"] == "1.21.0" and rep["driver"] == "580.159.04" and rep["exit_code"] == 1
-    assert (out / "command.txt").read_text().startswith("ucx-dask-gpu verify-nvlink --ucx-prefix pip")
+    assert (out / "command.txt").read_text().startswith(f"ucx-dask-gpu verify-nvlink --ucx-prefix {OURS}")
     assert sorted(p.name for p in out.iterdir()) == ["command.txt", "verify-nvlink.json", "verify-nvlink.md",
                                                      "verify-nvlink.png"]
 
@@ -155,10 +158,11 @@ def test_keep_going_reports_a_ucx_that_cannot_start(tmp_path, monkeypatch, capsy
     """Two UCX under test, the second one broken (as a from-source prefix without libcudart would be): with
     --keep-going the first is still measured and the report says why the second has no numbers (exit 14)."""
     gpus = h200.smi_gpus()
-    real_pip = undertest.resolve_install("pip").prefix
+    broken = tmp_path / "broken-ucx"  # a second UCX under test: the same files under another name
+    broken.symlink_to(OURS)
 
     def preflight(inst, env):
-        if inst.spec != "pip":
+        if inst.spec != OURS:
             raise UserError(f"UCX at {inst.prefix} does not start (ucx_info -v exit 127): symbol lookup error",
                             PERFTEST_FAILED)
         inst.version, inst.proto_v2_default, inst.proto_used = "1.21.0", True, True
@@ -168,7 +172,7 @@ def test_keep_going_reports_a_ucx_that_cannot_start(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(nvlink_cli, "preflight", preflight)
     monkeypatch.setattr(nvlink_cli, "GpuSide", recorded_side)
     out = tmp_path / "report"
-    rc = main(["verify-nvlink", "--ucx-prefix", "pip", "--ucx-prefix", str(real_pip), "--gpus", "0,1",
+    rc = main(["verify-nvlink", "--ucx-prefix", OURS, "--ucx-prefix", str(broken), "--gpus", "0,1",
                "--sizes", "64KiB", "--iters", "20", "--memory-type", "host", "--keep-going", "--out", str(out), "-q"])
     cap = capsys.readouterr()
     assert rc == PERFTEST_FAILED and cap.err == ""
@@ -176,7 +180,7 @@ def test_keep_going_reports_a_ucx_that_cannot_start(tmp_path, monkeypatch, capsy
     assert [bool(r["error"]) for r in rep["runs"]] == [False, True]
     assert "symbol lookup error" in rep["runs"][1]["error"] and len(rep["runs"][0]["pairs"]) == 2
     # without --keep-going the same machine stops at once, one line, no report
-    rc = main(["verify-nvlink", "--ucx-prefix", "pip", "--ucx-prefix", str(real_pip), "--memory-type", "host",
+    rc = main(["verify-nvlink", "--ucx-prefix", OURS, "--ucx-prefix", str(broken), "--memory-type", "host",
                "--out", str(tmp_path / "none"), "-q"])
     cap = capsys.readouterr()
     assert rc == PERFTEST_FAILED and len(cap.err.strip().splitlines()) == 1 and not (tmp_path / "none").exists()

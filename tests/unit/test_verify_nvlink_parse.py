@@ -18,6 +18,7 @@ FIX = Path(__file__).resolve().parent.parent / "fixtures"
 VN = FIX / "verify_nvlink"
 W121 = VN / "cpu-ucx-1.21.0-wheel"
 S113 = VN / "cpu-ucx-1.13.1-source"
+S1201 = VN / "cpu-ucx-1.20.1-source"
 RECORDED_OK = [W121 / "perftest-host-1m-proto-used", S113 / "perftest-host-64m-log-info",
                S113 / "perftest-host-64m-proto-v2-info"]
 RECORDED_FAILED = [W121 / "perftest-cuda-no-gpu", S113 / "perftest-host-1m-proto-info-used-rejected"]
@@ -254,13 +255,14 @@ def test_transports_and_memunits():
 
 # --- ucx_info -c capability probes ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("d", [W121, S113], ids=lambda p: p.name)
-def test_proto_info_used_capability(d):
+@pytest.mark.parametrize("d, version", [(W121, "1.21.0"), (S113, "1.13.1"), (S1201, "1.20.1")],
+                         ids=lambda p: getattr(p, "name", p))
+def test_proto_info_used_capability(d, version):
     plain = (d / "ucx_info-c.txt").read_text()
     probed = (d / "ucx_info-c-proto-info-used.txt").read_text()
     rejected = "Invalid value for PROTO_INFO" in probed
-    assert pt.accepts_proto_info_used(probed) is (not rejected)
-    assert pt.accepts_proto_info_used(plain) is False  # the default is never 'used'
+    assert pt.accepts_proto_info_used(probed, version) is (not rejected and version >= "1.21")
+    assert pt.accepts_proto_info_used(plain, version) is False  # the default is never 'used'
     v2 = pt.config_value(plain, "PROTO_ENABLE")
     assert v2 in ("y", "n")
     assert pt.config_value(plain, "PROTO_INFO_DIR") in (None, "")
@@ -271,8 +273,17 @@ def test_versions_differ_as_documented():
     """1.21 (wheel) runs protocol v2 and takes `used`; 1.13.1 runs v1 and rejects it -- the reason for lanes+ablation."""
     assert pt.truthy(pt.config_value((W121 / "ucx_info-c.txt").read_text(), "PROTO_ENABLE"))
     assert not pt.truthy(pt.config_value((S113 / "ucx_info-c.txt").read_text(), "PROTO_ENABLE"))
-    assert pt.accepts_proto_info_used((W121 / "ucx_info-c-proto-info-used.txt").read_text())
-    assert not pt.accepts_proto_info_used((S113 / "ucx_info-c-proto-info-used.txt").read_text())
+    assert pt.accepts_proto_info_used((W121 / "ucx_info-c-proto-info-used.txt").read_text(), "1.21.0")
+    assert not pt.accepts_proto_info_used((S113 / "ucx_info-c-proto-info-used.txt").read_text(), "1.13.1")
+
+
+def test_ucx_1_20_echoes_used_but_prints_no_tables():
+    """1.20.1 takes UCX_PROTO_INFO=used without complaint (a glob then) and its perftest prints no protocol table:
+    verify-nvlink must ask it for selection tables (UCX_PROTO_INFO=y) instead."""
+    probed = (S1201 / "ucx_info-c-proto-info-used.txt").read_text()
+    assert pt.config_value(probed, "PROTO_INFO") == "used"
+    assert not pt.accepts_proto_info_used(probed, "1.20.1")
+    assert pt.parse_proto_tables((S1201 / "perftest-host-proto-info-used-client.txt").read_text()) == []
 
 
 # --- nvidia-smi nvlink -gt d --------------------------------------------------------------------------------------

@@ -196,6 +196,8 @@ def write_dask_config(directory: Path, tree: dict) -> None:
 def child_env(base: dict[str, str], config_dir: Path | None, env: dict[str, str], unset: list[str]) -> dict:
     out = dict(base)
     out["PYTHONUNBUFFERED"] = "1"
+    # a crash inside UCX or a C extension leaves the Python stack of every thread in the log tail
+    out["PYTHONFAULTHANDLER"] = "1"
     if config_dir is not None:
         out["DASK_CONFIG"] = str(config_dir)
     for k in unset:

@@ -133,9 +133,14 @@ def run_one(run: Run, args, tmp: Path, index: int, seconds: float, trace_rounds:
     process = child.summary(rc, timed_out)
     if out.exists():
         res = json.loads(out.read_text())
+        if "shutdown" not in res:  # measured, then died tearing the cluster down: keep the numbers, say so
+            res["shutdown"] = {"error": f"timed out after {timeout:.0f} s" if timed_out else f"exited with {rc}"}
+            progress(f"[{label}] {res['shutdown']['error']} while shutting down (its measurements are kept)")
     else:
         res = {"status": "error", "error": f"timed out after {timeout:.0f} s" if timed_out
                else f"exited with {rc} before writing a result"}
+    res.setdefault("protocol", run.protocol)
+    res.setdefault("label", run.spec.label)
     res["proto_info"] = child.proto_info[:MAX_PROTO_ROWS]
     if res.get("status") != "ok":
         res["log_tail"] = list(child.stderr_tail)[-40:]

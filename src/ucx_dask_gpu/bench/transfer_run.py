@@ -275,7 +275,13 @@ def run_transpose(client: Client, tspec: dict, gpu: bool) -> dict:
             "check_rel_error": check["rel_error"]}
 
 
-def run(spec: dict) -> dict:
+def write_result(path: Path, res: dict) -> None:
+    path.write_text(json.dumps(res, default=str))
+
+
+def run(spec: dict, result: Path) -> dict:
+    """Measure one variant; `result` is written before the cluster shuts down and again after, so a process that
+    dies while tearing UCX down (seen once under heavy load: SIGSEGV) still leaves its measurements."""
     gpu = spec["mode"] == "gpu"
     res: dict = {"status": "error", "label": spec["label"], "protocol": spec["protocol"], "mode": spec["mode"],
                  "sizes": spec["sizes"], "timings": {}}
@@ -327,6 +333,7 @@ def run(spec: dict) -> dict:
         res["traceback"] = traceback.format_exc()[-6000:]
         progress(f"failed: {res['error']}")
     finally:
+        write_result(result, res)
         progress("shutting down")
         res["shutdown"] = shutdown(client, cluster, 2)
     return res
@@ -339,10 +346,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = json.loads(Path(argv[0]).read_text())
     try:
-        res = run(spec)
+        res = run(spec, Path(argv[1]))
     except BaseException as e:
         res = {"status": "error", "error": one_line(e), "traceback": traceback.format_exc()[-6000:]}
-    Path(argv[1]).write_text(json.dumps(res, default=str))
+    write_result(Path(argv[1]), res)
     return 0 if res.get("status") == "ok" else 1
 
 

@@ -199,6 +199,12 @@ def check_against_stack(v: Variant, st: Stack) -> list[str]:
     where = f"{v.recipe_path.parent.name}/{v.name}"
     out = []
 
+    def check_patches(recipe: str) -> None:
+        want = [f"patches/{p.name}" for p in cfg.carried_patches(st, recipe)]
+        got = [str(p) for p in (v.sources[0].get("patches") or [])] if v.sources else []
+        if got != want:
+            out.append(f"{where}: patches {got}, ucx-src-build carries {want}")
+
     def source_is(i: int, src: cfg.SourceArchive) -> None:
         if i >= len(v.sources):
             out.append(f"{where}: source[{i}] missing (stack.toml pins {src.archive})")
@@ -212,10 +218,7 @@ def check_against_stack(v: Variant, st: Stack) -> list[str]:
         if v.version != s.ucx.version:
             out.append(f"{where}: version {v.version}, stack.toml [ucx.source] says {s.ucx.version}")
         source_is(0, s.ucx)
-        want_patches = [f"patches/{p.name}" for p in cfg.ucx_patches(st)]
-        got_patches = [str(p) for p in (v.sources[0].get("patches") or [])] if v.sources else []
-        if got_patches != want_patches:
-            out.append(f"{where}: patches {got_patches}, ucx-src-build carries {want_patches}")
+        check_patches("ucx")
         exports = v.run_exports()
         if len(exports) != 1 or not exports[0].startswith('${{ pin_subpackage("ucx"') or \
                 'upper_bound="x.x"' not in exports[0]:
@@ -232,6 +235,7 @@ def check_against_stack(v: Variant, st: Stack) -> list[str]:
             out.append(f"{where}: version {v.version}, stack.toml [ucxx.source] says {s.ucxx.version}")
         for i, src in enumerate((s.ucxx, s.rapids_cmake, s.cpm)):
             source_is(i, src)
+        check_patches("ucxx")
         host = _by_name(v.requirements("host"))
         if v.name in ("libucxx", "ucxx"):
             if not same_spec(host.get("ucx"), f"ucx {s.ucx.version}.*"):

@@ -5,7 +5,8 @@ one folder), so the values they need are written INTO them by `ucx-dask-gpu cond
 - each recipe.yaml's `context:` lines between the "Generated from stack.toml" and "End of generated lines" markers;
 - recipes/ucx/build.sh's configure flags and recipes/ucxx/build_*.sh's CMake options between the same markers;
 - recipes/<recipe>/conda_build_config.yaml (the recipe's own variant keys: CUDA versions, the glibc floor);
-- recipes/ucx/patches/ (copies of ucx-src-build/patches/<UCX version>/*.patch) and their list in the recipe;
+- recipes/ucx/patches/ and recipes/ucxx/patches/ (copies of the patches ucx-src-build carries: patches/<UCX version>/
+  and patches/ucxx-<UCXX version>/) and their list in the recipe;
 - recipes/conda_build_config.yaml: the few keys of conda-forge's global pinning (conda-forge-pinning) these recipes
   read, for rendering where conda-forge-pinning is unreachable.
 `conda regen --check` (and the recipe check of `conda lint|channel`) reports drift without writing.
@@ -85,9 +86,19 @@ def context_key(package: str) -> str:
     return re.sub(r"[^a-z0-9]", "_", package) + "_version"
 
 
-def ucx_patches(st: Stack) -> list[Path]:
-    """The patches the UCX build carries for the packaged version (ucx-src-build/patches/<version>/)."""
-    d = st.root / "ucx-src-build" / "patches" / settings(st).ucx.version
+# The recipes whose main source carries ucx-src-build's patches, and the folder of ucx-src-build/patches they are in.
+PATCHED_RECIPES = ("ucx", "ucxx")
+
+
+def patch_folder(st: Stack, recipe: str) -> str:
+    s = settings(st)
+    return s.ucx.version if recipe == "ucx" else f"ucxx-{s.ucxx.version}"
+
+
+def carried_patches(st: Stack, recipe: str) -> list[Path]:
+    """The patches the from-source build carries for the packaged version (ucx-src-build/patches/<folder>/): the
+    recipe applies the same ones to the same source."""
+    d = st.root / "ucx-src-build" / "patches" / patch_folder(st, recipe)
     return sorted(d.glob("*.patch")) if d.is_dir() else []
 
 
@@ -140,9 +151,9 @@ def ucxx_cmake_lines(st: Stack, package: str) -> list[str]:
     return [f"wheel_cmake_args=({' '.join(args)})"]
 
 
-def patch_lines(st: Stack) -> list[str]:
-    patches = ucx_patches(st)
-    return ["  patches:"] + [f"    - patches/{p.name}" for p in patches] if patches else []
+def patch_lines(st: Stack, recipe: str, indent: str) -> list[str]:
+    patches = carried_patches(st, recipe)
+    return [f"{indent}patches:"] + [f"{indent}  - patches/{p.name}" for p in patches] if patches else []
 
 
 def replace_region(text: str, lines: list[str], where: str, occurrence: int = 0) -> str:
@@ -195,12 +206,15 @@ def generated_files(st: Stack, recipes_dir: Path | None = None) -> dict[Path, by
         except OSError as e:
             raise UserError(f"cannot read {path}: {e.strerror}", RECIPE_INVALID) from None
         text = replace_region(text, context_lines(st, recipe), str(path))
+        if recipe in PATCHED_RECIPES:
+            # ucx has one source (`source:` map, 2 spaces), ucxx a list whose first entry is UCXX (4 spaces).
+            text = replace_region(text, patch_lines(st, recipe, "  " if recipe == "ucx" else "    "), str(path),
+                                  occurrence=1)
+            for patch in carried_patches(st, recipe):
+                out[rdir / "patches" / patch.name] = patch.read_bytes()
         if recipe == "ucx":
-            text = replace_region(text, patch_lines(st), str(path), occurrence=1)
             build_sh = rdir / "build.sh"
             out[build_sh] = replace_region(build_sh.read_text(), configure_lines(st), str(build_sh)).encode()
-            for patch in ucx_patches(st):
-                out[rdir / "patches" / patch.name] = patch.read_bytes()
         if recipe == "ucxx":
             for package, script in (("libucxx", "build_libucxx.sh"), ("ucxx", "build_ucxx.sh")):
                 sh = rdir / script
@@ -212,10 +226,14 @@ def generated_files(st: Stack, recipes_dir: Path | None = None) -> dict[Path, by
 
 
 def stale_patches(st: Stack, recipes_dir: Path | None = None) -> list[Path]:
-    """Patches in recipes/ucx/patches/ that are no longer UCX's (a version change): removed by regen."""
-    d = (recipes_dir or st.root / "recipes") / "ucx" / "patches"
-    want = {p.name for p in ucx_patches(st)}
-    return sorted(p for p in d.glob("*.patch") if p.name not in want) if d.is_dir() else []
+    """Patches in recipes/<recipe>/patches/ that ucx-src-build no longer carries (a version change): removed by
+    regen."""
+    out = []
+    for recipe in PATCHED_RECIPES:
+        d = (recipes_dir or st.root / "recipes") / recipe / "patches"
+        want = {p.name for p in carried_patches(st, recipe)}
+        out += sorted(p for p in d.glob("*.patch") if p.name not in want) if d.is_dir() else []
+    return out
 
 
 def drift(st: Stack, recipes_dir: Path | None = None) -> list[str]:
@@ -225,7 +243,7 @@ def drift(st: Stack, recipes_dir: Path | None = None) -> list[str]:
         have = path.read_bytes() if path.is_file() else None
         if have != want:
             out.append(str(path.relative_to(st.root)) if path.is_relative_to(st.root) else str(path))
-    out += [f"{p} (not a patch of UCX {settings(st).ucx.version})" for p in stale_patches(st, recipes_dir)]
+    out += [f"{p} (not a patch ucx-src-build carries)" for p in stale_patches(st, recipes_dir)]
     return out
 
 

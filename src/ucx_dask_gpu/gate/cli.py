@@ -1,22 +1,47 @@
-"""`ucx-dask-gpu guard show` (this environment's identity) and `ucx-dask-gpu config install|show` (the dask config
-that loads the guard on every role)."""
+"""`ucx-dask-gpu guard show|id` (this environment's stack id and its contract terms) and `ucx-dask-gpu config
+install|show` (the dask config that loads the guard on every role)."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from . import daskconfig, identity
+from . import daskconfig, identity, tls
 
 
 def _cmd_guard_show(args) -> int:
-    sid, source = identity.stack_id()
+    terms = identity.own_contract()
     pkgs = identity.installed_packages()
-    info = {"stack_id": sid, "source": source, "packages": len(pkgs), "packages_sha256": identity.packages_digest(pkgs)}
+    info = {"stack_id": identity.contract_id(terms), "contract": terms, "packages": len(pkgs),
+            "packages_sha256": identity.packages_digest(pkgs), "python_executable": sys.executable}
     if args.json:
         print(json.dumps(info))
-    else:
-        print(f"stack id {sid or 'none'} (from {source}); {len(pkgs)} packages, digest {info['packages_sha256']}")
+        return 0
+    print(f"stack id {info['stack_id']}  (the environment contract of {sys.executable}; {len(pkgs)} distributions "
+          "installed, only these count:)")
+    for term, version in terms.items():
+        print(f"  {term:<18} {version or 'missing'}")
+    return 0
+
+
+def _cmd_guard_id(args) -> int:
+    print(identity.stack_id())
+    return 0
+
+
+def _cmd_tls_init(args) -> int:
+    for path in tls.init(Path(args.dir), args.host, args.client, args.days):
+        print(f"wrote {path}")
+    for role in tls.ROLES:
+        env = " ".join(f"{k}={v}" for k, v in tls.dask_env(Path(args.dir).resolve(), role).items())
+        print(f"{role}: {env}")
+    return 0
+
+
+def _cmd_tls_env(args) -> int:
+    for k, v in tls.dask_env(args.dir, args.role, args.name).items():
+        print(f"export {k}={v}")
     return 0
 
 
@@ -35,9 +60,29 @@ def _cmd_config_show(args) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("guard", help="the environment gate that refuses mismatched Dask workers and clients")
     s = p.add_subparsers(dest="guard_command", metavar="ACTION", required=True)
-    sh = s.add_parser("show", help="print this environment's stack id (and where it came from) and package digest")
+    sh = s.add_parser("show", help="print this environment's stack id and the contract terms it is computed from")
     sh.add_argument("--json", action="store_true")
     sh.set_defaults(func=_cmd_guard_show)
+    s.add_parser("id", help="print this environment's stack id only (the same computation in a venv, the image and "
+                            "a conda environment)").set_defaults(func=_cmd_guard_id)
+
+    p = sub.add_parser("tls", help="mutual TLS for a cluster: a CA, a certificate per role, the dask settings")
+    s = p.add_subparsers(dest="tls_command", metavar="ACTION", required=True)
+    t = s.add_parser("init", help="create DIR with a CA and scheduler/worker/client certificates (openssl); "
+                                  "add client certificates to an existing DIR with --client")
+    t.add_argument("dir")
+    t.add_argument("--host", action="append", default=[],
+                   help="a name or address the scheduler and workers are reached by (repeatable; default localhost "
+                        "and 127.0.0.1)")
+    t.add_argument("--client", action="append", default=[], metavar="NAME",
+                   help="also issue NAME.pem/NAME.key for a client (repeatable)")
+    t.add_argument("--days", type=int, default=365, help="validity (default 365)")
+    t.set_defaults(func=_cmd_tls_init)
+    e = s.add_parser("env", help="print the dask settings (environment) for one role's certificate")
+    e.add_argument("dir", help="the directory as the process sees it")
+    e.add_argument("--role", choices=tls.ROLES, required=True)
+    e.add_argument("--name", help="certificate name in DIR (default: the role's own; a --client NAME of init)")
+    e.set_defaults(func=_cmd_tls_env)
 
     p = sub.add_parser("config", help="the dask config shipped for the image (guard preloads, UCX transports)")
     s = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)

@@ -1,44 +1,96 @@
-"""Who this process is, environment-wise, and how two such identities differ.
+"""Who this process is, environment-wise: the environment contract, the stack id derived from it, and how two
+identities differ.
 
-The identity of a Dask process (scheduler, worker or client) is its stack id plus the list of installed
-distributions. The stack id is baked into the image (hash of stack.toml + lock + UCX build info); two processes
-with the same stack id run the same software. The package list only serves to explain a mismatch.
+The contract is what must be the same for a peer (worker or client) to join a scheduler: the Python minor version
+and the versions of the distributions that carry serialised task graphs and data between processes, or run the
+cluster's code on both ends of a connection (CONTRACT). Nothing else counts: a notebook with pytest or a plotting
+library installed joins a cluster whose workers have neither.
 
-Pure functions, no dask import: the preload (`ucx_dask_gpu.gate.guard`) and `ucx-dask-gpu guard show` share them.
+The stack id is a hash of exactly those terms, computed from the installed distributions (`importlib.metadata`), the
+same way wherever it runs: a host venv, the image, a conda environment. Distribution names are compared without
+their CUDA suffix (`cupy-cuda13x` from PyPI and `cupy` from conda-forge are the same contract term), so an
+environment made by `pip install` from the lock and one made by `conda install -c ourchannel ucx-dask-gpu` at the
+lock's versions have the same stack id. The image build predicts its id from the lock and checks the image computes
+the same (image/build.py).
+
+The scheduler never trusts a peer's own id: a peer sends its installed distributions and Python version, and the
+scheduler derives the contract from them. This protects against accidents (a stale venv, a mismatched pin), not
+against someone who lies on purpose: mutual TLS (gate/tls.py) is what keeps strangers out.
+
+Pure functions, no dask import: the preload (`ucx_dask_gpu.gate.guard`) and `ucx-dask-gpu guard` share them.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
-import os
+import platform
+import re
 from importlib.metadata import distributions
-from pathlib import Path
 
-from ..stack import STACK_ID_ENV, STACK_ID_FILE
 from ..stack.lock import canonical
 
 # The preload that carries the identity and refuses mismatches (gate/guard.py), as dask config names it.
 GUARD = "ucx_dask_gpu.gate.guard"
-# Key under which the identity travels: in a worker's startup information and in a client's `versions`.
+# Key under which the identity travels: in a worker's startup information, in a client's `versions`, in the
+# scheduler's answer to "identity" (there it says that the scheduler runs the guard).
 KEY = "ucx-dask-gpu"
 # A refusal lists at most this many differing packages, so the message stays one readable line.
 MAX_LISTED = 20
 
+# The environment contract (README "Environment gate"), by distribution name without CUDA suffix:
+# - cloudpickle, msgpack: how graphs, functions and messages are serialised;
+# - dask, distributed: the graph format, the protocol and the scheduler's own code (the scheduler unpickles graphs);
+# - numpy, pandas, pyarrow, cupy, rmm: the data that travels, and how it is serialised (rmm: GPU buffers);
+# - dask-cuda: serialisers and worker code on GPU clusters;
+# - ucxx, distributed-ucxx: both ends of a UCX connection (their wire protocol and frame handling);
+# - ucx-dask-gpu: this guard and the functions our workloads ship to the workers.
+# Plus the Python minor version (bytecode of pickled functions, pickle protocol). The C++ libucxx/librmm are left
+# out: conda ships them without Python metadata, and they move in lockstep with ucxx/rmm.
+CONTRACT = ("cloudpickle", "msgpack", "dask", "distributed", "numpy", "pandas", "pyarrow", "cupy", "rmm",
+            "dask-cuda", "ucxx", "distributed-ucxx", "ucx-dask-gpu")
+PYTHON = "python"
+_CUDA_SUFFIX = re.compile(r"-(cu\d+|cuda\d+x)$")
 
-def stack_id(environ: dict | None = None, id_file: Path | None = None) -> tuple[str | None, str]:
-    """(stack id, where it came from): env UCX_DASK_GPU_STACK_ID, else the image's file, else (None, "none")."""
-    environ = os.environ if environ is None else environ
-    id_file = STACK_ID_FILE if id_file is None else id_file
-    value = environ.get(STACK_ID_ENV, "").strip()
-    if value:
-        return value, f"env {STACK_ID_ENV}"
-    try:
-        value = id_file.read_text().strip()
-    except OSError:
-        value = ""
-    if value:
-        return value.split()[0], str(id_file)
-    return None, "none"
+
+def contract_name(name: str) -> str:
+    """The contract term a distribution counts as: its canonical name without a CUDA suffix (`cupy-cuda13x` ->
+    `cupy`, `rmm-cu13` -> `rmm`, `distributed-ucxx-cu13` -> `distributed-ucxx`)."""
+    return _CUDA_SUFFIX.sub("", canonical(name))
+
+
+_RELEASE = re.compile(r"^(\d+(?:\.\d+)*)(.*)$")
+
+
+def normal_version(version: str) -> str:
+    """Leading zeros of the release numbers dropped, as PEP 440 compares them: a conda package built from the tag
+    0.51.01 and the wheel 0.51.1 are one version."""
+    m = _RELEASE.match(version.strip())
+    return ".".join(str(int(p)) for p in m.group(1).split(".")) + m.group(2) if m else version.strip()
+
+
+def python_minor(version: str) -> str:
+    """'3.11.7' / '3.11.7.final.0' -> '3.11'."""
+    return ".".join(version.split(".")[:2])
+
+
+def contract(packages: dict[str, str | None], python: str) -> dict[str, str | None]:
+    """The contract terms of an environment: python minor + the version of each CONTRACT distribution (None when
+    not installed). Two distributions of one term (cupy-cuda12x and cupy-cuda13x) give both versions, joined."""
+    found: dict[str, set[str]] = {}
+    for name, version in packages.items():
+        term = contract_name(name)
+        if term in CONTRACT and version:
+            found.setdefault(term, set()).add(normal_version(version))
+    terms: dict[str, str | None] = {PYTHON: python_minor(python)}
+    for term in CONTRACT:
+        terms[term] = ",".join(sorted(found[term])) if term in found else None
+    return terms
+
+
+def contract_id(terms: dict[str, str | None]) -> str:
+    """The stack id: a hash of the contract terms (16 hex digits)."""
+    text = "".join(f"{k}=={v or 'missing'}\n" for k, v in sorted(terms.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @functools.cache
@@ -53,6 +105,15 @@ def installed_packages() -> dict[str, str]:
         if name:
             found.setdefault(canonical(name), dist.version)
     return found
+
+
+def own_contract() -> dict[str, str | None]:
+    return contract(installed_packages(), platform.python_version())
+
+
+def stack_id() -> str:
+    """This environment's stack id, computed from its installed distributions (`ucx-dask-gpu guard id`)."""
+    return contract_id(own_contract())
 
 
 def encode_packages(packages: dict[str, str]) -> str:
@@ -74,25 +135,24 @@ def packages_digest(packages: dict[str, str]) -> str:
 
 
 def identity() -> dict:
-    """What a process sends when it registers with the scheduler (msgpack-friendly: strings and None only)."""
-    sid, _ = stack_id()
+    """What a process sends when it registers with the scheduler (msgpack-friendly: strings only)."""
     pkgs = installed_packages()
-    return {"stack-id": sid, "packages-sha256": packages_digest(pkgs), "packages": encode_packages(pkgs)}
+    return {"stack-id": stack_id(), "python": platform.python_version(), "packages-sha256": packages_digest(pkgs),
+            "packages": encode_packages(pkgs)}
 
 
-def peer_packages(ident: dict | None, versions: dict | None) -> dict[str, str | None]:
-    """The peer's packages: its full list when it ran the guard, else the few distributed itself reports."""
-    if ident and isinstance(ident.get("packages"), str):
-        return decode_packages(ident["packages"])
-    pkgs = (versions or {}).get("packages") or {}
-    return {canonical(k): v for k, v in pkgs.items() if k != "python"}
+def _their_python(ident: dict | None, versions: dict | None) -> str | None:
+    if ident and isinstance(ident.get("python"), str):
+        return ident["python"]
+    v = versions or {}
+    return (v.get("host") or {}).get("python") or (v.get("packages") or {}).get("python")
 
 
 def package_diff(ours: dict[str, str | None], theirs: dict[str, str | None],
                  only: set[str] | None = None) -> list[tuple[str, str | None, str | None]]:
     """[(name, our version, their version)] where they differ (None = not installed), sorted by name.
 
-    `only` restricts the comparison to names the peer could report (a peer without the guard sends ~10).
+    `only` restricts the comparison to these names.
     """
     names = set(ours) | set(theirs) if only is None else only
     return [(n, ours.get(n), theirs.get(n)) for n in sorted(names) if ours.get(n) != theirs.get(n)]
@@ -101,25 +161,51 @@ def package_diff(ours: dict[str, str | None], theirs: dict[str, str | None],
 def format_diff(diff: list[tuple[str, str | None, str | None]], limit: int = MAX_LISTED) -> str:
     shown = ", ".join(f"{n}: {a or 'missing'} vs {b or 'missing'}" for n, a, b in diff[:limit])
     more = f" (+{len(diff) - limit} more)" if len(diff) > limit else ""
-    return (shown + more) if diff else "none found"
+    return (shown + more) if diff else "none"
+
+
+def how_to_load_guard(role: str) -> str:
+    """What a peer without the guard has to do, by role."""
+    if role == "client":
+        return (f"import {GUARD} before creating the Client, or install the client config once with "
+                "`ucx-dask-gpu config install --dest <python prefix>/etc/dask`")
+    return (f"start it with the image's dask config, or add `--preload {GUARD}` (a `--preload` option replaces the "
+            "configured list)")
 
 
 def check_peer(ours: dict, role: str, peer: str, ident: dict | None, versions: dict | None) -> str | None:
-    """One-line refusal message when the peer's stack id differs from ours; None when it may join."""
-    their_id = (ident or {}).get("stack-id")
-    if their_id == ours["stack-id"]:
-        return None
-    our_pkgs = decode_packages(ours["packages"])
-    their_pkgs = peer_packages(ident, versions)
-    only = None if ident else set(their_pkgs)
-    diff = package_diff(our_pkgs, their_pkgs, only)
-    if ident is None:
-        their_desc = (f"none (it did not load the {GUARD} preload: run it from the image, whose dask "
-                      f"config loads it; a `--preload` option replaces that list, so add `--preload {GUARD}` to it)")
-    else:
-        their_desc = their_id or "none (no stack id in its environment)"
-    return (f"ucx-dask-gpu guard: refused {role} {peer}: stack id differs: scheduler {ours['stack-id']} vs "
-            f"{role} {their_desc}; differing packages (scheduler vs {role}): {format_diff(diff)}")
+    """One-line refusal message when the peer breaks the contract; None when it may join.
+
+    The peer's terms come from the distributions it sent (the guard sends them all). A peer that did not load the
+    guard sent only the handful distributed reports itself: that is not enough to check the contract, so it is
+    refused, with what could be compared.
+    """
+    our_terms = contract(decode_packages(ours["packages"]), ours["python"])
+    python = _their_python(ident, versions)
+    if ident and isinstance(ident.get("packages"), str):
+        their_terms = contract(decode_packages(ident["packages"]), python or "unknown")
+        diff = package_diff(our_terms, their_terms)
+        if not diff:
+            return None
+        return (f"ucx-dask-gpu guard: refused {role} {peer}: its environment breaks the contract: stack id "
+                f"scheduler {contract_id(our_terms)} vs {role} {contract_id(their_terms)}; differing (scheduler vs "
+                f"{role}): {format_diff(diff)}")
+    reported = {canonical(k): v for k, v in ((versions or {}).get("packages") or {}).items() if k != PYTHON}
+    their_terms = contract(reported, python or "unknown")
+    only = {t for t in CONTRACT if t in {contract_name(n) for n in reported}} | ({PYTHON} if python else set())
+    diff = package_diff(our_terms, their_terms, only)
+    return (f"ucx-dask-gpu guard: refused {role} {peer}: it did not send its environment (the {GUARD} preload is "
+            f"not loaded there: {how_to_load_guard(role)}); of what dask reports itself, differing (scheduler vs "
+            f"{role}): {format_diff(diff)}")
+
+
+def other_differences(ours: dict, ident: dict | None) -> list[tuple[str, str | None, str | None]]:
+    """Distributions outside the contract that differ from ours (an accepted peer's, for an info line)."""
+    if not ident or not isinstance(ident.get("packages"), str) or \
+            ident.get("packages-sha256") == ours["packages-sha256"]:
+        return []
+    diff = package_diff(decode_packages(ours["packages"]), decode_packages(ident["packages"]))
+    return [d for d in diff if contract_name(d[0]) not in CONTRACT]
 
 
 def compare_versions(versions: dict) -> dict:

@@ -8,10 +8,13 @@ Order (each step fails with one line and its own exit code, before anything late
 5. the context: only those verified files, with mtimes set to stack.toml's source_date_epoch;
 6. `docker build --target ucx` (classic builder, --network none), then the UCX build info is read from that stage:
    the UCXX wheels (`ucx-src-build/build.sh ucxx`, verified against their build info) must have been built against
-   a UCX of the same source, patches and configure flags; both enter the stack id;
-7. the full build, with OCI labels (versions, stack id, UCX and UCXX build info); the stack id the image computed
-   for itself (its stack-id file) must equal the label;
-8. the normalisation (normalise.py): the image becomes reproducible and carries its SBOM.
+   a UCX of the same source, patches and configure flags;
+7. the full build, with OCI labels (versions, stack id, UCX and UCXX build info). The stack id is the hash of the
+   environment contract (gate/identity.py), predicted here from the lock, the UCXX wheels and our own wheel; the
+   image computes it from what it really installed (`ucx-dask-gpu guard id`, its stack-id file), and the two must be
+   the same;
+8. the normalisation (normalise.py): the image becomes reproducible and carries its SBOM;
+9. the images earlier builds of this tag made and this one no longer uses are removed (leftovers.py).
 
 The classic builder (DOCKER_BUILDKIT=0) is used on purpose: it is what Debian's docker.io 20.10 ships, it honours
 `--network none` for every RUN, and the reproducible-image work builds on its layer format.
@@ -31,19 +34,20 @@ from pathlib import Path
 
 from ..errors import BUILD_FAILED, HASH_MISMATCH, UCX_NOT_FOUND, UserError
 from ..fsutil import atomic_write_text, sha256_file
+from ..gate import identity
 from ..stack import STACK_ID_FILE, Stack
+from ..stack.lock import canonical, load_lock
 from ..ucx.install import BUILD_INFO
 from ..ucxbuild.ucxx import UCXX_BUILD_INFO, ucx_identity
-from . import bases, wheelhouse
+from . import bases, leftovers, wheelhouse
 from .docker import docker, docker_bin, engine_version, human_size, image_inspect
 from .labels import build_labels
 from .normalise import finish_build
 from .paths import image_ref, stage_ref, work_dir
 
-# Base names matter: the stack id hashes files with their base names, the same inside and outside the image.
 BUILD_INFO_NAME = BUILD_INFO.name
+# Records in the image's /etc/ucx-dask-gpu of what was installed on top of the lock, by sha256.
 EXTRA_LOCK_NAME = "extra-requirements.txt"
-# Our UCXX wheels, by sha256: installed --no-deps on top of the lock, and hashed into the stack id.
 UCXX_LOCK_NAME = "ucxx-requirements.txt"
 
 
@@ -191,6 +195,27 @@ def read_ucxx_wheels(st: Stack, directory: Path) -> tuple[list[Path], dict]:
     return wheels, info
 
 
+def expected_stack_id(st: Stack, ucxx_info: dict, wheels: list[Path]) -> str:
+    """The stack id an image installed from the lock, our UCXX wheels and `wheels` (our own, any extra ones, which
+    replace the lock's version of their distribution) computes for itself: the hash of its contract terms."""
+    versions = {name: pin.version for name, pin in load_lock(st.lock_path()).items()}
+    versions.update({canonical(p["name"]): p["version"] for p in ucxx_info.get("packages") or []})
+    for w in wheels:
+        name, version = wheelhouse.parse_wheel_name(w.name)
+        versions[name] = version
+    return identity.contract_id(identity.contract(versions, st.python.version))
+
+
+def own_wheel_of(st: Stack, path: Path) -> Path:
+    """A wheel given for our own package (`--own-wheel`): it must be one, of this package."""
+    path = Path(path).resolve()
+    if not path.is_file() or not path.name.endswith(".whl"):
+        raise UserError(f"--own-wheel {path}: not a wheel file", BUILD_FAILED)
+    if wheelhouse.parse_wheel_name(path.name)[0] != canonical(st.name):
+        raise UserError(f"--own-wheel {path.name}: not a wheel of {st.name}", BUILD_FAILED)
+    return path
+
+
 def check_ucxx_matches_ucx(ucxx_info: dict, ucx_info: dict) -> None:
     """The wheels must have been built against a UCX of the same source, patches and configure flags."""
     want, have = ucxx_info.get("ucx", {}), ucx_identity(ucx_info)
@@ -335,9 +360,10 @@ def copy_build_info(st: Stack, stage_tag: str, dest: Path) -> dict:
 
 def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
                 extra_wheels: list[Path] | None = None, base_from: str | None = None,
-                normalise: bool = True) -> BuildResult:
+                normalise: bool = True, own_wheel: Path | None = None) -> BuildResult:
     """Build `tag`; `base_from`: derive the bases from this registry image instead of debootstrapping them.
-    `ucxx_dir`: the UCXX wheels (`ucx-src-build/build.sh ucxx --out`).
+    `ucxx_dir`: the UCXX wheels (`ucx-src-build/build.sh ucxx --out`). `own_wheel`: install this wheel of our
+    package instead of one built from the checkout (e.g. a patched build under another version).
 
     `normalise`: make the image reproducible and add its SBOM afterwards (normalise.finish_build): `tag` then
     names the normalised image, whose id depends on the inputs only.
@@ -346,6 +372,7 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
     for w in extra_wheels:
         if not w.is_file() or not w.name.endswith(".whl"):
             raise UserError(f"--extra-wheel {w}: not a wheel file", BUILD_FAILED)
+    own_wheel = own_wheel_of(st, own_wheel) if own_wheel else None
     tag = tag or image_ref(st)
     cache = cache.resolve()
     timings: dict[str, float] = {}
@@ -381,7 +408,7 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
                             work / "logs" / "docker-build-ucx.log", target="ucx", prefix="  ucx | ")
     try:
         wheels = step("wheelhouse", wheelhouse.ensure_wheelhouse, st, cache)
-        own = step("own_wheel", wheelhouse.build_own_wheel, st, cache / "pkg")
+        own = own_wheel or step("own_wheel", wheelhouse.build_own_wheel, st, cache / "pkg")
         if base_from:
             base = step("base_runtime", bases.base_from_image, st, "runtime", base_from)
         else:
@@ -401,8 +428,7 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
     info = copy_build_info(st, stage_tag, info_path)
     info["_sha256"] = sha256_file(info_path)
     check_ucxx_matches_ucx(ucxx_info, info)
-    extra_lock = [full_ctx / "etc" / UCXX_LOCK_NAME] + ([full_ctx / "etc" / EXTRA_LOCK_NAME] if extra_wheels else [])
-    stack_id = st.stack_id(build_info=info_path, extra_locks=tuple(extra_lock))
+    stack_id = expected_stack_id(st, ucxx_info, [own, *extra_wheels])
     ucx_version = str(info.get("ucx_version", "0"))
     say(f"UCX {ucx_version} + UCXX {ucxx_info['ucxx_version']} wheels built against the same UCX source and flags")
     labels = build_labels(st, stack_id, info, ucxx_info, base, extra_wheels)
@@ -413,13 +439,20 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
     inside = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", tag, str(STACK_ID_FILE)],
                     code=BUILD_FAILED, what="reading the image's stack id").stdout.strip()
     if inside != stack_id:
-        raise UserError(f"{tag}: the image computed stack id {inside}, the build computed {stack_id} (the Dockerfile "
-                        "and image/build.py hash different files)", BUILD_FAILED)
+        raise UserError(f"{tag}: the image computed stack id {inside} from what it installed, the build predicted "
+                        f"{stack_id} from the lock and the wheels: an installed version is not the one given (run "
+                        f"`docker run --rm {tag} ucx-dask-gpu guard show`)", BUILD_FAILED)
+    made = [i for log in ("docker-build-ucx.log", "docker-build.log")
+            for i in leftovers.step_ids((work / "logs" / log).read_text(errors="replace"))]
     if normalise:
         # Reproducible image + SBOM: sorted/clamped layers, config at SOURCE_DATE_EPOCH, SBOM layer; image.json,
         # layers.json and sbom.cdx.json land in <cache>/image/<tag>/repro (README "Reproducible image and SBOM").
-        norm = step("normalise", finish_build, st, tag, cache, extra_wheels)
+        norm = step("normalise", finish_build, st, tag, cache, extra_wheels + ([own_wheel] if own_wheel else []))
         say(f"normalised {tag}: {norm.image_id} (docker build gave {norm.source_image_id[:19]})")
+        made.append(norm.image_id)
+    pruned = leftovers.record_and_prune(work, [tag, stage_tag], made)
+    if pruned:
+        say(f"removed {pruned} image(s) that earlier builds of {tag} made and this one no longer uses")
     timings["total"] = round(time.monotonic() - t_start, 1)
     meta = image_inspect(tag) or {}
     result = BuildResult(tag=tag, image_id=meta.get("Id", "?"), size=int(meta.get("Size", 0)), stack_id=stack_id,

@@ -19,7 +19,7 @@ from ..oci.layer import normalise_rootfs_tar
 from ..stack import load
 from ..stack.lock import canonical, load_lock
 from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO
-from . import check, chroot, compose, normalise, rootfs
+from . import check, chroot, compose, leftovers, normalise, rootfs
 from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
 from .cluster import Cluster, remove_all_clusters
@@ -70,7 +70,8 @@ def _cmd_build(args) -> int:
     st = _stack(args)
     ucxx = Path(args.ucxx_wheels) if args.ucxx_wheels else default_ucxx_wheels()
     result = build_image(st, _cache(args), ucxx, tag=args.tag, extra_wheels=[Path(w) for w in args.extra_wheel],
-                         base_from=args.base_from, normalise=not args.no_normalise)
+                         base_from=args.base_from, normalise=not args.no_normalise,
+                         own_wheel=Path(args.own_wheel) if args.own_wheel else None)
     if args.json:
         print(json.dumps(result.__dict__, indent=2, sort_keys=True))
     else:
@@ -232,6 +233,14 @@ def _cmd_rootfs_run(args) -> int:
     return 0 if result["ok"] else VERDICT_FAILED
 
 
+def _cmd_clean(args) -> int:
+    engine_version()
+    removed, tags = leftovers.clean(_cache(args))
+    print(f"removed {removed} image(s) recorded by this checkout's builds" + (f", tags {' '.join(tags)}" if tags else
+                                                                            ""))
+    return 0
+
+
 def _cmd_remove_clusters(args) -> int:
     engine_version()
     print(f"removed {remove_all_clusters()} container(s)/volume(s)/network(s) of ucx-dask-gpu clusters")
@@ -264,8 +273,11 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     bd = s.add_parser("build", help="fetch + verify every input, then docker build --network none")
     bd.add_argument("--tag", help="image tag (default: [image].name:[stack].version)")
     bd.add_argument("--extra-wheel", action="append", default=[], metavar="WHL",
-                    help="install this wheel on top of the lock (a deliberately different image: its stack id "
-                         "differs); repeatable")
+                    help="install this wheel on top of the lock; repeatable (the stack id changes only when it is "
+                         "a distribution of the environment contract: `ucx-dask-gpu guard show`)")
+    bd.add_argument("--own-wheel", metavar="WHL",
+                    help="install this ucx-dask-gpu wheel instead of one built from the checkout (a patched build "
+                         "under another version: another stack id)")
     bd.add_argument("--base-from", metavar="IMAGE",
                     help="derive both bases from this registry image with apt (e.g. "
                          "debian:SUITE-slim@sha256:...) instead of debootstrap")
@@ -330,6 +342,10 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     rr.add_argument("--size", type=int, help="transpose size (default 8000 GPU, 4000 CPU)")
     rr.add_argument("--chunk", type=int, help="transpose chunk (default 2000 GPU, 1000 CPU)")
     rr.set_defaults(func=_cmd_rootfs_run)
+
+    c = s.add_parser("clean", help="remove the images this checkout's builds made (recorded in the build cache: "
+                                   "every step's image, the normalised images, their tags); the next build is cold")
+    c.set_defaults(func=_cmd_clean)
 
     r = s.add_parser("remove-clusters", help="remove every container/volume/network left by clusters of ours "
                                             "(after an interrupted run; also ends running ones)")

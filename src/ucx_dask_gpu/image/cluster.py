@@ -11,9 +11,10 @@ from another image, and read every log):
     client    docker run --rm ... ucx-dask-gpu workload ... --scheduler PROTO://scheduler:8786
     volume    udg-<id>-data at /data on workers and clients (from-map reads files the client wrote there)
 
-TLS: a CA and one certificate for the cluster are generated at start with openssl into a temporary directory,
-mounted read-only at /tls; every role is configured through dask's environment variables and requires encryption,
-so a plain-TCP client is refused.
+TLS: a CA and a certificate per role (gate/tls.py) are generated at start into a temporary directory (without the
+CA's key), mounted read-only at /tls; every role is configured through dask's environment variables, requires
+encryption and the peer's certificate (mutual TLS), so a plain-TCP client, or one without a certificate of this
+cluster's CA, is refused.
 
 Stop: workers first, then the scheduler (then the GPU namespace holder), with SIGTERM (tini forwards it; Dask closes cleanly) and a grace period;
 `stop()` returns every container's log and the names of those that show a Python traceback. (Workers are not retired
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CLUSTER_FAILED, USAGE, UserError
+from ..gate import tls
 from ..oci.archive import LABEL_PREFIX
 from .docker import container_logs, container_state, docker, docker_bin, image_inspect, wait_until
 from .gpuhost import HOLDER, HOLDER_ARGV, HostFlags, gpu_workers
@@ -112,14 +114,9 @@ class Cluster:
 
     def _env(self) -> list[str]:
         env = {}
-        if self.protocol == "tls":
-            env = {
-                "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
-                "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": f"{TLS_MOUNT}/ca.pem",
-            }
-            for role in ("SCHEDULER", "WORKER", "CLIENT"):
-                env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__CERT"] = f"{TLS_MOUNT}/node.pem"
-                env[f"DASK_DISTRIBUTED__COMM__TLS__{role}__KEY"] = f"{TLS_MOUNT}/node.key"
+        if self.protocol == "tls":  # every container gets each role's certificate; it uses its own role's
+            for role in tls.ROLES:
+                env.update(tls.dask_env(TLS_MOUNT, role))
         out = []
         for k, v in sorted(env.items()):
             out += ["-e", f"{k}={v}"]
@@ -315,33 +312,19 @@ def parse_json_output(text: str) -> dict:
 
 
 def make_tls_dir(uid: int | None) -> Path:
-    """A throw-away CA and one cluster certificate (openssl), readable by the image's user only."""
-    if not shutil.which("openssl"):
-        raise UserError("TLS needs the openssl command (apt-get install openssl)", USAGE)
+    """A throw-away CA and a certificate per role (gate/tls.py), readable by the image's user only; no CA key."""
     d = Path(tempfile.mkdtemp(prefix="udg-tls."))
-    sans = "subjectAltName=DNS:scheduler,DNS:localhost,IP:127.0.0.1"
-    cmds = [
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=ucx-dask-gpu test CA",
-         "-keyout", "ca.key", "-out", "ca.pem"],
-        ["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=scheduler", "-keyout", "node.key",
-         "-out", "node.csr"],
-        ["openssl", "x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-         "-days", "2", "-extfile", "ext.cnf", "-out", "node.pem"],
-    ]
-    (d / "ext.cnf").write_text(sans + "\n")
-    for cmd in cmds:
-        proc = subprocess.run(cmd, cwd=d, capture_output=True, text=True)
-        if proc.returncode != 0:
-            shutil.rmtree(d, ignore_errors=True)
-            raise UserError(f"openssl {cmd[1]} failed: {proc.stderr.strip().splitlines()[-1:]}", CLUSTER_FAILED)
-    for f in ("ca.key", "node.csr", "ext.cnf", "ca.srl"):
-        (d / f).unlink(missing_ok=True)
-    # The containers run as the image's user: the key is theirs (0600), the certificates world-readable.
+    try:
+        tls.init(d, ["scheduler", "localhost", "127.0.0.1"], days=2, cluster="ucx-dask-gpu test")
+    except UserError as e:
+        shutil.rmtree(d, ignore_errors=True)
+        raise UserError(str(e), CLUSTER_FAILED) from None
+    (d / tls.CA_KEY).unlink()
+    # The containers run as the image's user: the keys are theirs (0600), the certificates world-readable.
     os.chmod(d, 0o755)
-    for f, mode in (("ca.pem", 0o644), ("node.pem", 0o644), ("node.key", 0o600)):
-        os.chmod(d / f, mode)
+    for f in d.iterdir():
         if uid is not None and os.geteuid() == 0:
-            os.chown(d / f, uid, uid)
+            os.chown(f, uid, uid)
     return d
 
 

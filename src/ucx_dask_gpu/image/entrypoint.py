@@ -22,7 +22,11 @@ file or a job script must not turn into a container that runs the wrong thing or
   UCX_TLS next to distributed-ucxx flags) end with one line and TRANSPORT_CONFLICT;
 - a GPU worker needs a GPU: without one visible, one line naming what is missing and NO_GPU;
 - workers also preload `ucx_dask_gpu.gate.quietclose` (after the configured preloads), so `docker stop` shuts them
-  down without a heartbeat traceback (see that module).
+  down without a heartbeat traceback (see that module); `dask worker` ignores distributed.nanny.preload (its own
+  --preload-nanny always wins), so the entrypoint passes the guard there: a refused worker then ends in its nanny
+  with the scheduler's one-line reason and exit code ENV_MISMATCH, before any worker process starts (gate/guard.py);
+- a malformed scheduler address right after `dask worker`/`dask cuda worker` is one line (USAGE), not dask's
+  traceback.
 """
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ from pathlib import Path
 
 from ..errors import NO_GPU, TRANSPORT_CONFLICT, UNKNOWN_ROLE, UserError
 from ..gate.daskconfig import QUIET_CLOSE, collect_for
+from ..gate.identity import GUARD
+from ..proof.peer import parse_address
 from ..ucx.transports import settings
 
 # Canonical spellings: the words that start the command -> the role's kind.
@@ -157,11 +163,29 @@ def worker_preload_env(role: Role, config: dict, environ: dict) -> dict:
     return {WORKER_PRELOAD_ENV: repr(configured + [QUIET_CLOSE])}
 
 
+def check_worker_address(argv: list[str]) -> None:
+    """`dask worker ADDRESS` / `dask cuda worker ADDRESS`: a malformed ADDRESS is one line (USAGE) here instead of
+    dask's traceback (only when the address comes right after the role, as documented)."""
+    n = 3 if argv[:3] == ["dask", "cuda", "worker"] else 2 if argv[:2] == ["dask", "worker"] else 0
+    if n and len(argv) > n and not argv[n].startswith("-"):
+        parse_address(argv[n], "the scheduler address")
+
+
+def nanny_preload_args(argv: list[str]) -> list[str]:
+    """For `dask worker` (the legacy spellings are exec'd as it): the guard as a nanny preload too (see the module
+    docstring)."""
+    if argv[:2] != ["dask", "worker"] or GUARD in argv:
+        return argv
+    return argv[:2] + ["--preload-nanny", GUARD] + argv[2:]
+
+
 def run(argv: list[str]) -> int:
     try:
         role = classify(argv)
         env = dict(os.environ)
         if role.kind in DASK_KINDS:
+            check_worker_address(list(role.argv))
+            role = Role(role.kind, tuple(nanny_preload_args(list(role.argv))))
             config = collect_for(env)
             check_transports(config, env)
             check_gpu(role, env)

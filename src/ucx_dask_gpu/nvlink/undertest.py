@@ -145,7 +145,7 @@ def preflight(inst: UcxUnderTest, env: dict[str, str]) -> None:
     c = _run_tool([str(inst.ucx_info), "-c"], env)
     inst.proto_v2_default = pt.truthy(pt.config_value(c.stdout, "PROTO_ENABLE"))
     u = _run_tool([str(inst.ucx_info), "-c"], {**env, "UCX_PROTO_INFO": "used"})
-    inst.proto_used = pt.accepts_proto_info_used(u.stdout)
+    inst.proto_used = pt.accepts_proto_info_used(u.stdout, inst.version)
     d = _run_tool([str(inst.ucx_info), "-d"], env)
     devs = ucxinfo.parse_devices(d.stdout)
     inst.transports = devs.transports

@@ -15,6 +15,7 @@ import sys
 from ..errors import VERDICT_FAILED
 from ..fsutil import atomic_write_text
 from .client import connect
+from .peer import parse_address
 from .from_map import FORMATS, NUMERIC_COLUMNS, prepare_dataset, run_from_map
 from .transpose import check_transpose_args, run_transpose
 
@@ -47,9 +48,41 @@ def _reserve_stdout_for_results():
     return results
 
 
+# The client's own chatter on expected failures, silenced unless --debug: UCX's warnings (e.g. about UCXX's
+# UCX_MEMTYPE_CACHE) and UCXX's error lines when a peer goes away or never answers; every failure still ends in our
+# one line. Both libraries read these when they load, so only the environment can set them: UCX's only while libucs
+# is not loaded yet (a venv's start-up preload of its UCX loads it before any command runs).
+QUIET_UCX = {"UCX_LOG_LEVEL": "error"}
+QUIET_UCXX = {"UCXX_LOG_LEVEL": "FATAL"}
+
+
+def _debugging(args) -> bool:
+    """--debug, or dask's own switch for it (DASK_LOGGING__DISTRIBUTED=debug)."""
+    return bool(args.debug) or os.environ.get("DASK_LOGGING__DISTRIBUTED", "").lower() == "debug"
+
+
+def _quiet_client(debug: bool) -> None:
+    """Keep stderr to progress and the one line: distributed's INFO lines (preloads, connections) and UCX/UCXX
+    chatter are for --debug. Set before dask and UCX are imported (LocalCluster workers inherit the environment)."""
+    if debug:
+        os.environ["DASK_LOGGING__DISTRIBUTED"] = "debug"
+        return
+    quiet = dict(QUIET_UCXX)
+    with open("/proc/self/maps") as maps:
+        if not any("/libucs.so" in line for line in maps):
+            quiet.update(QUIET_UCX)
+    for k, v in quiet.items():
+        os.environ.setdefault(k, v)
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+
+
 def _run(args, body) -> int:
+    if args.scheduler:
+        parse_address(args.scheduler)  # a typo ends here, before anything starts
+    _quiet_client(_debugging(args))
     results = _reserve_stdout_for_results()
-    with connect(args.scheduler, args.protocol, args.n_workers, args.threads_per_worker, args.timeout) as client:
+    with connect(args.scheduler, args.protocol, args.n_workers, args.threads_per_worker, args.timeout,
+                 args.min_workers, args.wait_workers) as client:
         result = body(client)
     if args.output:
         atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
@@ -76,10 +109,18 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="LocalCluster protocol when no --scheduler (default tcp)")
     p.add_argument("--n-workers", type=int, default=2, help="LocalCluster workers (default 2)")
     p.add_argument("--threads-per-worker", type=int, default=1)
-    p.add_argument("--timeout", type=float, default=30, help="seconds to wait for the scheduler (default 30)")
+    p.add_argument("--timeout", type=float, default=30,
+                   help="seconds to wait for the scheduler's answer; what answers instead, or silence, ends the run "
+                        "within this time (default 30)")
+    p.add_argument("--min-workers", type=int, default=1, help="workers to wait for before starting (default 1)")
+    p.add_argument("--wait-workers", type=float, default=60, metavar="SECONDS",
+                   help="give up when fewer than --min-workers workers joined by then (default 60)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--retries", type=int, default=2, help="retries per failing task (default 2)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--debug", action="store_true",
+                   help="keep distributed's INFO/DEBUG log and UCX/UCXX's own lines on stderr (also: "
+                        "DASK_LOGGING__DISTRIBUTED=debug)")
     p.add_argument("--output", metavar="FILE", help="also write the JSON result to FILE")
 
 

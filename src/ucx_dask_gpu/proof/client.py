@@ -1,32 +1,56 @@
-"""The client side shared by the cluster proofs: a Client to a scheduler or to a LocalCluster, the workers it sees,
-libraries imported on every worker before timing, and a cluster's failure as one line.
+"""The client side shared by the cluster proofs: a Client to a scheduler (checked first: proof/peer.py) or to a
+LocalCluster, waiting for its workers, the workers it sees, libraries imported on every worker before timing, and a
+cluster's failure as one line.
 
-Heavy imports (dask, distributed) stay inside functions so `ucx-dask-gpu --help` stays fast.
+Heavy imports (dask, distributed, the guard that imports them) stay inside functions so `ucx-dask-gpu --help` stays
+fast.
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
 import sys
-from typing import Iterator
+import time
+from typing import Callable, Iterator
 
-from ..errors import ENV_MISMATCH, SCHEDULER_UNREACHABLE, WORKLOAD_FAILED, UserError
+from ..errors import ENV_MISMATCH, NO_WORKERS, NOT_A_SCHEDULER, SCHEDULER_UNREACHABLE, WORKLOAD_FAILED, UserError
+from ..gate.identity import GUARD
+from .peer import DIAGNOSIS_S, check_scheduler, parse_address, what_answers
 
 # Relative tolerance for float sums: dask and the client add the same numbers in a different order.
 RTOL = 1e-9
 
 
+def say(msg: str) -> None:
+    print(f"workload: {msg}", file=sys.stderr, flush=True)
+
+
 @contextlib.contextmanager
-def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2,
-            threads_per_worker: int = 1, timeout: float = 30) -> Iterator:
-    """A Client to `scheduler`, or to a LocalCluster (worker processes) speaking `protocol` when None."""
+def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, threads_per_worker: int = 1,
+            timeout: float = 30, min_workers: int = 1, wait_workers: float = 60) -> Iterator:
+    """A Client to `scheduler`, or to a LocalCluster (worker processes) speaking `protocol` when None; returned once
+    `min_workers` workers are there (waiting up to `wait_workers` seconds)."""
+    import dask.config
     from distributed import Client, LocalCluster
+
+    # The guard as a client preload: Client(...) imports it before connecting, so this client sends its environment
+    # when it registers (gate/guard.py) and a scheduler that checks the contract can accept it, with or without a
+    # dask config that says so.
+    preload = dask.config.get("distributed.client.preload", None) or []
+    preload = [preload] if isinstance(preload, str) else list(preload)
+    if GUARD not in preload:
+        dask.config.set({"distributed.client.preload": preload + [GUARD]})
 
     cluster = None
     try:
         try:
             if scheduler:
-                client = Client(scheduler, timeout=timeout)
+                addr = parse_address(scheduler)
+                start = time.monotonic()
+                if check_scheduler(addr, timeout) is None:  # UCX: only reachable so far; the Client tries for real
+                    client = _ucx_client(Client, addr, timeout)
+                else:
+                    client = Client(str(addr), timeout=max(timeout - (time.monotonic() - start), 5))
             else:
                 cluster = LocalCluster(protocol=protocol, n_workers=n_workers,
                                        threads_per_worker=threads_per_worker, dashboard_address=":0")
@@ -37,10 +61,48 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2,
             where = scheduler or f"a local {protocol} cluster"
             raise UserError(f"cannot connect to {where}: {e}", SCHEDULER_UNREACHABLE) from None
         with client:
+            wait_for_workers(client, min_workers, wait_workers)
             yield client
     finally:
         if cluster is not None:
             cluster.close()
+
+
+def _ucx_client(Client, addr, timeout: float):
+    """A Client over UCX, or one line saying what answered instead (NOT_A_SCHEDULER)."""
+    start = time.monotonic()
+    diagnosis = min(DIAGNOSIS_S, timeout * 0.3)
+    try:
+        return Client(str(addr), timeout=max(timeout - diagnosis, 1))
+    except (OSError, TimeoutError) as e:
+        failed = str(e) or type(e).__name__
+        kind, what = what_answers(addr, max(timeout - (time.monotonic() - start), 1))
+        said = f"{what} within {time.monotonic() - start:.0f} s" if kind == "silent" else what
+        raise UserError(f"no Dask scheduler over UCX at {addr}: {failed}; on that port, {said}",
+                        NOT_A_SCHEDULER) from None
+
+
+def wait_for_workers(client, wanted: int, timeout: float, report: Callable[[str], None] = say,
+                     every: float = 10) -> int:
+    """Wait until `wanted` workers have joined, saying so every `every` seconds; NO_WORKERS after `timeout`."""
+    start = time.monotonic()
+    last = None
+    while True:
+        have = n_workers(client)
+        waited = time.monotonic() - start
+        if have >= wanted:
+            if last is not None:
+                report(f"{have} worker(s) joined after {waited:.0f} s")
+            return have
+        if waited >= timeout:
+            raise UserError(f"{have} of {wanted} worker(s) joined the scheduler at {client.scheduler.address} within "
+                            f"{timeout:.0f} s (--wait-workers): start workers with `dask worker "
+                            f"{client.scheduler.address}`, or check their logs", NO_WORKERS)
+        if last is None or time.monotonic() - last >= every:
+            last = time.monotonic()
+            report(f"waiting for workers at {client.scheduler.address}: {have} of {wanted} joined "
+                   f"({waited:.0f} s of {timeout:.0f} s)")
+        time.sleep(0.25)
 
 
 def n_workers(client) -> int:

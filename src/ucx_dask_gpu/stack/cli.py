@@ -4,9 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from ..errors import USAGE, UserError
 from ..fsutil import atomic_write_text
 from . import generate
 from .model import load, value
@@ -22,14 +20,6 @@ def _cmd_validate(args) -> int:
 def _cmd_get(args) -> int:
     v = value(args.key, args.file)
     print(json.dumps(v) if isinstance(v, (dict, list)) or args.json else v)
-    return 0
-
-
-def _cmd_id(args) -> int:
-    for p in [args.build_info, *args.extra_lock]:
-        if p is not None and not p.is_file():
-            raise UserError(f"stack id: {p} does not exist", USAGE)
-    print(load(args.file).stack_id(build_info=args.build_info, extra_locks=tuple(args.extra_lock)))
     return 0
 
 
@@ -81,11 +71,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("key")
     g.add_argument("--json", action="store_true", help="print as JSON")
     g.set_defaults(func=_cmd_get)
-    i = s.add_parser("id", help="print the stack id (hash of stack.toml + lock [+ extra locks] [+ UCX build info])")
-    i.add_argument("--build-info", type=Path, help="the UCX prefix's share/ucx-dask-gpu/build-info.json (image id)")
-    i.add_argument("--extra-lock", type=Path, action="append", default=[],
-                   help="hashed requirements installed on top of the lock (repeatable)")
-    i.set_defaults(func=_cmd_id)
     e = s.add_parser("env-yml", help="generate environment.yml")
     e.add_argument("--check", action="store_true", help="fail if environment.yml is out of date")
     e.set_defaults(func=_cmd_env_yml)

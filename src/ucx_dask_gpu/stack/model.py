@@ -9,7 +9,6 @@ the UCX source archive); every other table is one frozen section: `st.ucxx`, `st
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import tomllib
@@ -27,8 +26,7 @@ VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([-+~.][0-9A-Za-z.+~-]+)?$")
 BUILD_DETECTED_FLAGS = frozenset({"--prefix", "--with-cuda", "--without-cuda", "--with-verbs", "--without-verbs",
                                   "--with-rdmacm", "--without-rdmacm", "--with-gdrcopy", "--without-gdrcopy"})
 STACK_ENV = "UCX_DASK_GPU_STACK"
-# Where an installed environment keeps its stack id: the environment variable wins over the file the image writes.
-STACK_ID_ENV = "UCX_DASK_GPU_STACK_ID"
+# Where the image records its stack id (computed from what it installed: gate/identity.py), next to its other records.
 STACK_ID_FILE = Path("/etc/ucx-dask-gpu/stack-id")
 
 
@@ -208,25 +206,6 @@ class Stack:
     def mirror_paths(self) -> list[Path]:
         """[sources].mirror_dirs resolved against the repository root."""
         return [(self.root / d).resolve() for d in self.mirror_dirs]
-
-    def stack_id(self, build_info: Path | None = None, extra_locks: tuple[Path, ...] = ()) -> str:
-        """Hash of stack.toml + the Python lock (+ any extra hashed requirements installed on top, + the UCX
-        build-info.json): two environments with the same id were built from the same inputs.
-
-        The image's id (STACK_ID_FILE, its label) is this with the build info of the UCX inside it; files are hashed
-        with their base names, so the checkout and the image's copies give the same id.
-        """
-        return stack_id_of([self.path, self.lock_path(), *extra_locks, *([build_info] if build_info else [])])
-
-
-def stack_id_of(paths: list[Path], extra: bytes = b"") -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(p.name.encode() + b"\0")
-        h.update(p.read_bytes() if p.exists() else b"<missing>")
-        h.update(b"\0")
-    h.update(extra)
-    return h.hexdigest()[:16]
 
 
 # --- validation helpers ------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@
   whether its installed libraries are the ones our from-source build made (<sys.prefix>/share/ucx-dask-gpu/
   ucxx-build-info.json), said plainly.
 - CUDA driver/runtime versions, GPUs and NVLink link counts (NVML) when present; "no GPU" otherwise (exit 0).
-- The stack id: baked into an image ($UCX_DASK_GPU_STACK_ID, the image's stack-id file), else computed.
+- The stack id: computed from the installed distributions, the same way everywhere (gate/identity.py).
 - Transports (ucx/transports.py): which ones a Dask process of this environment (its dask config and environment)
   will really use for GPU peers on this host, processes on this host and other hosts; conflicting settings; and
   warnings: cuda_ipc from a container with private IPC/PID namespaces, InfiniBand devices not mapped, memlock too
@@ -99,14 +99,10 @@ def _stack() -> tuple[Stack | None, str | None]:
         return None, str(e)
 
 
-def stack_id(st: Stack | None, why: str | None = None) -> dict:
-    """The image's baked id ($UCX_DASK_GPU_STACK_ID, the image's stack-id file) else computed here."""
-    baked, source = identity.stack_id()
-    if baked:
-        return {"id": baked, "source": source}
-    if st is None:
-        return {"id": None, "source": f"unavailable: {why}"}
-    return {"id": st.stack_id(), "source": f"computed from {st.path.name} + {st.python.lock}"}
+def stack_id() -> dict:
+    """This environment's stack id, computed from its installed distributions as the guard computes it."""
+    return {"id": identity.stack_id(), "source": "computed from this environment's installed distributions "
+                                                 "(`ucx-dask-gpu guard show`)"}
 
 
 def unresolved_libraries(path: Path) -> list[str]:
@@ -307,9 +303,9 @@ def transports_section(ucx: dict) -> dict:
 
 
 def collect(prefix_arg: str | None) -> dict:
-    st, why = _stack()
+    st = _stack()[0]
     ucx = ucx_section(prefix_arg, st)
-    return {"host": socket.gethostname(), "stack": stack_id(st, why), "ucx": ucx, "ucxx": ucxx_section(ucx, st),
+    return {"host": socket.gethostname(), "stack": stack_id(), "ucx": ucx, "ucxx": ucxx_section(ucx, st),
             "cuda": cuda_section(), "gpu": gpu_section(), "transports": transports_section(ucx)}
 
 

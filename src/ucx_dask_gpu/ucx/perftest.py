@@ -231,10 +231,20 @@ def config_value(ucx_info_c: str, name: str) -> str | None:
     return m.group(1).strip() if m else None
 
 
-def accepts_proto_info_used(stdout_with_used: str) -> bool:
-    """Given `UCX_PROTO_INFO=used ucx_info -c` stdout: UCX >= 1.17-ish echoes the value back; 1.13 rejects it
-    ("Invalid value for PROTO_INFO: 'used'") and prints no configuration at all."""
-    return config_value(stdout_with_used, "PROTO_INFO") == "used"
+# The first UCX whose UCX_PROTO_INFO=used prints the protocols actually used (with counts) at exit: before it, the
+# value is a glob over operation names (1.20's ucp_context.c) that matches none, and tables are never printed.
+PROTO_INFO_USED_SINCE = (1, 21)
+
+
+def accepts_proto_info_used(stdout_with_used: str, version: str | None) -> bool:
+    """Given `UCX_PROTO_INFO=used ucx_info -c` stdout and the UCX version: 1.13 rejects the value ("Invalid value for
+    PROTO_INFO: 'used'") and prints no configuration; 1.14-1.20 echo it back but read it as a glob (no tables at
+    all: recorded with 1.20.1); from 1.21 it means 'print the used protocols'."""
+    try:
+        v = tuple(int(x) for x in (version or "").split(".")[:2])
+    except ValueError:
+        return False
+    return config_value(stdout_with_used, "PROTO_INFO") == "used" and v >= PROTO_INFO_USED_SINCE
 
 
 def truthy(v: str | None) -> bool:

@@ -1,0 +1,100 @@
+"""Mutual TLS for a cluster: what keeps strangers out, where the guard (guard.py) only catches accidents.
+
+`ucx-dask-gpu tls init DIR --host HOST ...` makes a certificate authority for ONE cluster and a key + certificate for
+each role (scheduler, worker, client), signed by it, with the given host names and addresses as subjectAltNames.
+Dask's TLS is mutual when every role has a certificate: each side of every connection requires the other's, signed
+by the CA in `distributed.comm.tls.ca-file` (distributed's Security sets CERT_REQUIRED both ways). A client without a
+certificate, or with one from another CA, fails the handshake before it can send anything; so does a plain-TCP
+client, and `distributed.comm.require-encryption` makes every role refuse unencrypted addresses itself.
+
+Hand out `client.pem`/`client.key` (and `ca.pem`) to who may use the cluster; keep `ca.key` off the cluster (it
+issues more certificates: `tls init DIR --client NAME` adds client certificates to an existing DIR). TLS runs over
+TCP (tls://): UCX connections have no encryption or authentication of their own, so a UCX cluster is protected by
+its network only.
+
+The keys and certificates come from the `openssl` command (Debian's openssl package).
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from ..errors import USAGE, UserError
+
+ROLES = ("scheduler", "worker", "client")
+CA_CERT, CA_KEY = "ca.pem", "ca.key"
+ENV_PREFIX = "DASK_DISTRIBUTED__COMM__"
+
+
+def cert_files(directory: Path, name: str) -> tuple[Path, Path]:
+    return directory / f"{name}.pem", directory / f"{name}.key"
+
+
+def _openssl(args: list[str], cwd: Path) -> None:
+    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or [f"exit {proc.returncode}"]
+        raise UserError(f"openssl {args[0]} failed: {last[0].strip()}", USAGE)
+
+
+def _san(hosts: list[str]) -> str:
+    out = []
+    for h in hosts:
+        try:
+            out.append(f"IP:{ipaddress.ip_address(h)}")
+        except ValueError:
+            out.append(f"DNS:{h}")
+    return "subjectAltName=" + ",".join(out)
+
+
+def init(directory: Path, hosts: list[str], clients: list[str] = (), days: int = 365,
+         cluster: str = "ucx-dask-gpu") -> list[Path]:
+    """Create (or extend) DIR: the CA when missing, then a certificate for each role missing there and each named
+    client. Returns the files written. Keys are 0600, certificates 0644."""
+    if not shutil.which("openssl"):
+        raise UserError("tls init needs the openssl command (apt-get install openssl)", USAGE)
+    if days < 1:
+        raise UserError(f"--days must be at least 1 (got {days})", USAGE)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    ca_pem, ca_key = directory / CA_CERT, directory / CA_KEY
+    if not ca_pem.exists():
+        _openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", str(days), "-subj",
+                  f"/CN={cluster} cluster CA", "-keyout", CA_KEY, "-out", CA_CERT], directory)
+        written += [ca_pem, ca_key]
+    elif not ca_key.exists():
+        raise UserError(f"{directory} has {CA_CERT} but not {CA_KEY}: new certificates need the CA's key", USAGE)
+    ext = directory / "san.cnf"
+    ext.write_text(_san(hosts or ["localhost", "127.0.0.1"]) + "\n")
+    try:
+        for name in [r for r in ROLES if not cert_files(directory, r)[0].exists()] + list(clients):
+            pem, key = cert_files(directory, name)
+            _openssl(["req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", key.name,
+                      "-out", f"{name}.csr"], directory)
+            _openssl(["x509", "-req", "-in", f"{name}.csr", "-CA", CA_CERT, "-CAkey", CA_KEY, "-CAcreateserial",
+                      "-days", str(days), "-extfile", ext.name, "-out", pem.name], directory)
+            (directory / f"{name}.csr").unlink()
+            written += [pem, key]
+    finally:
+        ext.unlink(missing_ok=True)
+        (directory / "ca.srl").unlink(missing_ok=True)
+    for path in written:
+        os.chmod(path, 0o600 if path.suffix == ".key" else 0o644)
+    return written
+
+
+def dask_env(directory: str | os.PathLike, role: str, name: str | None = None) -> dict[str, str]:
+    """The environment that configures dask's TLS for `role` (scheduler, worker, client) with the certificate
+    `name` (default: the role's own) from `directory` (as the process sees it, e.g. a container's mount point).
+    Every role requires encryption: a plain tcp:// address is refused before anything is sent."""
+    if role not in ROLES:
+        raise UserError(f"unknown TLS role {role!r} (expected {', '.join(ROLES)})", USAGE)
+    d = str(directory).rstrip("/")
+    cert = name or role
+    return {f"{ENV_PREFIX}REQUIRE_ENCRYPTION": "True", f"{ENV_PREFIX}TLS__CA_FILE": f"{d}/{CA_CERT}",
+            f"{ENV_PREFIX}TLS__{role.upper()}__CERT": f"{d}/{cert}.pem",
+            f"{ENV_PREFIX}TLS__{role.upper()}__KEY": f"{d}/{cert}.key"}

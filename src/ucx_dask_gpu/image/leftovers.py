@@ -1,0 +1,79 @@
+"""The images our builds leave behind, and removing them.
+
+Docker's classic builder keeps an image per build step: the steps of the image being built are the cache that makes
+a warm rebuild take seconds, but every build with other inputs leaves the previous ones behind untagged, as do the
+stages that are not the final one, the tag the normalised image takes over from `docker build`'s output, and the UCX
+stage's previous tag (about 8 GB after `make` and `make test`).
+
+Each build records the ids of the images it made or reused (<cache>/image/<tag>/images.json: every step's image from
+the build logs, the normalised image). After a successful build of a tag, the images the previous build of that
+tag recorded and this one did not are removed with `docker rmi` (never forced: an image still tagged, used by a
+container or the parent of another image stays). `ucx-dask-gpu image clean` (`make clean-images`) removes every
+image recorded in the cache, and their tags: the next build is cold.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from ..fsutil import atomic_write_text
+from .docker import docker_bin
+
+RECORD = "images.json"
+_STEP_ID = re.compile(r"^ ---> ([0-9a-f]{12,64})\s*$|^Successfully built ([0-9a-f]{12,64})\s*$")
+
+
+def step_ids(log: str) -> list[str]:
+    """The image ids a classic `docker build` log names: one per step (" ---> id") and the result."""
+    out = []
+    for line in log.splitlines():
+        m = _STEP_ID.match(line)
+        if m:
+            out.append(m.group(1) or m.group(2))
+    return list(dict.fromkeys(out))
+
+
+def _short(image_id: str) -> str:
+    return image_id.split(":", 1)[-1][:12]
+
+
+def read_record(work: Path) -> dict:
+    try:
+        return json.loads((work / RECORD).read_text())
+    except (OSError, ValueError):
+        return {"tags": [], "images": []}
+
+
+def remove(ids: list[str]) -> int:
+    """`docker rmi` each id that is still there (one call each: one refusal must not stop the rest)."""
+    removed = 0
+    for i in ids:
+        proc = subprocess.run([docker_bin(), "rmi", i], capture_output=True, text=True)
+        removed += proc.returncode == 0
+    return removed
+
+
+def record_and_prune(work: Path, tags: list[str], ids: list[str]) -> int:
+    """Record this build's images; remove the previous build's that this one no longer uses. Returns the count."""
+    ids = list(dict.fromkeys(_short(i) for i in ids if i))
+    previous = read_record(work)
+    atomic_write_text(work / RECORD, json.dumps({"tags": tags, "images": ids}, indent=2) + "\n")
+    superseded = [i for i in previous.get("images", []) if i not in set(ids)]
+    # The last step first: removing an untagged image takes its untagged parents that nothing else uses with it.
+    return remove(list(reversed(superseded))) if superseded else 0
+
+
+def clean(cache: Path) -> tuple[int, list[str]]:
+    """Remove the tags and images every recorded build in `cache` made; (images removed, tags removed)."""
+    removed, tags = 0, []
+    for rec in sorted((cache / "image").glob(f"*/{RECORD}")):
+        data = read_record(rec.parent)
+        for tag in data.get("tags", []):
+            if subprocess.run([docker_bin(), "rmi", tag], capture_output=True).returncode == 0:
+                tags.append(tag)
+        # The last step first: an image goes only once the images made on top of it are gone.
+        removed += remove(list(reversed(data.get("images", []))))
+        rec.unlink()
+    return removed, tags
