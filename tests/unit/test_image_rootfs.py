@@ -166,10 +166,14 @@ def test_driver_libraries_as_the_toolkit_finds_them(tmp_path):
     (drv / "libcuda.so.1").symlink_to("libcuda.so.580.159.04")
     (drv / "libnvidia-ptxjitcompiler.so.580.159.04").write_bytes(b"\x7fELF")
     (drv / "libcudart.so.13").write_bytes(b"\x7fELF")  # a toolkit library, not the driver's
+    (drv / "libcuda.so").symlink_to("libcuda.so.1")  # the development link: not what programs load
     found = chroot.find_driver_libraries("", extra_dirs=(str(drv),))
-    # by soname, resolved to the versioned file; the toolkit's own libraries are not the driver's
+    # by soname, resolved to the versioned file, and versioned files that are their own soname; the toolkit's own
+    # libraries are not the driver's
     assert {k: v for k, v in found.items() if str(v).startswith(str(drv))} == {
-        "libcuda.so.1": (drv / "libcuda.so.580.159.04").resolve()}
+        "libcuda.so.1": (drv / "libcuda.so.580.159.04").resolve(),
+        "libcuda.so.580.159.04": (drv / "libcuda.so.580.159.04").resolve(),
+        "libnvidia-ptxjitcompiler.so.580.159.04": (drv / "libnvidia-ptxjitcompiler.so.580.159.04").resolve()}
 
 
 def test_the_image_user_is_read_from_the_root(tree):

@@ -66,27 +66,42 @@ def _run(cmd: list[str], what: str) -> str:
     return proc.stdout
 
 
-def mount_system(root: Path, mounted: list[Path]) -> list[Path]:
+def mount_system(root: Path, mounted: list[Path], private: bool = False) -> list[str]:
     """/proc, /sys, /dev (and a /dev/shm of its own) of this machine inside `root`; each mount point is appended to
-    `mounted` as soon as it is mounted (`unmount_system(mounted)` undoes them, also after a failure half-way). Every
-    bind is made a slave first, so nothing mounted or unmounted under the root reaches this machine's own /dev or
-    /sys, also where no private mount namespace could be made; a bind that cannot be made a slave stays mounted (and
-    is not unmounted: that could reach the machine's own mounts) and ends the run."""
+    `mounted` as soon as it is mounted (`unmount_system(mounted)` undoes them, also after a failure half-way); returns
+    notes on what could not be done but was not needed.
+
+    Every bind is made a slave, so nothing mounted or unmounted under the root reaches this machine's own /dev or
+    /sys. In a `private` mount namespace that is already so and a failure to make one a slave is only noted; outside
+    one, a bind that cannot be made a slave stays mounted (unmounting it could reach the machine's own mounts) and
+    ends the run. /sys is optional (CUDA needs /proc and /dev; UCX and NVML only read topology from /sys)."""
+    notes = []
     for src, dest, args in (("proc", "proc", ["-t", "proc"]), ("/sys", "sys", ["--rbind"]),
                             ("/dev", "dev", ["--rbind"])):
         target = root / dest
         target.mkdir(exist_ok=True)
         if not os.path.ismount(target):
-            _run(["mount", *args, src, str(target)], f"mounting {src}")
+            try:
+                _run(["mount", *args, src, str(target)], f"mounting {src}")
+            except UserError as e:
+                if dest != "sys":
+                    raise
+                notes.append(f"/sys not mounted ({e})")
+                continue
             if "--rbind" in args:
-                _run(["mount", "--make-rslave", str(target)], f"isolating {target}")
+                try:
+                    _run(["mount", "--make-rslave", str(target)], f"isolating {target}")
+                except UserError as e:
+                    if not private:
+                        raise
+                    notes.append(str(e))
         mounted.append(target)
     shm = root / "dev" / "shm"
     if not os.path.ismount(shm) or not _own_tmpfs(shm):
         shm.mkdir(exist_ok=True)
         _run(["mount", "-t", "tmpfs", "-o", "mode=1777", "shm", str(shm)], "mounting /dev/shm")
     mounted.append(shm)
-    return mounted
+    return notes
 
 
 def _own_tmpfs(path: Path) -> bool:
@@ -142,8 +157,9 @@ def find_driver_libraries(ldconfig_text: str | None = None, extra_dirs: tuple[st
     dirs = [*extra_dirs, *os.environ.get("LD_LIBRARY_PATH", "").split(":"), *DRIVER_DIRS]
     for d in filter(None, dirs):
         for f in sorted(Path(d).glob("lib*.so.*")) if Path(d).is_dir() else []:
-            # soname-style names (libcuda.so.1): the driver's links to its versioned files
-            if f.name.startswith(DRIVER_LIBRARIES) and re.fullmatch(r".*\.so\.\d+", f.name):
+            # libcuda.so.1 (a soname: the driver's link to its versioned file) and libnvidia-gpucomp.so.580.x (a
+            # versioned file that is its own soname); not the development link libcuda.so
+            if f.name.startswith(DRIVER_LIBRARIES) and re.fullmatch(r".*\.so(\.\d+)+", f.name):
                 found.setdefault(f.name, f)
     return {k: v.resolve() for k, v in sorted(found.items())}
 

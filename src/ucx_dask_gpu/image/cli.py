@@ -207,8 +207,9 @@ def _cmd_rootfs_run(args) -> int:
     config = rootfs.read_image_config(parts)
     mounted = []
     try:
-        chroot.mount_system(root, mounted)
-        print(f"rootfs: mounted {', '.join('/' + str(p.relative_to(root)) for p in mounted)}", flush=True)
+        notes = chroot.mount_system(root, mounted, private=os.environ.get(UNSHARED_ENV) == "yes")
+        print(f"rootfs: mounted {', '.join('/' + str(p.relative_to(root)) for p in mounted)}"
+              f"{''.join(f'; {n}' for n in notes)}", flush=True)
         chroot.write_network_files(root)
         libraries = chroot.find_driver_libraries()
         if args.gpu and "libcuda.so.1" not in libraries:
