@@ -16,9 +16,10 @@ CA's key), mounted read-only at /tls; every role is configured through dask's en
 encryption and the peer's certificate (mutual TLS), so a plain-TCP client, or one without a certificate of this
 cluster's CA, is refused.
 
-Stop: workers first, then the scheduler (then the GPU namespace holder), with SIGTERM (tini forwards it; Dask closes cleanly) and a grace period;
-`stop()` returns every container's log and the names of those that show a Python traceback. (Workers are not retired
-through the scheduler first: that races the workers' heartbeats and logs more errors, not fewer.)
+Stop: workers first, then the scheduler (then the GPU namespace holder), with SIGTERM (tini forwards it; Dask closes
+cleanly) and a grace period; `stop()` returns every container's log and the names of those that show a Python
+traceback. (Workers are not retired through the scheduler first: that races the workers' heartbeats and logs more
+errors, not fewer.)
 """
 from __future__ import annotations
 
