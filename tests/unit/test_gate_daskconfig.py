@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import dask
+import dask.config
 import pytest
 
 from ucx_dask_gpu.gate import daskconfig
@@ -94,3 +96,17 @@ def test_unknown_transports_is_a_usage_error():
     with pytest.raises(UserError) as err:
         daskconfig.render("infiniband")
     assert err.value.exit_code == 2
+
+
+def test_a_nanny_without_worker_preloads_keeps_the_configured_ones():
+    """`dask worker` gives its nanny preload=() and the worker then reads distributed.worker.preload; adding a
+    module must keep those (else the worker would load that module alone: no transports line, no quiet close)."""
+    nanny = SimpleNamespace(preload=(), preload_argv=())
+    with dask.config.set({"distributed.worker.preload": ["a.b", "c.d"]}):
+        daskconfig.add_worker_preload(nanny, "c.d")
+        assert nanny.preload == ["a.b", "c.d"]
+        daskconfig.add_worker_preload(nanny, "e.f")
+    assert nanny.preload == ["a.b", "c.d", "e.f"]
+    cuda = SimpleNamespace(preload=["dask_cuda.initialize"], preload_argv=[[]])  # what `dask cuda worker` passes
+    daskconfig.add_worker_preload(cuda, "e.f")
+    assert cuda.preload == ["dask_cuda.initialize", "e.f"] and cuda.preload_argv == [[], []]

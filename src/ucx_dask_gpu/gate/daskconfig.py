@@ -76,7 +76,14 @@ def add_worker_preload(nanny, module: str) -> None:
     distributed.worker.preload from config.
     """
     preload = [nanny.preload] if isinstance(nanny.preload, str) else list(nanny.preload or [])
+    if not preload:
+        # `dask worker` without --preload gives the nanny an empty list, and its worker then reads
+        # distributed.worker.preload: start from those, or the worker would load `module` alone.
+        import dask.config  # only in a nanny, where dask is loaded anyway
+
+        preload = list(dask.config.get("distributed.worker.preload", None) or [])
     if module in preload:
+        nanny.preload = preload
         return
     argv = list(nanny.preload_argv or [])
     if argv and not isinstance(argv[0], str):  # one argv list per preload: ours takes none
