@@ -21,9 +21,12 @@ case "${1:-}" in
     shift
     [ -n "${1:-}" ] && [ "${1#-}" = "$1" ] || { echo "usage: image_rootfs.sh run OUTDIR [--cpu] ..." >&2; exit 2; }
     mkdir -p "$1"
-    # the whole run's output also lands next to its results (OUTDIR/run.log)
-    "$py" -m ucx_dask_gpu image rootfs-run "$@" 2>&1 | tee "$1/run.log"
-    exit "${PIPESTATUS[0]}" ;;
+    # the whole run's output also lands next to its results (OUTDIR/run.log); errors stay on stderr
+    : > "$1/run.log"
+    "$py" -m ucx_dask_gpu image rootfs-run "$@" 2> >(tee -a "$1/run.log" >&2) | tee -a "$1/run.log"
+    rc=${PIPESTATUS[0]}
+    wait
+    exit "$rc" ;;
   tools)
     for t in xz zstd unshare chroot mount tar ldconfig nvidia-smi; do
       printf '%-10s %s\n' "$t" "$(command -v "$t" || echo MISSING)"; done

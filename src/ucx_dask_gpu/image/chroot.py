@@ -316,7 +316,16 @@ def _comm(pid: int) -> str:
 def role_libraries(role: Role) -> dict[str, str | None]:
     """pid -> the libucp.so each Python process of the role maps (seen from outside the root)."""
     return {f"{pid} {_comm(pid)}": mapped_libucp(pid) for pid in _session_members(role.proc.pid)
-            if _comm(pid).startswith(("python", "dask", "ucx-dask-gpu"))}
+            if _comm(pid).startswith(("python", "dask", "ucx-dask-gpu")) and not _is_helper(pid)}
+
+
+def _is_helper(pid: int) -> bool:
+    """multiprocessing's resource tracker (started by dask's nanny): a Python process of the role that never loads
+    UCX."""
+    try:
+        return b"multiprocessing.resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def wait_for(predicate, timeout: float, what: str, roles: list[Role]) -> None:
