@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..fsutil import atomic_write_text
 from ..gate.identity import compare_versions
-from ..proof.client import warm_up
+from ..proof.client import close_workers, warm_up
 from .workloads import WORKLOADS
 from .workloads.base import Chunks, sync_device
 
@@ -176,12 +176,8 @@ def start_cluster(spec: dict):
 
 def shutdown(client, cluster, n_workers: int, timeout: float = 60.0) -> dict:
     """Quiesce the workers (no heartbeat in flight, no worker-worker connections), close the workers through their
-    nannies while the scheduler still serves them, then the client, then the scheduler; each step bounded.
-
-    Workers go first because a scheduler that closes with workers attached connects to every nanny to stop it while
-    the nannies are closing: UCXX then fails that connection's handshake in its listener handler, and in this
-    process (scheduler and nannies share it) memory is corrupted shortly after (a SIGSEGV in 1 of ~20-60
-    teardowns on a loaded 2-core host, UCXX 0.51)."""
+    nannies while the scheduler still serves them (proof.client.close_workers says why), then the client, then the
+    scheduler; each step bounded."""
     start = time.perf_counter()
     steps = []
 
@@ -196,7 +192,7 @@ def shutdown(client, cluster, n_workers: int, timeout: float = 60.0) -> dict:
             steps.append(f"quiescing workers failed: {one_line(e)}")
         if cluster is not None:
             try:
-                steps.append(_close_workers(client, cluster, min(30, left())))
+                steps.append(close_workers(client, cluster, min(30, left())))
             except Exception as e:
                 steps.append(f"closing the workers failed: {one_line(e)}")
         try:
@@ -211,17 +207,6 @@ def shutdown(client, cluster, n_workers: int, timeout: float = 60.0) -> dict:
         except Exception as e:
             steps.append(f"closing the cluster failed: {one_line(e)}")
     return {"seconds": round(time.perf_counter() - start, 3), "steps": steps}
-
-
-def _close_workers(client, cluster, timeout: float) -> str:
-    """Scale the cluster to no workers and wait until the scheduler has seen every one of them leave."""
-    cluster.scale(0)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not cluster.workers and not client.scheduler_info(n_workers=-1)["workers"]:
-            return "workers closed"
-        time.sleep(0.05)
-    raise TimeoutError(f"workers still registered after {timeout:.0f} s")
 
 
 def run(spec: dict) -> dict:
