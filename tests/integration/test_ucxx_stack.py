@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tarfile
 import textwrap
 from importlib import metadata
 from pathlib import Path
@@ -24,6 +26,7 @@ from ucx_dask_gpu import stack
 from ucx_dask_gpu.fsutil import sha256_file
 from ucx_dask_gpu.ucxbuild import ucxx as ucxxbuild
 from ucx_dask_gpu.ucxbuild.build import BUILD_INFO
+from ucx_dask_gpu.ucxbuild.fetch import default_cache_dir, fetch_source, local_dirs
 
 pytestmark = pytest.mark.integration
 
@@ -221,3 +224,105 @@ def test_build_steps_cannot_reach_the_network():
     outside = _python(code)
     if not outside.stdout.startswith("reached"):
         pytest.skip(f"pypi.org is not reachable from this machine either ({outside.stdout.strip()})")
+
+
+# --- the carried UCXX patch 0002: an abandoned peer-info exchange ---------------------------------------------------
+
+EXCHANGE_SERVER = """
+    import asyncio, ucxx
+
+    async def main():
+        async def handler(ep):
+            await asyncio.sleep(5)
+        listener = ucxx.create_listener(handler, port=0)
+        print("PORT", listener.port, flush=True)
+        await asyncio.sleep(120)
+
+    asyncio.run(main())
+"""
+
+# Connects to a listener that is stopped (SIGSTOP) until the connect timeout has passed, so the exchange of peer info
+# is abandoned with its stream receive posted; then fills the freed small blocks with zeroed 16-byte bytearrays and
+# lets the listener send its info. A bytearray that changes is freed memory that UCX wrote into.
+EXCHANGE_CLIENT = """
+    import asyncio, importlib.util, os, signal, struct, sys, time
+    import ucxx
+    import ucxx._lib_async.application_context as application_context
+    from ucxx._lib_async.utils import hash64bits
+
+    upstream = os.environ.get("UPSTREAM_EXCHANGE_PEER_INFO")
+    if upstream:  # upstream's module, as released, instead of the one our build installed
+        spec = importlib.util.spec_from_file_location("ucxx._lib_async.upstream_exchange_peer_info", upstream)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        application_context.exchange_peer_info = module.exchange_peer_info
+
+    async def main(port, listener_pid):
+        try:
+            await ucxx.create_endpoint("127.0.0.1", port, connect_timeout=0.5)
+            print("CONNECTED")
+            return
+        except asyncio.TimeoutError:
+            pass
+        sentinels = [bytearray(16) for _ in range(200000)]
+        os.kill(listener_pid, signal.SIGCONT)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for b in sentinels:
+            if any(b):
+                tag, check = struct.unpack("QQ", bytes(b))
+                print("FREED MEMORY WRITTEN:", "the listener's peer info" if hash64bits(tag) == check else b.hex())
+        print("CHECKED")
+
+    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+"""
+
+
+def _abandoned_exchange(env: dict | None = None) -> str:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("UCX_")} | {"UCX_WARN_UNUSED_ENV_VARS": "n"}
+    e.update(env or {})
+    server = subprocess.Popen([sys.executable, "-c", textwrap.dedent(EXCHANGE_SERVER)], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True, env=e)
+    try:
+        port = None
+        for line in server.stdout:  # UCX may print its own lines on stdout first
+            if line.startswith("PORT "):
+                port = line.split()[1]
+                break
+        assert port, "the UCXX listener did not start"
+        server.send_signal(signal.SIGSTOP)
+        client = subprocess.run([sys.executable, "-c", textwrap.dedent(EXCHANGE_CLIENT), port, str(server.pid)],
+                                capture_output=True, text=True, timeout=120, env=e)
+        assert "CHECKED" in client.stdout, (client.returncode, client.stdout[-2000:], client.stderr[-3000:])
+        return client.stdout
+    finally:
+        server.send_signal(signal.SIGCONT)
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture(scope="module")
+def upstream_exchange_peer_info(st, tmp_path_factory) -> Path:
+    """UCXX's exchange_peer_info.py as released, from the verified source archive the wheels were built from."""
+    fetched = fetch_source(st.ucxx.source, cache=default_cache_dir(st), dirs=local_dirs(st), offline=True)
+    member = "python/ucxx/ucxx/_lib_async/exchange_peer_info.py"
+    with tarfile.open(fetched.path) as tar:
+        name = next(n for n in tar.getnames() if n.split("/", 1)[-1] == member)
+        data = tar.extractfile(name).read()
+    out = tmp_path_factory.mktemp("upstream") / "exchange_peer_info.py"
+    out.write_bytes(data)
+    return out
+
+
+def test_an_abandoned_exchange_leaves_no_write_into_freed_memory(upstream_exchange_peer_info):
+    """Upstream's exchange frees the buffer of a stream receive UCX still holds (its peer info lands in freed memory,
+    seen in at least one of three tries); with the carried patch nothing freed is written, in three tries."""
+    assert (REPO / "ucx-src-build/patches/ucxx-0.51.01"
+            / "0002-python-exchange-peer-info-keeps-abandoned-buffers.patch").is_file()
+    upstream = [_abandoned_exchange({"UPSTREAM_EXCHANGE_PEER_INFO": str(upstream_exchange_peer_info)})
+                for _ in range(3)]
+    assert any("FREED MEMORY WRITTEN: the listener's peer info" in out for out in upstream), upstream
+    for _ in range(3):
+        out = _abandoned_exchange()
+        assert "FREED MEMORY WRITTEN" not in out, out

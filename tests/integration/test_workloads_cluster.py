@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from ucx_dask_gpu.gate import guard  # noqa: F401  the monitoring Client below sends its environment, as any must
 from ucx_dask_gpu.proof import from_map, transpose
 
 

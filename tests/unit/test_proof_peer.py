@@ -132,3 +132,29 @@ def test_nothing_listening_is_unreachable():
     with pytest.raises(UserError) as err:
         what_answers(Address("tcp", "127.0.0.1", port), 1)
     assert err.value.exit_code == SCHEDULER_UNREACHABLE and "connection refused" in str(err.value)
+
+
+def test_a_tls_refusal_distributed_reports_without_a_cause_is_still_found():
+    """distributed turns tornado's StreamClosedError(real_error=SSLError unknown CA) into FatalCommClosedError raised
+    without `from`: the SSL error is only reachable through `real_error` of the exception being handled."""
+    import ssl
+
+    from distributed.comm.core import FatalCommClosedError
+    from distributed.comm.tcp import convert_stream_closed_error
+    from tornado.iostream import StreamClosedError
+
+    from ucx_dask_gpu.proof.peer import _ssl_error
+
+    alert = ssl.SSLError(1, "[SSL: TLSV1_ALERT_UNKNOWN_CA] tlsv1 alert unknown ca")
+    alert.reason = "TLSV1_ALERT_UNKNOWN_CA"
+    try:
+        try:
+            raise StreamClosedError(real_error=alert)
+        except StreamClosedError as closed:
+            convert_stream_closed_error("Client->Scheduler", closed)
+    except FatalCommClosedError as raised:
+        assert raised.__cause__ is None
+        assert _ssl_error(raised) is alert
+    else:
+        pytest.fail("distributed did not raise FatalCommClosedError")
+    assert _ssl_error(RuntimeError("no TLS involved")) is None

@@ -248,7 +248,7 @@ def run_variant(opts: Options, v: Variant, tmp: Path, budget: Budget, progress: 
         why = f"timed out after {timeout:.0f} s" if timed_out else f"exited with {rc} before writing a result"
         v.result = {"status": "error", "error": why}
     if v.result.get("status") != "ok" or v.process["tracebacks"]:
-        v.log_tail = list(child.stderr_tail)[-60:]
+        v.log_tail = list(child.stderr_tail)[-(300 if rc is not None and rc < 0 else 60):]
     status = v.result.get("status")
     progress(f"[{label}] {status}" + (f": {v.result.get('error')}" if status != "ok" else "")
              + f" ({child.elapsed:.0f} s)")

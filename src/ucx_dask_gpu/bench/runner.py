@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..fsutil import atomic_write_text
 from ..gate.identity import compare_versions
-from ..proof.client import warm_up
+from ..proof.client import close_workers, warm_up
 from .workloads import WORKLOADS
 from .workloads.base import Chunks, sync_device
 
@@ -175,8 +175,9 @@ def start_cluster(spec: dict):
 
 
 def shutdown(client, cluster, n_workers: int, timeout: float = 60.0) -> dict:
-    """Quiesce the workers (no heartbeat in flight, no worker-worker connections), close the client, then the
-    cluster (workers through their nannies, then the scheduler), each step with a bounded timeout."""
+    """Quiesce the workers (no heartbeat in flight, no worker-worker connections), close the workers through their
+    nannies while the scheduler still serves them (proof.client.close_workers says why), then the client, then the
+    scheduler; each step bounded."""
     start = time.perf_counter()
     steps = []
 
@@ -189,6 +190,11 @@ def shutdown(client, cluster, n_workers: int, timeout: float = 60.0) -> dict:
             steps.append(f"workers quiesced, {sum(closed.values())} worker-worker connections closed")
         except Exception as e:
             steps.append(f"quiescing workers failed: {one_line(e)}")
+        if cluster is not None:
+            try:
+                steps.append(close_workers(client, cluster, min(30, left())))
+            except Exception as e:
+                steps.append(f"closing the workers failed: {one_line(e)}")
         try:
             client.close(timeout=min(15, left()))
             steps.append("client closed")

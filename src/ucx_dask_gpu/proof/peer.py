@@ -132,11 +132,16 @@ async def _dask_identity(addr: Address, connection_args: dict, timeout: float) -
 
 
 def _ssl_error(exc: BaseException | None) -> ssl.SSLError | None:
+    """The TLS error behind what the exchange raised: in its cause/context chain, or the `real_error` of tornado's
+    StreamClosedError there (distributed raises FatalCommClosedError for an unknown CA without `from`)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, ssl.SSLError):
             return exc
+        real = getattr(exc, "real_error", None)
+        if isinstance(real, ssl.SSLError):
+            return real
         exc = exc.__cause__ or exc.__context__
     return None
 
