@@ -14,6 +14,7 @@ export UCXX_WHEELS ?= build/ucxx-wheels
 STACK_GET := PYTHONPATH=src $(PY) -m ucx_dask_gpu stack get
 IMAGE_LOCK := $(shell $(STACK_GET) python.lock)
 UCXX_BUILD_LOCK := $(shell $(STACK_GET) ucxx.build.lock)
+TEST_TOOLS_LOCK := $(shell $(STACK_GET) test_tools.lock)
 
 .PHONY: all test prereqs venv regen check-generated unit ucx ucxx doctor gpu-verify lock
 
@@ -36,13 +37,15 @@ prereqs:
 	ci/install_prereqs.sh
 
 # The venv runs on our stack: the hashed lock (no UCXX, no libucx wheel), our UCXX wheels --no-deps on top with a
-# start-up preload of our UCX's libucp (ucx-src-build/build.sh install-ucxx: UCXX loads no other UCX), this package.
+# start-up preload of our UCX's libucp (ucx-src-build/build.sh install-ucxx: UCXX loads no other UCX), this package,
+# and the launchers the tests generate commands with (stack.toml [test_tools], hash-locked on the same versions).
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml stack.toml $(IMAGE_LOCK) $(UCXX_WHEELS).stamp
+$(VENV)/.installed: pyproject.toml stack.toml $(IMAGE_LOCK) $(TEST_TOOLS_LOCK) $(UCXX_WHEELS).stamp
 	$(PY) -m venv --clear $(VENV)
 	$(VPY) -m pip install -q --require-hashes -r $(IMAGE_LOCK)
 	ucx-src-build/build.sh install-ucxx --python $(VPY) --wheels $(UCXX_WHEELS) --ucx-prefix $(UCX_PREFIX)
 	$(VPY) -m pip install -q -e '.[test]'
+	$(VPY) -m pip install -q --require-hashes -r $(TEST_TOOLS_LOCK)
 	$(VPY) -m pip check
 	@# The SBOM generator at the version stack.toml [sbom] pins (its output is part of the image's bytes).
 	$(VPY) -m pip install -q "$$($(VPY) -m ucx_dask_gpu stack get sbom.generator)==$$($(VPY) -m ucx_dask_gpu stack get sbom.generator_version)"

@@ -38,6 +38,8 @@ SBOM_GENERATOR = 34      # the installed SBOM generator is not the version stack
 # Image + cluster (40-49)
 UNKNOWN_ROLE = 40        # the image was started with a command that is not one of its roles
 CLUSTER_FAILED = 41      # a cluster container exited or a role did not come up in time
+TRANSPORT_CONFLICT = 42  # UCX transport settings contradict each other (UCX_TLS next to distributed-ucxx flags, ...)
+ROOTFS_INVALID = 43      # an exported image root filesystem: a part missing or its sha256 wrong, or unusable here
 # Topology + topology cluster (50-59)
 BAD_TOPOLOGY = 50        # nvidia-smi topo -m text that cannot be read
 SYSFS_UNREADABLE = 51    # sysfs (PCI devices, NICs) missing or unreadable

@@ -106,7 +106,21 @@ def procs() -> SimpleNamespace:
 
 @pytest.fixture(scope="module")
 def shipped_config(tmp_path_factory) -> Path:
-    """The dask config the image ships (CPU transports), installed into a directory of its own."""
+    """The dask config the image ships (transports left to UCX), installed into a directory of its own."""
     d = tmp_path_factory.mktemp("dask-config")
-    daskconfig.install(d, "cpu")
+    daskconfig.install(d)
     return d
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """A Docker engine that answers (started when none runs, as root)."""
+    from ucx_dask_gpu.image.docker import ensure_engine
+
+    return ensure_engine(allow_start=True)
+
+
+@pytest.fixture(scope="session")
+def image(engine, st, build_image) -> dict:
+    """The image, built the way a user builds it (a warm Docker cache makes that a no-op): its build summary."""
+    return build_image()

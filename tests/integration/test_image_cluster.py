@@ -22,22 +22,12 @@ from ucx_dask_gpu.errors import ENV_MISMATCH, NOT_A_SCHEDULER, TLS_REFUSED, UNKN
 from ucx_dask_gpu.gate import identity
 from ucx_dask_gpu.image import leftovers
 from ucx_dask_gpu.image.cluster import Cluster, has_traceback, parse_json_output
-from ucx_dask_gpu.image.docker import container_logs, container_state, docker_bin, ensure_engine, wait_until
+from ucx_dask_gpu.image.docker import container_logs, container_state, docker_bin, wait_until
 from ucx_dask_gpu.image.paths import base_ref, default_cache, default_ucxx_wheels, work_dir
 from ucx_dask_gpu.image.wheelhouse import build_own_wheel, wheelhouse_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def engine():
-    return ensure_engine(allow_start=True)
-
-
-@pytest.fixture(scope="session")
-def image(engine, st, build_image) -> dict:
-    return build_image()
 
 
 def own_wheel_as(st, tmp: Path, wheels, local: str) -> Path:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import dask
+import dask.config
 import pytest
 
 from ucx_dask_gpu.gate import daskconfig
@@ -21,14 +23,30 @@ def _flat(d, prefix=""):
             yield key, v
 
 
-@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+@pytest.mark.parametrize("kind", ["auto", "cpu", "gpu"])
 def test_install_writes_both_files_with_guard_preloads(tmp_path, kind):
     written = daskconfig.install(tmp_path, kind)
     assert sorted(p.name for p in written) == sorted([daskconfig.COMMON, daskconfig.INSTALLED_TRANSPORTS])
     cfg = daskconfig.load_installed(tmp_path)
-    for role in ("scheduler", "worker", "client"):
-        assert cfg["distributed"][role]["preload"] == ["ucx_dask_gpu.gate.guard"]
-    assert cfg["distributed-ucxx"]["nvlink"] is (kind == "gpu")
+    for role in ("scheduler", "worker", "nanny"):
+        assert cfg["distributed"][role]["preload"] == ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup"]
+    assert cfg["distributed"]["client"]["preload"] == ["ucx_dask_gpu.gate.guard"]
+    assert cfg["distributed-ucxx"].get("nvlink") is {"auto": None, "cpu": None, "gpu": True}[kind]
+
+
+def test_the_default_is_automatic_and_never_turns_a_transport_off(tmp_path):
+    """What the image ships: UCX selects (no flag is set, so distributed-ucxx sets no UCX_TLS), and no file
+    switches InfiniBand or anything else off."""
+    from distributed_ucxx.ucxx import _prepare_ucx_config
+
+    daskconfig.install(tmp_path)
+    cfg = daskconfig.load_installed(tmp_path)
+    assert all(v is None for v in cfg["distributed-ucxx"].values())
+    with dask.config.set(cfg):
+        options, env = _prepare_ucx_config()
+    assert "TLS" not in options and "UCX_TLS" not in env
+    for kind in daskconfig.TRANSPORTS:
+        assert "false" not in daskconfig.packaged_text(daskconfig.TRANSPORTS[kind]).split("distributed-ucxx:")[1]
 
 
 def test_every_key_is_known_to_dask_or_distributed_ucxx(tmp_path):
@@ -46,14 +64,14 @@ def test_every_key_is_known_to_dask_or_distributed_ucxx(tmp_path):
         assert key in known, f"{key} is not a dask/distributed-ucxx setting (typo?)"
 
 
-@pytest.mark.parametrize("kind,tls", [("cpu", "tcp"), ("gpu", "tcp,cuda_copy,cuda_ipc")])
+@pytest.mark.parametrize("kind,tls", [("auto", None), ("cpu", "tcp"), ("gpu", "tcp,cuda_copy,cuda_ipc")])
 def test_transports_become_the_intended_ucx_tls(tmp_path, kind, tls):
     from distributed_ucxx.ucxx import _prepare_ucx_config
 
     daskconfig.install(tmp_path, kind)
     with dask.config.set(daskconfig.load_installed(tmp_path)):
         options, _ = _prepare_ucx_config()
-    assert options["TLS"] == tls
+    assert options.get("TLS") == tls
 
 
 def test_install_onto_a_file_fails_and_writes_nothing(tmp_path):
@@ -78,3 +96,17 @@ def test_unknown_transports_is_a_usage_error():
     with pytest.raises(UserError) as err:
         daskconfig.render("infiniband")
     assert err.value.exit_code == 2
+
+
+def test_a_nanny_without_worker_preloads_keeps_the_configured_ones():
+    """`dask worker` gives its nanny preload=() and the worker then reads distributed.worker.preload; adding a
+    module must keep those (else the worker would load that module alone: no transports line, no quiet close)."""
+    nanny = SimpleNamespace(preload=(), preload_argv=())
+    with dask.config.set({"distributed.worker.preload": ["a.b", "c.d"]}):
+        daskconfig.add_worker_preload(nanny, "c.d")
+        assert nanny.preload == ["a.b", "c.d"]
+        daskconfig.add_worker_preload(nanny, "e.f")
+    assert nanny.preload == ["a.b", "c.d", "e.f"]
+    cuda = SimpleNamespace(preload=["dask_cuda.initialize"], preload_argv=[[]])  # what `dask cuda worker` passes
+    daskconfig.add_worker_preload(cuda, "e.f")
+    assert cuda.preload == ["dask_cuda.initialize", "e.f"] and cuda.preload_argv == [[], []]

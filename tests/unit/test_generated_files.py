@@ -6,12 +6,13 @@ import sys
 
 from ucx_dask_gpu import stack
 from ucx_dask_gpu.stack.generate import check_lock_matches, render_environment_yml
+from ucx_dask_gpu.stack.lock import load_lock
 
 
 def _copy_repo_inputs(tmp_path, edit):
     """stack.toml (edited) + the locks in a scratch tree, so a drift can be provoked without touching the repo."""
     st = stack.load()
-    for rel in (st.python.lock, st.ucxx.lock):
+    for rel in (st.python.lock, st.ucxx.lock, st.test_tools.lock):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(st.root / rel, tmp_path / rel)
     (tmp_path / "stack.toml").write_text(edit(st.path.read_text()))
@@ -52,3 +53,18 @@ def test_env_yml_check_command_fails_on_drift(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "stack", "--file", str(st.path), "env-yml", "--check"],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "out of date" in proc.stderr
+
+
+def test_a_test_tool_edit_is_caught_as_drift(tmp_path):
+    st = _copy_repo_inputs(tmp_path, lambda s: s.replace('"dask-jobqueue==0.9.0"', '"dask-jobqueue==0.8.5"'))
+    problems = check_lock_matches(st)
+    assert len(problems) == 1 and "dask-jobqueue" in problems[0] and str(st.test_tools.lock) in problems[0]
+
+
+def test_the_test_tools_lock_keeps_the_runtime_versions():
+    """It installs into the runtime venv: every package both locks pin has the same version in both."""
+    st = stack.load()
+    runtime, tools = load_lock(st.lock_path()), load_lock(st.root / st.test_tools.lock)
+    shared = set(runtime) & set(tools)
+    assert {"dask", "distributed"} <= shared
+    assert {n: (runtime[n].version, tools[n].version) for n in shared if runtime[n].version != tools[n].version} == {}

@@ -89,8 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     i = s.add_parser("install", help="write ucx-dask-gpu.yaml + ucx-dask-gpu-transports.yaml into a dask config dir")
     i.add_argument("--dest", required=True, help="dask config directory, e.g. /etc/dask")
     i.add_argument("--transports", choices=["auto", "cpu", "gpu"], default="auto",
-                   help="UCX transports: cpu = UCX over TCP; gpu = NVLink + cuda_copy + TCP; auto = gpu if NVML "
-                        "sees a GPU (default)")
+                   help="UCX transports: auto = UCX selects on every host (default); opt-in pins: cpu = UCX over "
+                        "TCP only, gpu = NVLink + cuda_copy + TCP (no shared memory, no InfiniBand)")
     i.set_defaults(func=_cmd_config_install)
     sh = s.add_parser("show", help="print the files `install` would write")
     sh.add_argument("--transports", choices=["auto", "cpu", "gpu"], default="auto")

@@ -1,26 +1,28 @@
-"""The dask config the image ships: guard preloads, timeouts, shutdown, and UCX transports per host kind.
+"""The dask config the image ships: guard preloads, timeouts, shutdown, and the UCX transports.
 
 `ucx-dask-gpu config install --dest /etc/dask [--transports auto|cpu|gpu]` writes two files into a dask config
 directory, both or neither:
   ucx-dask-gpu.yaml             common to every host (src/ucx_dask_gpu/config/ucx-dask-gpu.yaml)
-  ucx-dask-gpu-transports.yaml  transports-cpu.yaml or transports-gpu.yaml
-`auto` picks gpu when NVML sees a GPU. Other YAML files in the package's config folder (e.g. tuned-gpu.yaml,
-owned by the benchmarks) are not installed by this command.
+  ucx-dask-gpu-transports.yaml  transports-auto.yaml (default), transports-cpu.yaml or transports-gpu.yaml
+`auto` leaves the transports to UCX on every host (GPU or not), so a process that reads only /etc/dask (Apptainer
+`exec`, a Kubernetes `command:`, a user's own DASK_CONFIG next to it) gets what the entrypoint would give it; `cpu`
+and `gpu` pin UCX_TLS and are opt-in. Other YAML files in the package's config folder (e.g. tuned-gpu.yaml, owned by
+the benchmarks) are not installed by this command.
 """
 from __future__ import annotations
 
 import os
 from importlib import resources
 from pathlib import Path
+from typing import Mapping
 
-from .. import nvml
 from ..errors import CONFIG_DEST, USAGE, UserError
 from ..fsutil import atomic_write_many
 
 # The worker preload that lets a worker close without a heartbeat traceback (quietclose.py), as dask config names it.
 QUIET_CLOSE = "ucx_dask_gpu.gate.quietclose"
 COMMON = "ucx-dask-gpu.yaml"
-TRANSPORTS = {"cpu": "transports-cpu.yaml", "gpu": "transports-gpu.yaml"}
+TRANSPORTS = {"auto": "transports-auto.yaml", "cpu": "transports-cpu.yaml", "gpu": "transports-gpu.yaml"}
 INSTALLED_TRANSPORTS = "ucx-dask-gpu-transports.yaml"
 
 
@@ -28,18 +30,8 @@ def packaged_text(name: str) -> str:
     return resources.files("ucx_dask_gpu").joinpath("config", name).read_text()
 
 
-def detect_transports() -> str:
-    """gpu when NVML reports at least one GPU, else cpu."""
-    try:
-        return "gpu" if nvml.discover() else "cpu"
-    except UserError:  # no driver / no GPU / no nvidia-ml-py: a CPU host
-        return "cpu"
-
-
 def render(transports: str) -> dict[str, str]:
-    """Installed file name -> text, for a transports kind (cpu|gpu|auto)."""
-    if transports == "auto":
-        transports = detect_transports()
+    """Installed file name -> text, for a transports kind (auto|cpu|gpu)."""
     if transports not in TRANSPORTS:
         raise UserError(f"unknown transports {transports!r} (expected auto, cpu or gpu)", USAGE)
     body = packaged_text(TRANSPORTS[transports])
@@ -63,3 +55,38 @@ def load_installed(dest: str | os.PathLike) -> dict:
     import dask.config  # heavy: only where the installed config is read back
 
     return dask.config.collect(paths=[str(dest)], env={})
+
+
+def collect_for(environ: Mapping[str, str]) -> dict:
+    """The dask config a process started with `environ` will read: the YAML files of dask's search path (with
+    environ's DASK_CONFIG instead of this process's) and environ's DASK_* variables."""
+    import dask.config  # heavy: only where another process's config is computed (entrypoint, doctor)
+
+    own = os.environ.get("DASK_CONFIG")
+    paths = [p for p in dask.config.paths if own is None or p != own]
+    if environ.get("DASK_CONFIG"):
+        paths.append(environ["DASK_CONFIG"])
+    return dask.config.collect(paths=paths, env=dict(environ))
+
+
+def add_worker_preload(nanny, module: str) -> None:
+    """Make a nanny's worker process load `module` too, even when the launcher passed its own preload list.
+
+    `dask cuda worker` and LocalCUDACluster give the nanny preload=[..., "dask_cuda.initialize"], which replaces
+    distributed.worker.preload from config.
+    """
+    preload = [nanny.preload] if isinstance(nanny.preload, str) else list(nanny.preload or [])
+    if not preload:
+        # `dask worker` without --preload gives the nanny an empty list, and its worker then reads
+        # distributed.worker.preload: start from those, or the worker would load `module` alone.
+        import dask.config  # only in a nanny, where dask is loaded anyway
+
+        preload = list(dask.config.get("distributed.worker.preload", None) or [])
+    if module in preload:
+        nanny.preload = preload
+        return
+    argv = list(nanny.preload_argv or [])
+    if argv and not isinstance(argv[0], str):  # one argv list per preload: ours takes none
+        argv.append([])
+    nanny.preload = preload + [module]
+    nanny.preload_argv = argv

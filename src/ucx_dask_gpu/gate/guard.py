@@ -39,6 +39,7 @@ from distributed import Nanny, Scheduler, Worker
 
 from ..errors import ENV_MISMATCH
 from . import identity
+from .daskconfig import add_worker_preload
 
 # Under "distributed." so that dask's logging config (format, level, handler) applies to our lines too.
 logger = logging.getLogger("distributed.ucx_dask_gpu.guard")
@@ -155,27 +156,12 @@ async def _admit_or_exit(server) -> None:
         raise SystemExit(ENV_MISMATCH)
 
 
-def _add_to_worker_preloads(nanny) -> None:
-    """Make the nanny's worker process load this module too, even when the launcher passed its own preload list.
-
-    `dask cuda worker` and LocalCUDACluster give the nanny preload=[..., "dask_cuda.initialize"], which replaces
-    distributed.worker.preload from config; without this their workers would register without an identity.
-    """
-    preload = [nanny.preload] if isinstance(nanny.preload, str) else list(nanny.preload or [])
-    if __name__ in preload:
-        return
-    argv = list(nanny.preload_argv or [])
-    if argv and not isinstance(argv[0], str):  # one argv list per preload: ours takes none
-        argv.append([])
-    nanny.preload = preload + [__name__]
-    nanny.preload_argv = argv
-
-
 async def dask_setup(dask_object) -> None:
     if isinstance(dask_object, Scheduler):
         _install_on_scheduler(dask_object)
     elif isinstance(dask_object, Nanny):
-        _add_to_worker_preloads(dask_object)
+        # without this, `dask cuda worker`'s workers would register without an identity
+        add_worker_preload(dask_object, __name__)
         await _admit_or_exit(dask_object)
     elif isinstance(dask_object, Worker):
         dask_object.startup_information[identity.KEY] = lambda worker: identity.identity()

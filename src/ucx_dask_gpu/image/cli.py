@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import NOT_REPRODUCIBLE, SBOM_INVALID, SBOM_MISMATCH, USAGE, VERDICT_FAILED, UserError
+from ..errors import (NO_GPU, NOT_REPRODUCIBLE, ROOTFS_INVALID, SBOM_INVALID, SBOM_MISMATCH, USAGE, VERDICT_FAILED,
+                      UserError)
 from ..fsutil import atomic_write_text
 from ..oci import sbom as sbommod
 from ..oci.compare import compare, render_compare
@@ -16,12 +19,13 @@ from ..oci.layer import normalise_rootfs_tar
 from ..stack import load
 from ..stack.lock import canonical, load_lock
 from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO
-from . import check, leftovers, normalise
+from . import check, chroot, compose, leftovers, normalise, rootfs
 from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
-from .cluster import remove_all_clusters
+from .cluster import Cluster, remove_all_clusters
 from .demo import demo_ok, render_demo, run_demo
 from .docker import docker, engine_version, ensure_engine
+from .gpuhost import parse_gpus
 from .paths import CACHE_ENV, default_cache, default_ucxx_wheels, image_ref
 from .wheelhouse import build_own_wheel, ensure_wheelhouse
 
@@ -80,10 +84,33 @@ def _cmd_build(args) -> int:
     return 0
 
 
+def _host_settings(args) -> dict:
+    """--gpus / --infiniband / --cma as Cluster keyword arguments (GPU mode when --gpus is given)."""
+    if not args.gpus:
+        if args.infiniband or args.cma:
+            raise UserError("--infiniband and --cma are GPU-host settings: give --gpus too", USAGE)
+        return {}
+    try:
+        gpus = parse_gpus(args.gpus)
+    except ValueError as e:
+        raise UserError(str(e), USAGE) from None
+    return {"gpu": True, "gpus": tuple(gpus), "infiniband": args.infiniband, "cma": args.cma}
+
+
+def _add_host_settings(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", metavar="N,M,...",
+                   help="GPU host: one dask cuda worker per listed GPU (--gpus device=N), all sharing one IPC and "
+                        "PID namespace so cuda_ipc works between them")
+    p.add_argument("--infiniband", action="store_true",
+                   help="GPU workers get /dev/infiniband, IPC_LOCK and unlimited memlock (InfiniBand hosts)")
+    p.add_argument("--cma", action="store_true", help="GPU workers get SYS_PTRACE (UCX's cma between them)")
+
+
 def _cmd_demo(args) -> int:
     st = _stack(args)
+    host = _host_settings(args)
     engine_version()
-    rows = run_demo(args.image or image_ref(st), args.protocol or ["ucx", "tcp"], args.workers)
+    rows = run_demo(args.image or image_ref(st), args.protocol or ["ucx", "tcp"], args.workers, **host)
     print(render_demo(rows))
     for r in rows:
         if r["logs"]:
@@ -91,6 +118,120 @@ def _cmd_demo(args) -> int:
     if args.json:
         atomic_write_text(args.json, json.dumps(rows, indent=2, sort_keys=True) + "\n")
     return 0 if demo_ok(rows) else VERDICT_FAILED
+
+
+def _cmd_compose(args) -> int:
+    st = _stack(args)
+    host = _host_settings(args)
+    cluster = Cluster(args.image or image_ref(st), protocol=args.protocol, n_workers=args.workers, **host)
+    words = [f"--protocol {args.protocol}"] + ([f"--gpus {args.gpus}"] if args.gpus else [f"--workers {args.workers}"])
+    words += [w for w, on in (("--infiniband", args.infiniband), ("--cma", args.cma)) if on]
+    text = compose.render(cluster, " ".join(words))
+    if args.check:
+        try:
+            current = Path(args.check).read_text()
+        except OSError as e:
+            raise UserError(f"cannot read {args.check}: {e.strerror}", USAGE) from None
+        if current != text:
+            raise UserError(f"{args.check} is not what `ucx-dask-gpu image compose {' '.join(words)}` writes: "
+                            "regenerate it", VERDICT_FAILED)
+        print(f"{args.check}: up to date")
+    elif args.output:
+        atomic_write_text(args.output, text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _cmd_export_rootfs(args) -> int:
+    try:
+        part = rootfs.parse_size(args.part_size) if args.part_size else _stack(args).gpu_host.part_mib * rootfs.MIB
+    except ValueError as e:
+        raise UserError(str(e), USAGE) from None
+    engine_version()
+    m = rootfs.export_rootfs(args.image, args.dir, part_size=part, level=args.level, compression=args.compression)
+    print(f"{args.dir}: {m['image']} ({m['image_id'][:19]}), rootfs {m['rootfs_bytes'] / 1e6:.0f} MB -> "
+          f"{m['archive_bytes'] / 1e6:.0f} MB {m['compression']} in {len(m['parts'])} parts of at most "
+          f"{part / rootfs.MIB:.0f} MiB")
+    for batch, p in zip(m["batches"], m["parts"]):
+        print(f"  {args.dir}/{batch}  {p['name']}  {p['bytes'] / rootfs.MIB:.1f} MiB  sha256 {p['sha256'][:16]}")
+    return 0
+
+
+def _parts_dir(args) -> Path:
+    return Path(args.parts or _stack(args).gpu_host.parts_dir)
+
+
+def _cmd_rootfs_receive(args) -> int:
+    parts = _parts_dir(args)
+    r = rootfs.receive(args.batch, parts)
+    left = f"missing {len(r['missing'])}: {', '.join(r['missing'])}" if r["missing"] else "all parts here"
+    print(f"received {', '.join(r['moved']) or 'no part'} into {parts} ({r['image']}): "
+          f"{r['parts'] - len(r['missing'])} of {r['parts']} parts; {left}")
+    return 0
+
+
+UNSHARED_ENV = "UCX_DASK_GPU_ROOTFS_UNSHARED"
+
+
+def _private_mount_namespace() -> None:
+    """Re-run this command in a private mount namespace (its mounts end with it), where this machine allows one."""
+    if os.environ.get(UNSHARED_ENV):
+        return
+    probe = ["unshare", "--mount", "--propagation", "private"]
+    try:
+        ok = subprocess.run([*probe, "true"], capture_output=True).returncode == 0
+    except OSError:
+        ok = False
+    if not ok:
+        os.environ[UNSHARED_ENV] = "no"
+        print("rootfs: no private mount namespace here (unshare --mount failed): mounting in this one, binds made "
+              "slaves, unmounted at the end", flush=True)
+        return
+    os.environ[UNSHARED_ENV] = "yes"
+    os.execvp(probe[0], [*probe, sys.executable, "-m", "ucx_dask_gpu", *sys.argv[1:]])
+
+
+def _cmd_rootfs_run(args) -> int:
+    if os.geteuid() != 0:
+        raise UserError("rootfs-run chroots, mounts and switches users: run it as root", ROOTFS_INVALID)
+    st = _stack(args)
+    if args.unshare:
+        _private_mount_namespace()
+    parts, root = _parts_dir(args), Path(args.root or st.gpu_host.root)
+    unpacked = rootfs.unpack(root, parts)
+    m = unpacked["manifest"]
+    print(f"rootfs: {m['image']} ({m['image_id'][:19]}, stack id {m['stack_id']}) "
+          f"{'reused' if unpacked['reused'] else 'unpacked'} in {root}", flush=True)
+    config = rootfs.read_image_config(parts)
+    mounted = []
+    try:
+        notes = chroot.mount_system(root, mounted, private=os.environ.get(UNSHARED_ENV) == "yes")
+        print(f"rootfs: mounted {', '.join('/' + str(p.relative_to(root)) for p in mounted)}"
+              f"{''.join(f'; {n}' for n in notes)}", flush=True)
+        chroot.write_network_files(root)
+        libraries = chroot.find_driver_libraries()
+        if args.gpu and "libcuda.so.1" not in libraries:
+            raise UserError("no NVIDIA driver library libcuda.so.1 on this machine (ldconfig -p, driver directories): "
+                            "not a GPU host, or use --cpu", NO_GPU)
+        added = chroot.add_driver(root, libraries) if libraries else []
+        print(f"rootfs: driver files added: {', '.join(added) or 'none (no driver here)'}", flush=True)
+        proof = chroot.Proof(gpu=args.gpu, size=args.size or (8000 if args.gpu else 4000),
+                             chunk=args.chunk or (2000 if args.gpu else 1000))
+        result = chroot.run_proof(root, config, Path(args.out), proof, st.image.ucx_prefix,
+                                  extra={"driver_files": added, "stack_id": m["stack_id"], "image_id": m["image_id"]})
+    finally:
+        left = chroot.unmount_system(mounted)
+        if left:
+            print(f"rootfs: still mounted: {', '.join(left)}", flush=True)
+    for name, c in result["checks"].items():
+        print(f"rootfs: check {name}: {'ok' if c['ok'] else 'FAILED'}  "
+              f"{json.dumps({k: v for k, v in c.items() if k != 'ok'})[:400]}")
+    if result.get("error"):
+        print(f"rootfs: error: {result['error']}")
+    print(f"rootfs: {'PASS' if result['ok'] else 'FAIL'}; results in {args.out}/image-rootfs.tgz")
+    return 0 if result["ok"] else VERDICT_FAILED
 
 
 def _cmd_clean(args) -> int:
@@ -155,7 +296,53 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
                    help="protocol(s) to run (default: ucx and tcp)")
     d.add_argument("--workers", type=int, default=2)
     d.add_argument("--json", metavar="FILE", help="also write the full results to FILE")
+    _add_host_settings(d)
     d.set_defaults(func=_cmd_demo)
+
+    c = s.add_parser("compose", help="the same cluster as a compose file for one host (scheduler, workers, client)")
+    c.add_argument("--image", help="image to run (default: [image].name:[stack].version)")
+    c.add_argument("--protocol", choices=["ucx", "tcp"], default="ucx")
+    c.add_argument("--workers", type=int, default=2, help="CPU workers (without --gpus)")
+    _add_host_settings(c)
+    c.add_argument("-o", "--output", metavar="FILE", help="write the compose file here (default: stdout)")
+    c.add_argument("--check", metavar="FILE", help="exit 1 unless FILE is exactly what this would write")
+    c.set_defaults(func=_cmd_compose)
+
+    x = s.add_parser("export-rootfs", help="the image's filesystem as verified, compressed parts (+ its Config) for "
+                                           "a machine without Docker; one batch directory per part")
+    x.add_argument("image")
+    x.add_argument("dir", help="a new directory")
+    x.add_argument("--part-size", help="largest part, e.g. 40MiB (default: stack.toml [gpu_host].part_mib, so one "
+                                       "part + the repository fit a 64 MiB device call)")
+    x.add_argument("--level", type=int, default=19, help="compression level (default 19; xz: at most 9)")
+    x.add_argument("--compression", choices=sorted(rootfs.COMPRESSIONS), default="xz",
+                   help="xz (default: Python's standard library decodes it, nothing to carry) or zstd (--long; the "
+                        "host needs the zstd command or the zstandard module)")
+    x.set_defaults(func=_cmd_export_rootfs)
+
+    parts_help = "parts directory (default: stack.toml [gpu_host].parts_dir)"
+    rv = s.add_parser("rootfs-receive", help="move one batch of exported parts into the parts directory, check them, "
+                                             "say which are missing")
+    rv.add_argument("batch", help="a batch-NN directory of `export-rootfs`")
+    rv.add_argument("--parts", help=parts_help)
+    rv.set_defaults(func=_cmd_rootfs_receive)
+
+    rr = s.add_parser("rootfs-run", help="as root, without Docker: unpack the received parts, mount /proc /sys /dev, "
+                                         "add the host's NVIDIA driver, run scheduler + 2 workers + transpose client "
+                                         "chrooted as the image's user, check, stop, write OUT/image-rootfs.tgz")
+    rr.add_argument("out", help="directory for result.json and image-rootfs.tgz")
+    rr.add_argument("--parts", help=parts_help)
+    rr.add_argument("--root", help="where to unpack (default: stack.toml [gpu_host].root; reused when it holds this "
+                                   "export)")
+    rr.add_argument("--no-unshare", dest="unshare", action="store_false",
+                    help="mount in this mount namespace (as where none can be made); unmounted at the end")
+    mode = rr.add_mutually_exclusive_group()
+    mode.add_argument("--gpu", dest="gpu", action="store_true", default=True,
+                      help="two dask cuda workers sharing GPU 0, CuPy blocks, cuda_ipc expected (default)")
+    mode.add_argument("--cpu", dest="gpu", action="store_false", help="two dask workers, numpy blocks")
+    rr.add_argument("--size", type=int, help="transpose size (default 8000 GPU, 4000 CPU)")
+    rr.add_argument("--chunk", type=int, help="transpose chunk (default 2000 GPU, 1000 CPU)")
+    rr.set_defaults(func=_cmd_rootfs_run)
 
     c = s.add_parser("clean", help="remove the images this checkout's builds made (recorded in the build cache: "
                                    "every step's image, the normalised images, their tags); the next build is cold")

@@ -5,7 +5,9 @@ from another image, and read every log):
 
     network   udg-<id>         `docker network create --internal` (no route out)
     scheduler udg-<id>-scheduler, alias `scheduler`: dask scheduler --protocol tcp|ucx|tls --port 8786
-    workers   udg-<id>-worker-N: dask worker PROTO://scheduler:8786 (dask cuda worker with gpu=True)
+    workers   udg-<id>-worker-N: dask worker PROTO://scheduler:8786
+              (gpu=True: dask cuda worker, one per GPU with --gpus device=N, all in the IPC and PID namespaces of a
+              holder container udg-<id>-gpuhost so cuda_ipc works between them; gpuhost.py)
     client    docker run --rm ... ucx-dask-gpu workload ... --scheduler PROTO://scheduler:8786
     volume    udg-<id>-data at /data on workers and clients (from-map reads files the client wrote there)
 
@@ -14,9 +16,10 @@ CA's key), mounted read-only at /tls; every role is configured through dask's en
 encryption and the peer's certificate (mutual TLS), so a plain-TCP client, or one without a certificate of this
 cluster's CA, is refused.
 
-Stop: workers first, then the scheduler, with SIGTERM (tini forwards it; Dask closes cleanly) and a grace period;
-`stop()` returns every container's log and the names of those that show a Python traceback. (Workers are not retired
-through the scheduler first: that races the workers' heartbeats and logs more errors, not fewer.)
+Stop: workers first, then the scheduler (then the GPU namespace holder), with SIGTERM (tini forwards it; Dask closes
+cleanly) and a grace period; `stop()` returns every container's log and the names of those that show a Python
+traceback. (Workers are not retired through the scheduler first: that races the workers' heartbeats and logs more
+errors, not fewer.)
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from ..errors import CLUSTER_FAILED, USAGE, UserError
 from ..gate import tls
 from ..oci.archive import LABEL_PREFIX
 from .docker import container_logs, container_state, docker, docker_bin, image_inspect, wait_until
+from .gpuhost import HOLDER, HOLDER_ARGV, HostFlags, gpu_workers
 
 PROTOCOLS = ("tcp", "ucx", "tls")
 PORT = 8786
@@ -60,6 +64,9 @@ class Cluster:
     nthreads: int = 2
     memory_limit: str = "4GiB"
     gpu: bool = False
+    gpus: tuple[str, ...] = ()      # GPU mode: one worker per GPU (default: GPUs 0..n_workers-1)
+    infiniband: bool = False        # GPU mode: map /dev/infiniband, IPC_LOCK, unlimited memlock
+    cma: bool = False               # GPU mode: SYS_PTRACE, for UCX's cma between the workers of a host
     name: str = field(default_factory=lambda: f"udg-{secrets.token_hex(3)}")
     containers: list[str] = field(default_factory=list)
     tls_dir: Path | None = None
@@ -69,6 +76,11 @@ class Cluster:
     def __post_init__(self):
         if self.protocol not in PROTOCOLS:
             raise UserError(f"unknown protocol {self.protocol!r} (expected {', '.join(PROTOCOLS)})", USAGE)
+        if self.gpu:
+            self.gpus = tuple(self.gpus) or tuple(str(i) for i in range(self.n_workers))
+            self.n_workers = len(self.gpus)
+        elif self.gpus or self.infiniband or self.cma:
+            raise UserError("gpus, infiniband and cma are GPU-host settings: use them with gpu=True", USAGE)
 
     # --- names and arguments ------------------------------------------------------------------------------------
     @property
@@ -90,6 +102,17 @@ class Cluster:
     def worker_name(self, i: int | str) -> str:
         return f"{self.name}-worker-{i}"
 
+    @property
+    def holder_name(self) -> str:
+        return f"{self.name}-gpuhost"
+
+    def host_flags(self, i: int | str | None = None, holder: str | None = None) -> HostFlags:
+        """What container `i` (a worker index; None: scheduler or client) needs of the host; `holder` names the
+        namespace holder (default: this cluster's container)."""
+        if not self.gpu or not isinstance(i, int):
+            return HostFlags()
+        return gpu_workers([self.gpus[i]], holder or self.holder_name, self.infiniband, self.cma)[0]
+
     def _env(self) -> list[str]:
         env = {}
         if self.protocol == "tls":  # every container gets each role's certificate; it uses its own role's
@@ -108,15 +131,19 @@ class Cluster:
             out += ["-v", f"{self.volume}:{DATA_MOUNT}"]
         return out
 
-    def _run_detached(self, name: str, argv: list[str], image: str | None = None, aliases: tuple[str, ...] = (),
-                      data: bool = False) -> None:
+    def run_args(self, name: str, argv: list[str], image: str | None = None, aliases: tuple[str, ...] = (),
+                 data: bool = False, host: HostFlags | None = None) -> list[str]:
+        """`docker run` arguments (without the `docker`) of one detached container of the cluster."""
         args = ["run", "-d", "--name", name, "--hostname", name, "--network", self.network,
-                "--shm-size", "1g", "--label", f"{CLUSTER_LABEL}={self.name}"]
+                "--label", f"{CLUSTER_LABEL}={self.name}"]
         for a in aliases:
             args += ["--network-alias", a]
-        if self.gpu:
-            args += ["--gpus", "all"]
-        args += self._env() + self._mounts(data) + [image or self.image, *argv]
+        args += (host or HostFlags()).docker_args()
+        return args + self._env() + self._mounts(data) + [image or self.image, *argv]
+
+    def _run_detached(self, name: str, argv: list[str], image: str | None = None, aliases: tuple[str, ...] = (),
+                      data: bool = False, host: HostFlags | None = None) -> None:
+        args = self.run_args(name, argv, image, aliases, data, host)
         docker(args, code=CLUSTER_FAILED, what=f"starting {name}")
         self.containers.append(name)
 
@@ -137,6 +164,8 @@ class Cluster:
             if self.protocol == "tls":
                 self.tls_dir = make_tls_dir(self.uid)
             self._run_detached(self.scheduler_name, self.scheduler_argv(), aliases=("scheduler",))
+            if self.gpu:
+                self._run_detached(self.holder_name, HOLDER_ARGV, host=HOLDER)
             self.wait_for_scheduler(timeout)
             for i in range(self.n_workers):
                 self.add_worker(i)
@@ -163,7 +192,7 @@ class Cluster:
 
     def add_worker(self, i: int | str, image: str | None = None) -> str:
         name = self.worker_name(i)
-        self._run_detached(name, self.worker_argv(i), image=image, data=True)
+        self._run_detached(name, self.worker_argv(i), image=image, data=True, host=self.host_flags(i))
         return name
 
     def _check_running(self, names: list[str]) -> None:
@@ -198,7 +227,7 @@ class Cluster:
 
     def client_args(self, image: str | None = None, env: dict | None = None, interactive: bool = False) -> list[str]:
         """`docker run` arguments (without the command) for a client container on the cluster network."""
-        args = [docker_bin(), "run", "--rm", "--network", self.network, "--shm-size", "1g",
+        args = [docker_bin(), "run", "--rm", "--network", self.network, *HostFlags().docker_args(),
                 "--label", f"{CLUSTER_LABEL}={self.name}"]
         if interactive:
             args.append("-i")
@@ -234,8 +263,9 @@ class Cluster:
         report = {"logs": {}, "exit_codes": {}, "tracebacks": []}
         if not self.started:
             return report
-        workers = [c for c in self.containers if c != self.scheduler_name]
-        for group in (workers, [c for c in self.containers if c == self.scheduler_name]):
+        last = (self.scheduler_name, self.holder_name)
+        workers = [c for c in self.containers if c not in last]
+        for group in (workers, *([c for c in self.containers if c == n] for n in last)):
             running = [c for c in group if (container_state(c) or {}).get("Running")]
             if running:
                 subprocess.run([docker_bin(), "stop", "-t", str(STOP_GRACE_S), *running], capture_output=True)

@@ -7,13 +7,15 @@ from .cluster import Cluster
 from .paths import default_cache
 
 
-def run_demo(image: str, protocols: list[str], workers: int = 2) -> list[dict]:
-    """Per protocol: start the 3-role cluster, run transpose + from-map from a client container, stop cleanly."""
+def run_demo(image: str, protocols: list[str], workers: int = 2, **host) -> list[dict]:
+    """Per protocol: start the 3-role cluster, run transpose + from-map from a client container, stop cleanly.
+    `host`: the GPU-host settings of `Cluster` (gpu, gpus, infiniband, cma); GPU workers compute on CuPy blocks."""
     rows = []
+    backend = ["--backend", "cupy"] if host.get("gpu") else []
     for proto in protocols:
-        cluster = Cluster(image, protocol=proto, n_workers=workers).start()
+        cluster = Cluster(image, protocol=proto, n_workers=workers, **host).start()
         try:
-            transpose = cluster.workload("transpose")
+            transpose = cluster.workload("transpose", *backend)
             from_map = cluster.workload("from-map", "/data/from-map")
         finally:
             stopped = cluster.stop()

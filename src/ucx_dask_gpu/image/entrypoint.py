@@ -1,94 +1,163 @@
-"""The image's entrypoint (after tini): check the role, pick the host's UCX transports, then exec the command.
+"""The image's entrypoint (after tini): know the role, check what it needs, then exec the command.
 
-    docker run IMAGE dask scheduler ...            scheduler
-    docker run IMAGE dask worker ADDRESS ...       worker (CPU hosts)
-    docker run IMAGE dask cuda worker ADDRESS ...  worker (GPU hosts, dask-cuda)
+    docker run IMAGE dask scheduler ...            scheduler      (also: dask-scheduler,
+                                                                   python -m distributed.cli.dask_scheduler)
+    docker run IMAGE dask worker ADDRESS ...       worker         (also: dask-worker, python -m distributed.cli.dask_worker)
+    docker run IMAGE dask cuda worker ADDRESS ...  GPU worker     (also: dask-cuda-worker, python -m dask_cuda.cli)
+    docker run IMAGE dask cuda config ADDRESS      a GPU cluster's configuration (also: dask-cuda-config)
     docker run IMAGE ucx-dask-gpu COMMAND ...      client workloads, doctor, verify-nvlink, bench
     docker run IMAGE python ...                    any client script
     docker run IMAGE ucx_info|ucx_perftest ...     UCX tools
     docker run IMAGE bash|sh                       a shell, for debugging
 
+The legacy spellings are what launchers emit (the dask Helm chart and the dask-kubernetes operator run
+`dask-scheduler`/`dask-worker`/`dask-cuda-worker`, dask-jobqueue `python -m distributed.cli.dask_worker`); distributed
+no longer installs `dask-scheduler` and `dask-worker`, so they are exec'd as `dask scheduler`/`dask worker`. The
+package also installs `dask-scheduler` and `dask-worker` commands that come here (`legacy_main`), for launchers that
+bypass the entrypoint (Apptainer `exec`, a Kubernetes `command:`).
+
 Anything else ends with one line on stderr and exit code UNKNOWN_ROLE, before anything starts: a typo in a compose
-file or a job script must not turn into a container that runs the wrong thing or idles.
-
-Transports: the image's /etc/dask holds the CPU transports (works on every host); on a host where NVML sees a GPU
-(or with UCX_DASK_GPU_TRANSPORTS=gpu) DASK_CONFIG points at the GPU transports, which dask reads after /etc/dask.
-
-Workers also preload `ucx_dask_gpu.gate.quietclose` (after the configured preloads), so `docker stop` shuts them down
-without a heartbeat traceback (see that module). `dask worker` ignores distributed.nanny.preload (its own
---preload-nanny always wins), so the entrypoint passes the guard there: a refused worker then ends in its nanny with
-the scheduler's one-line reason and exit code ENV_MISMATCH, before any worker process starts (gate/guard.py).
+file or a job script must not turn into a container that runs the wrong thing or idles. Before a Dask role starts:
+- transports: the image's /etc/dask leaves them to UCX on every host; settings that contradict each other (e.g.
+  UCX_TLS next to distributed-ucxx flags) end with one line and TRANSPORT_CONFLICT;
+- a GPU worker needs a GPU: without one visible, one line naming what is missing and NO_GPU;
+- workers also preload `ucx_dask_gpu.gate.quietclose` (after the configured preloads), so `docker stop` shuts them
+  down without a heartbeat traceback (see that module); `dask worker` ignores distributed.nanny.preload (its own
+  --preload-nanny always wins), so the entrypoint passes the guard there: a refused worker then ends in its nanny
+  with the scheduler's one-line reason and exit code ENV_MISMATCH, before any worker process starts (gate/guard.py);
+- a malformed scheduler address right after `dask worker`/`dask cuda worker` is one line (USAGE), not dask's
+  traceback.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
-from ..errors import UNKNOWN_ROLE, UserError
-from ..gate.daskconfig import QUIET_CLOSE, detect_transports
+from ..errors import NO_GPU, TRANSPORT_CONFLICT, UNKNOWN_ROLE, UserError
+from ..gate.daskconfig import QUIET_CLOSE, collect_for
 from ..gate.identity import GUARD
 from ..proof.peer import parse_address
-from ..stack import STACK_ID_FILE
+from ..ucx.transports import settings
 
-# first word -> allowed second words (None: anything may follow)
-ROLES: dict[str, tuple[str, ...] | None] = {
-    "dask": ("scheduler", "worker", "cuda"),
-    "ucx-dask-gpu": None,
-    "python": None,
-    "python3": None,
-    "ucx_info": None,
-    "ucx_perftest": None,
-    "bash": None,
-    "sh": None,
+# Canonical spellings: the words that start the command -> the role's kind.
+DASK_ROLES = {
+    ("dask", "scheduler"): "scheduler",
+    ("dask", "worker"): "worker",
+    ("dask", "cuda", "worker"): "cuda-worker",
+    ("dask", "cuda", "config"): "cuda-config",
 }
-USAGE_LINE = ("dask scheduler | dask worker ADDRESS | dask cuda worker ADDRESS | ucx-dask-gpu COMMAND | "
-              "python ... | ucx_info | ucx_perftest | bash")
-GPU_CONFIG_DIR = str(STACK_ID_FILE.parent / "dask-gpu")  # the image's /etc directory: next to its stack id
+# Legacy launcher spellings -> the canonical words they are exec'd as.
+LEGACY = {
+    "dask-scheduler": ("dask", "scheduler"),
+    "dask-worker": ("dask", "worker"),
+    "dask-cuda-worker": ("dask", "cuda", "worker"),
+    "dask-cuda-config": ("dask", "cuda", "config"),
+}
+# `python -m MODULE` forms (run unchanged).
+PYTHON_MODULES = {
+    "distributed.cli.dask_scheduler": "scheduler",
+    "distributed.cli.dask_worker": "worker",
+    "dask_cuda.cli": "cuda-worker",
+}
+PYTHONS = ("python", "python3")
+# Commands run as they are (anything may follow).
+COMMANDS = ("ucx-dask-gpu", *PYTHONS, "ucx_info", "ucx_perftest", "bash", "sh")
+USAGE_LINE = ("dask scheduler | dask worker ADDRESS | dask cuda worker ADDRESS | dask cuda config | "
+              "dask-scheduler | dask-worker | dask-cuda-worker | python -m distributed.cli.dask_scheduler|dask_worker "
+              "| ucx-dask-gpu COMMAND | python ... | ucx_info | ucx_perftest | bash")
 WORKER_PRELOAD_ENV = "DASK_DISTRIBUTED__WORKER__PRELOAD"
-TRANSPORTS_ENV = "UCX_DASK_GPU_TRANSPORTS"
+DASK_KINDS = ("scheduler", "worker", "cuda-worker")
 
 
-def resolve(argv: list[str]) -> list[str]:
-    """The command to exec for `argv`, or UserError(UNKNOWN_ROLE) naming what was asked and what exists."""
+@dataclass(frozen=True)
+class Role:
+    kind: str              # scheduler | worker | cuda-worker | cuda-config | command
+    argv: tuple[str, ...]  # what is exec'd
+
+
+def _is_python(word: str) -> bool:
+    name = os.path.basename(word)
+    return (name in PYTHONS or (name.startswith("python3.") and name[8:].isdigit())) and (
+        word == name or os.path.isabs(word))
+
+
+def _unknown(argv: list[str], n: int) -> UserError:
+    return UserError(f"unknown role {' '.join(argv[:n])!r}; run one of: {USAGE_LINE}", UNKNOWN_ROLE)
+
+
+def classify(argv: list[str]) -> Role:
+    """The role `argv` asks for and the command to exec, or UserError(UNKNOWN_ROLE) naming what was asked."""
     if not argv:
         raise UserError(f"no role given; run one of: {USAGE_LINE}", UNKNOWN_ROLE)
     first = argv[0]
-    allowed = ROLES.get(first, ())
-    if first not in ROLES:
-        raise UserError(f"unknown role {first!r}; run one of: {USAGE_LINE}", UNKNOWN_ROLE)
-    if allowed is not None:
-        second = argv[1] if len(argv) > 1 else ""
-        if second not in allowed:
-            asked = " ".join(argv[:2])
-            raise UserError(f"unknown role {asked!r}; run one of: {USAGE_LINE}", UNKNOWN_ROLE)
-        if second == "cuda" and (len(argv) < 3 or argv[2] != "worker"):
-            raise UserError(f"unknown role {' '.join(argv[:3])!r}; run one of: {USAGE_LINE}", UNKNOWN_ROLE)
-    return list(argv)
+    if first in LEGACY:
+        words = LEGACY[first]
+        return Role(DASK_ROLES[words], (*words, *argv[1:]))
+    if first == "dask":
+        for words, kind in DASK_ROLES.items():
+            if tuple(argv[:len(words)]) == words:
+                return Role(kind, tuple(argv))
+        n = 3 if argv[1:2] == ["cuda"] else 2
+        raise _unknown(argv, n)
+    if _is_python(first):
+        if len(argv) > 2 and argv[1] == "-m" and argv[2] in PYTHON_MODULES:
+            return Role(PYTHON_MODULES[argv[2]], tuple(argv))
+        return Role("command", tuple(argv))
+    if first in COMMANDS:
+        return Role("command", tuple(argv))
+    raise _unknown(argv, 1)
 
 
-def transports_env(environ: dict) -> dict:
-    """Extra environment selecting the GPU transports config, when this host has a GPU (and nothing chose)."""
-    if "DASK_CONFIG" in environ or not os.path.isdir(GPU_CONFIG_DIR):
-        return {}
-    kind = environ.get(TRANSPORTS_ENV, "auto")
-    if kind == "auto":
-        kind = detect_transports()
-    return {"DASK_CONFIG": GPU_CONFIG_DIR} if kind == "gpu" else {}
+def resolve(argv: list[str]) -> list[str]:
+    """The command to exec for `argv` (legacy spellings rewritten), or UserError(UNKNOWN_ROLE)."""
+    return list(classify(argv).argv)
 
 
-def worker_preload_env(argv: list[str], environ: dict) -> dict:
-    """For `dask worker`: the configured worker preloads plus QUIET_CLOSE, unless the operator set them."""
-    if argv[:2] != ["dask", "worker"] or WORKER_PRELOAD_ENV in environ:
-        return {}
-    saved = dict(os.environ)
-    os.environ.update(environ)  # dask reads its config (and DASK_CONFIG) from the environment at import
+def check_transports(config: dict, environ: dict) -> None:
+    """Refuse transport settings that contradict each other (one line, TRANSPORT_CONFLICT)."""
+    conflicts = settings(config, environ).conflicts
+    if conflicts:
+        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+        raise UserError(f"conflicting transport settings: {conflicts[0]}{more}", TRANSPORT_CONFLICT)
+
+
+def missing_gpu(environ: dict, dev: str | os.PathLike = "/dev") -> str | None:
+    """What keeps a GPU worker from seeing a GPU here (None when one is visible)."""
+    cvd = environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and cvd.strip() in ("", "-1", "none", "NoDevFiles"):
+        return f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU"
+    nvd = environ.get("NVIDIA_VISIBLE_DEVICES")
+    devices = sorted(p.name for p in Path(dev).glob("nvidia[0-9]*"))
     try:
-        import dask.config
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        toolkit = "start the container with --gpus device=N (NVIDIA container toolkit), or run it on a GPU node"
+        if nvd in ("void", "none", ""):
+            return f"NVIDIA_VISIBLE_DEVICES={nvd!r} gives this container no GPU and no driver; {toolkit}"
+        return (f"no NVIDIA driver in this container (libnvidia-ml.so.1 not found"
+                f"{', no /dev/nvidia* devices' if not devices else ''}); {toolkit}")
+    if not devices:
+        return "the NVIDIA driver is here but no GPU device is (/dev/nvidia0, ... absent): --gpus device=N"
+    return None
 
-        configured = list(dask.config.get("distributed.worker.preload", None) or [])
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+
+def check_gpu(role: Role, environ: dict) -> None:
+    if role.kind != "cuda-worker" or "--help" in role.argv:
+        return
+    why = missing_gpu(environ)
+    if why:
+        raise UserError(f"{' '.join(role.argv[:3])} needs a GPU: {why}", NO_GPU)
+
+
+def worker_preload_env(role: Role, config: dict, environ: dict) -> dict:
+    """For `dask worker`: the configured worker preloads plus QUIET_CLOSE, unless the operator set them. (`dask cuda
+    worker` gives its worker processes a preload list of its own.)"""
+    if role.kind != "worker" or WORKER_PRELOAD_ENV in environ:
+        return {}
+    configured = list(config.get("distributed", {}).get("worker", {}).get("preload") or [])
     if QUIET_CLOSE in configured:
         return {}
     return {WORKER_PRELOAD_ENV: repr(configured + [QUIET_CLOSE])}
@@ -103,30 +172,45 @@ def check_worker_address(argv: list[str]) -> None:
 
 
 def nanny_preload_args(argv: list[str]) -> list[str]:
-    """For `dask worker`: the guard as a nanny preload too (see the module docstring)."""
+    """For `dask worker` (the legacy spellings are exec'd as it): the guard as a nanny preload too (see the module
+    docstring)."""
     if argv[:2] != ["dask", "worker"] or GUARD in argv:
         return argv
     return argv[:2] + ["--preload-nanny", GUARD] + argv[2:]
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def run(argv: list[str]) -> int:
     try:
-        cmd = resolve(argv)
-        check_worker_address(cmd)
-        cmd = nanny_preload_args(cmd)
+        role = classify(argv)
+        env = dict(os.environ)
+        if role.kind in DASK_KINDS:
+            check_worker_address(list(role.argv))
+            role = Role(role.kind, tuple(nanny_preload_args(list(role.argv))))
+            config = collect_for(env)
+            check_transports(config, env)
+            check_gpu(role, env)
+            env.update(worker_preload_env(role, config, env))
     except UserError as e:
         print(f"ucx-dask-gpu image: {e}", file=sys.stderr)
         return e.exit_code
-    env = dict(os.environ)
-    env.update(transports_env(env))
-    env.update(worker_preload_env(cmd, env))
+    # `dask` of this Python's environment, also where its bin/ is not on PATH (a venv's dask-worker run by path).
+    sibling = Path(sys.executable).parent / role.argv[0]
+    exe = str(sibling) if role.argv[0] == "dask" and sibling.exists() else role.argv[0]
     try:
-        os.execvpe(cmd[0], cmd, env)
+        os.execvpe(exe, list(role.argv), env)
     except OSError as e:
-        print(f"ucx-dask-gpu image: cannot run {cmd[0]!r}: {e.strerror}", file=sys.stderr)
+        print(f"ucx-dask-gpu image: cannot run {role.argv[0]!r}: {e.strerror}", file=sys.stderr)
         return UNKNOWN_ROLE
     return 0  # not reached
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(sys.argv[1:] if argv is None else argv)
+
+
+def legacy_main() -> int:
+    """`dask-scheduler`, `dask-worker` (commands of this package): the same checks and exec as the entrypoint."""
+    return run([os.path.basename(sys.argv[0]), *sys.argv[1:]])
 
 
 if __name__ == "__main__":

@@ -52,8 +52,12 @@ def _cmd_lock(args) -> int:
         if not problems:
             print(f"{', '.join(str(rel) for rel, _ in generate.locks(st))}: satisfy stack.toml")
         return 1 if problems else 0
-    for rel, requirements in generate.locks(st):
-        atomic_write_text(st.root / rel, generate.compile_lock(st, requirements))
+    chosen = [(rel, reqs) for rel, reqs in generate.locks(st) if not args.only or str(rel) in args.only]
+    if args.only and len(chosen) != len(set(args.only)):
+        unknown = sorted(set(args.only) - {str(r) for r, _ in chosen})
+        raise UserError(f"--only: not a lock of stack.toml: {', '.join(unknown)}", USAGE)
+    for rel, requirements in chosen:
+        atomic_write_text(st.root / rel, generate.compile_lock(st, requirements, generate.lock_constraints(st, rel)))
         print(f"wrote {st.root / rel}")
     return 0
 
@@ -72,4 +76,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(func=_cmd_env_yml)
     lk = s.add_parser("lock", help="resolve the hash-pinned Python locks (runtime, UCXX build) with uv")
     lk.add_argument("--check", action="store_true", help="fail if a lock no longer satisfies stack.toml")
+    lk.add_argument("--only", action="append", metavar="LOCK", help="resolve only this lock (its path; repeatable)")
     lk.set_defaults(func=_cmd_lock)

@@ -48,9 +48,16 @@ def render_environment_yml(st: Stack) -> str:
 
 
 def locks(st: Stack) -> list[tuple[Path, tuple[str, ...]]]:
-    """(lock path relative to the repository, its top-level requirements): the image/runtime lock and the UCXX
-    build environment's."""
-    return [(st.python.lock, st.python.requirements), (st.ucxx.lock, st.ucxx.requirements)]
+    """(lock path relative to the repository, its top-level requirements): the image/runtime lock, the UCXX build
+    environment's and the test tooling's."""
+    return [(st.python.lock, st.python.requirements), (st.ucxx.lock, st.ucxx.requirements),
+            (st.test_tools.lock, st.test_tools.requirements)]
+
+
+def lock_constraints(st: Stack, rel: Path) -> Path | None:
+    """The lock another lock is resolved against: the test tooling installs into the runtime venv, so it takes the
+    runtime lock's versions of what they share."""
+    return st.lock_path() if rel == st.test_tools.lock else None
 
 
 def check_lock_matches(st: Stack) -> list[str]:
@@ -68,8 +75,8 @@ def check_lock_matches(st: Stack) -> list[str]:
     return problems
 
 
-def compile_lock(st: Stack, requirements: tuple[str, ...]) -> str:
-    """Resolve requirements into a hash-pinned lock with uv (needs PyPI)."""
+def compile_lock(st: Stack, requirements: tuple[str, ...], constraints: Path | None = None) -> str:
+    """Resolve requirements into a hash-pinned lock with uv (needs PyPI), within `constraints` (a lock) if given."""
     with tempfile.TemporaryDirectory() as tmp:
         req_in = Path(tmp) / "requirements.in"
         req_in.write_text("\n".join(requirements) + "\n")
@@ -77,6 +84,10 @@ def compile_lock(st: Stack, requirements: tuple[str, ...]) -> str:
         cmd = ["uv", "pip", "compile", str(req_in), "--python-version", st.python.version,
                "--python-platform", st.python.platform, "--generate-hashes", "--no-header",
                "--no-annotate", "-o", str(out)]
+        if constraints is not None:
+            pins = Path(tmp) / "constraints.txt"
+            pins.write_text("".join(f"{p.name}=={p.version}\n" for p in load_lock(constraints).values()))
+            cmd += ["-c", str(pins)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)
         except FileNotFoundError:

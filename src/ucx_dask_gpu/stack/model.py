@@ -5,7 +5,7 @@ whole file at once: a typo fails here, with one line naming the key, and nothing
 
 The [stack], [sources], [ucx] and [cuda] tables are fields of `Stack` itself (what the UCX build reads: `st.ucx` is
 the UCX source archive); every other table is one frozen section: `st.ucxx`, `st.debian`, `st.image`, `st.sbom`,
-`st.python`, `st.conda`.
+`st.python`, `st.conda`, `st.test_tools`.
 """
 from __future__ import annotations
 
@@ -112,6 +112,15 @@ class ImageSpec:
 
 
 @dataclass(frozen=True)
+class GpuHostSpec:
+    """[gpu_host]: how the image's filesystem travels to a GPU host without Docker: part size, where it waits there."""
+
+    part_mib: int
+    parts_dir: str
+    root: str
+
+
+@dataclass(frozen=True)
 class SbomSpec:
     """[sbom]: the SBOM generator, pinned (its output is part of the image's bytes)."""
 
@@ -125,6 +134,14 @@ class PythonSpec:
 
     version: str
     platform: str
+    lock: Path
+    requirements: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TestToolsSpec:
+    """[test_tools]: launchers the tests generate commands with (not in the image), and their hash-pinned lock."""
+
     lock: Path
     requirements: tuple[str, ...]
 
@@ -170,9 +187,11 @@ class Stack:
     cuda_link_debs: tuple[Artifact, ...]
     debian: DebianSpec
     image: ImageSpec
+    gpu_host: GpuHostSpec
     sbom: SbomSpec
     python: PythonSpec
     conda: CondaSpec
+    test_tools: TestToolsSpec
 
     @property
     def root(self) -> Path:
@@ -323,12 +342,7 @@ def _ucxx(t: dict, where: str) -> UcxxBuild:
 
 
 def _image(t: dict, where: str) -> ImageSpec:
-    paths = {}
-    for key in ("ucx_prefix", "venv"):
-        value = _get(t, key, where, str)
-        if not value.startswith("/") or value.endswith("/") or ".." in value.split("/") or " " in value:
-            raise StackError(f"{where}.{key}", f"expected an absolute directory path, got {value!r}")
-        paths[key] = value
+    paths = {key: _absolute_dir(t, key, where) for key in ("ucx_prefix", "venv")}
     names = {}
     for key in ("name", "base_name", "builder_name", "user"):
         value = _get(t, key, where, str)
@@ -339,6 +353,21 @@ def _image(t: dict, where: str) -> ImageSpec:
     if not 1000 <= uid < 65534:
         raise StackError(f"{where}.uid", f"expected a non-system uid in 1000..65533, got {uid}")
     return ImageSpec(uid=uid, **names, **paths)
+
+
+def _absolute_dir(t: dict, key: str, where: str) -> str:
+    value = _get(t, key, where, str)
+    if not value.startswith("/") or value.endswith("/") or ".." in value.split("/") or " " in value:
+        raise StackError(f"{where}.{key}", f"expected an absolute directory path, got {value!r}")
+    return value
+
+
+def _gpu_host(t: dict, where: str) -> GpuHostSpec:
+    part = _get(t, "part_mib", where, int)
+    if not 1 <= part <= 63:
+        raise StackError(f"{where}.part_mib", f"expected 1..63 (a device call carries 64 MiB), got {part}")
+    return GpuHostSpec(part_mib=part, parts_dir=_absolute_dir(t, "parts_dir", where),
+                       root=_absolute_dir(t, "root", where))
 
 
 def _http_url(t: dict, key: str, where: str) -> str:
@@ -375,6 +404,14 @@ def _python(t: dict, where: str) -> PythonSpec:
     return PythonSpec(version=version, platform=_get(t, "platform", where, str),
                       lock=_relative_file(_get(t, "lock", where, str), f"{where}.lock"),
                       requirements=_str_list(t, "requirements", where))
+
+
+def _test_tools(t: dict, where: str) -> TestToolsSpec:
+    reqs = _str_list(t, "requirements", where)
+    for i, r in enumerate(reqs):
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][0-9A-Za-z.+-]*$", r):
+            raise StackError(f"{where}.requirements[{i}]", f"expected NAME==VERSION (pinned), got {r!r}")
+    return TestToolsSpec(lock=_relative_file(_get(t, "lock", where, str), f"{where}.lock"), requirements=reqs)
 
 
 def _conda(t: dict, where: str) -> CondaSpec:
@@ -460,9 +497,11 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
                              for i, t in enumerate(_table_list(cuda, "link_debs", f"{w}.cuda"))),
         debian=_debian(_get(data, "debian", w, dict), f"{w}.debian"),
         image=_image(_get(data, "image", w, dict), f"{w}.image"),
+        gpu_host=_gpu_host(_get(data, "gpu_host", w, dict), f"{w}.gpu_host"),
         sbom=_sbom(_get(data, "sbom", w, dict), f"{w}.sbom"),
         python=_python(_get(data, "python", w, dict), f"{w}.python"),
         conda=_conda(_get(data, "conda", w, dict), f"{w}.conda"),
+        test_tools=_test_tools(_get(data, "test_tools", w, dict), f"{w}.test_tools"),
     )
 
 

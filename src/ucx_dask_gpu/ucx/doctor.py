@@ -9,6 +9,10 @@
   ucxx-build-info.json), said plainly.
 - CUDA driver/runtime versions, GPUs and NVLink link counts (NVML) when present; "no GPU" otherwise (exit 0).
 - The stack id: computed from the installed distributions, the same way everywhere (gate/identity.py).
+- Transports (ucx/transports.py): which ones a Dask process of this environment (its dask config and environment)
+  will really use for GPU peers on this host, processes on this host and other hosts; conflicting settings; and
+  warnings: cuda_ipc from a container with private IPC/PID namespaces, InfiniBand devices not mapped, memlock too
+  low, transports left out by UCX_TLS.
 
 Library probes run in child processes: loading two UCX builds into one process would let the first libucs.so.0
 satisfy the second's dependency and report a mix. The probe of a prefix runs without site initialisation (`-S`), so a
@@ -29,9 +33,11 @@ from .. import nvml
 from ..errors import UserError
 from ..fsutil import sha256_file
 from ..gate import identity
+from ..gate.daskconfig import collect_for
 from ..report import format_table
 from ..stack import Stack, load
 from . import info as ucxinfo
+from . import transports
 from .install import BUILD_INFO, UCXX_BUILD_INFO, at, choose, prefix_of_library, read_build_info, ucxx_can_use
 
 
@@ -283,17 +289,30 @@ def gpu_section() -> dict:
     }
 
 
+def transports_section(ucx: dict) -> dict:
+    """What a Dask process started here, with this environment's dask config and variables, will use."""
+    prefix = prefix_of_library(ucx["libraries"].get("libucp.so")) or ucx.get("prefix")
+    try:
+        config = collect_for(os.environ)
+    except ImportError:  # no dask here: only the environment's UCX_TLS can set transports
+        config = {}
+    plan, host, why = transports.observe(config, os.environ, ucx_prefix=prefix)
+    out = plan.as_dict()
+    out.update(summary=transports.summary(plan, host), host=host.as_dict(), ucx_info_error=why)
+    return out
+
+
 def collect(prefix_arg: str | None) -> dict:
     st = _stack()[0]
     ucx = ucx_section(prefix_arg, st)
     return {"host": socket.gethostname(), "stack": stack_id(), "ucx": ucx, "ucxx": ucxx_section(ucx, st),
-            "cuda": cuda_section(), "gpu": gpu_section()}
+            "cuda": cuda_section(), "gpu": gpu_section(), "transports": transports_section(ucx)}
 
 
 # --- output --------------------------------------------------------------------------------------------------------
 
 def render(r: dict) -> str:
-    u, x, c, g = r["ucx"], r["ucxx"], r["cuda"], r["gpu"]
+    u, x, c, g, t = r["ucx"], r["ucxx"], r["cuda"], r["gpu"], r["transports"]
     if u.get("version"):
         ucx_line = f"{u['version']} — {u['libraries'].get('libucp.so')}"
     else:
@@ -328,4 +347,16 @@ def render(r: dict) -> str:
         peers = ", ".join(f"GPU{p}×{n}" for p, n in gpu["nvlink_peers"].items()) or "no NVLink"
         rows.append((f"  GPU{gpu['index']}", f"{gpu['name']} {gpu['pci_bus_id']}: {gpu['nvlink_links']} NVLinks "
                                              f"({peers})"))
+    tls = "automatic (UCX selects)" if t["automatic"] else f"UCX_TLS={t['ucx_tls']}"
+    rows += [
+        ("Dask transports", f"{tls}; {t['source']}"),
+        ("  GPU peers, this host", (", ".join(t["gpu_peers"]) or "none") if t["gpu"] else "- (UCX sees no GPU)"),
+        ("  this host", ", ".join(t["same_host"]) or "none"),
+        ("  other hosts", ", ".join(t["other_hosts"]) or "none"),
+        *[("  left out by UCX_TLS", ", ".join(t["off"]))] * bool(t["off"]),
+        *[("TRANSPORT CONFLICT", c) for c in t["conflicts"]],
+        *[("TRANSPORT WARNING", w) for w in t["warnings"]],
+    ]
+    if t.get("ucx_info_error"):
+        rows.append(("TRANSPORT WARNING", f"cannot list UCX's transports: {t['ucx_info_error']}"))
     return format_table(["item", "value"], rows)

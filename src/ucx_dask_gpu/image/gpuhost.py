@@ -1,0 +1,81 @@
+"""What a container of the image needs on a GPU host, written once for `docker run` and for a compose file.
+
+On one host, one worker container per GPU:
+- `--gpus device=N`: the NVIDIA container toolkit mounts that GPU (and the driver's libraries) only, so each worker
+  drives its own GPU (`--gpus all` in every container would put every worker on GPU 0 first);
+- shared IPC and PID namespaces between the GPU containers of a host: UCX selects cuda_ipc for every process with
+  the same boot id, and between containers with namespaces of their own it then fails or falls back to a slower
+  path. A small holder container per host owns them (`--ipc shareable`; it only sleeps, like a Kubernetes pod's
+  pause container) and every worker joins it (`--ipc container:HOLDER --pid container:HOLDER`), so stopping any
+  one worker leaves the others alone (the holder goes last: its PID namespace ends with it);
+- InfiniBand, on hosts that have it: `--device /dev/infiniband`, `--cap-add IPC_LOCK`, `--ulimit memlock=-1` (RDMA
+  registers memory); cma (shared-memory copies between processes) needs `--cap-add SYS_PTRACE`;
+- `--shm-size`: UCX's posix shared memory transport lives in /dev/shm.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SHM_SIZE = "1g"
+
+
+@dataclass(frozen=True)
+class HostFlags:
+    gpu: str | None = None          # the GPU this container drives (its index or UUID)
+    ipc: str | None = None          # "shareable", "host", or "container:NAME"
+    pid: str | None = None          # "host" or "container:NAME"
+    infiniband: bool = False
+    cma: bool = False
+
+    def docker_args(self) -> list[str]:
+        args = ["--shm-size", SHM_SIZE]
+        if self.gpu is not None:
+            args += ["--gpus", f"device={self.gpu}"]
+        if self.ipc:
+            args += ["--ipc", self.ipc]
+        if self.pid:
+            args += ["--pid", self.pid]
+        if self.infiniband:
+            args += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1"]
+        if self.cma:
+            args += ["--cap-add", "SYS_PTRACE"]
+        return args
+
+    def compose(self) -> dict:
+        """The same, as keys of a compose service (names of other containers are service names there)."""
+        svc: dict = {"shm_size": SHM_SIZE}
+        if self.gpu is not None:
+            svc["deploy"] = {"resources": {"reservations": {"devices": [
+                {"driver": "nvidia", "device_ids": [str(self.gpu)], "capabilities": ["gpu"]}]}}}
+        for key, value in (("ipc", self.ipc), ("pid", self.pid)):
+            if value:
+                svc[key] = value.replace("container:", "service:")
+        caps = []
+        if self.infiniband:
+            svc["devices"] = ["/dev/infiniband:/dev/infiniband"]
+            svc["ulimits"] = {"memlock": -1}
+            caps.append("IPC_LOCK")
+        if self.cma:
+            caps.append("SYS_PTRACE")
+        if caps:
+            svc["cap_add"] = caps
+        return svc
+
+
+# The namespace holder's command: sleeps until stopped (tini forwards the stop signal).
+HOLDER_ARGV = ["bash", "-c", "exec sleep infinity"]
+HOLDER = HostFlags(ipc="shareable")
+
+
+def gpu_workers(gpus: list[str], holder: str, infiniband: bool = False, cma: bool = False) -> list[HostFlags]:
+    """One worker per GPU on one host, each in the IPC and PID namespaces of the container `holder`."""
+    return [HostFlags(gpu=gpu, ipc=f"container:{holder}", pid=f"container:{holder}", infiniband=infiniband, cma=cma)
+            for gpu in gpus]
+
+
+def parse_gpus(text: str) -> list[str]:
+    """'0,1,2' -> ['0', '1', '2'] (indices or GPU UUIDs, as `--gpus device=` takes them)."""
+    gpus = [g.strip() for g in text.split(",") if g.strip()]
+    if not gpus or len(set(gpus)) != len(gpus):
+        raise ValueError(f"--gpus {text!r}: give distinct GPU indices or UUIDs, comma-separated")
+    return gpus

@@ -1,0 +1,83 @@
+"""Dask preload: every worker says at start-up, in one log line, which UCX transports it will use (and warns about
+what keeps it from better ones); the scheduler warns when two GPU workers of one kernel cannot use cuda_ipc between
+them because their containers do not share IPC/PID namespaces.
+
+The image's dask config loads it on every role, next to the guard:
+
+    distributed.scheduler.preload: [..., ucx_dask_gpu.ucx.startup]
+    distributed.worker.preload:    [..., ucx_dask_gpu.ucx.startup]
+    distributed.nanny.preload:     [..., ucx_dask_gpu.ucx.startup]
+
+- worker: `dask_setup` runs after the worker's listener started (UCX is loaded by then, so the line names the UCX the
+  worker really maps); it logs the line and any warnings, and adds its boot id, namespaces and whether it would use
+  cuda_ipc to the information the worker sends when registering.
+- scheduler: a plugin compares each new worker with the others: same boot id, cuda_ipc on both, different IPC or PID
+  namespace -> one warning per pair (UCX's cuda_ipc checks the boot id only, so it is selected and then fails or
+  falls back), also as a Dask event `ucx-dask-gpu-transports`.
+- nanny: makes its worker process load this module even when the launcher passed its own preload list (`dask cuda
+  worker`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import dask.config
+from distributed import Nanny, Scheduler, Worker
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from ..gate.daskconfig import add_worker_preload
+from . import transports
+
+# Under "distributed." so that dask's logging config (format, level, handler) applies to our lines too.
+logger = logging.getLogger("distributed.ucx_dask_gpu.transports")
+KEY = "ucx-dask-gpu-transports"
+
+
+class SameHostCuda(SchedulerPlugin):
+    """Warns about same-kernel GPU worker pairs whose cuda_ipc cannot reach each other."""
+
+    name = "ucx-dask-gpu-same-host-cuda-ipc"
+
+    def __init__(self) -> None:
+        self.warned: set[frozenset[str]] = set()
+
+    def add_worker(self, scheduler=None, worker=None, **kwargs) -> None:
+        ws = scheduler.workers.get(worker)
+        facts = (ws.extra or {}).get(KEY) if ws is not None else None
+        if not facts:
+            return
+        for addr, other in list(scheduler.workers.items()):
+            pair = frozenset((addr, worker))
+            theirs = (other.extra or {}).get(KEY)
+            if addr == worker or not theirs or pair in self.warned or not transports.cuda_ipc_blocked(facts, theirs):
+                continue
+            self.warned.add(pair)
+            message = (f"ucx-dask-gpu transports: workers {addr} and {worker} run on one kernel (boot id "
+                       f"{facts['boot_id'][:8]}) in different IPC/PID namespaces: UCX selects cuda_ipc between them "
+                       "and it cannot work there; start the GPU containers of a host with shared namespaces "
+                       "(docker --ipc container:NAME --pid container:NAME, or host; compose ipc/pid)")
+            logger.warning("%s", message)
+            scheduler.log_event(KEY, {"action": "cuda-ipc-blocked", "workers": sorted(pair), "message": message})
+
+
+def worker_setup(worker) -> None:
+    plan, host, why = transports.observe(dask.config.config, os.environ)
+    logger.info("ucx-dask-gpu %s", transports.summary(plan, host))
+    if why:
+        logger.warning("ucx-dask-gpu transports: cannot list UCX's transports here: %s", why)
+    for conflict in plan.settings.conflicts:
+        logger.warning("ucx-dask-gpu transports: conflicting settings: %s", conflict)
+    for warning in plan.warnings:
+        logger.warning("ucx-dask-gpu transports: %s", warning)
+    facts = transports.peer_facts(plan, host)
+    worker.startup_information[KEY] = lambda _worker: facts
+
+
+def dask_setup(dask_object) -> None:
+    if isinstance(dask_object, Scheduler):
+        dask_object.add_plugin(SameHostCuda())
+    elif isinstance(dask_object, Worker):
+        worker_setup(dask_object)
+    elif isinstance(dask_object, Nanny):
+        add_worker_preload(dask_object, __name__)

@@ -1,0 +1,219 @@
+"""An exported filesystem in parts, without Docker: packing a real tar stream (tar + zstd/xz), receiving batches,
+refusing damaged or missing parts, unpacking with owners kept; and the chroot runner's pure parts (driver libraries
+from `ldconfig -p`, the image user, UCX's protocol tables)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ucx_dask_gpu.errors import ROOTFS_INVALID, USAGE, UserError
+from ucx_dask_gpu.image import chroot, rootfs
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+MIB = 1 << 20
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    """A small root filesystem: a few MiB of incompressible data, a file owned by another user, a symlink."""
+    t = tmp_path / "tree"
+    (t / "opt/ucx/lib").mkdir(parents=True)
+    (t / "opt/ucx/lib/libucp.so.0").write_bytes(os.urandom(3 * MIB))
+    (t / "etc").mkdir()
+    (t / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\ndask:x:10001:10001::/home/dask:/bin/bash\n")
+    (t / "home/dask").mkdir(parents=True)
+    (t / "home/dask/owned").write_text("mine\n")
+    (t / "opt/ucx/lib/libucp.so").symlink_to("libucp.so.0")
+    if os.geteuid() == 0:
+        os.chown(t / "home/dask/owned", 10001, 10001)
+    return t
+
+
+def export(tree: Path, out: Path, compression: str = "zstd") -> dict:
+    return rootfs.pack(["tar", "-c", "--numeric-owner", "-C", str(tree), "-f", "-", "."], out,
+                       {"image": "img:1", "image_id": "sha256:" + "0" * 64, "stack_id": "abc"},
+                       {"User": "10001:10001", "Entrypoint": ["/usr/bin/tini", "-s", "--"]}, part_size=MIB,
+                       level=3, compression=compression)
+
+
+@pytest.mark.parametrize("compression", ["zstd", "xz"])
+def test_parts_travel_batch_by_batch_and_unpack_to_the_same_tree(tree, tmp_path, compression):
+    m = export(tree, tmp_path / "export", compression)
+    assert len(m["parts"]) >= 3 and all(p["bytes"] <= MIB for p in m["parts"])
+    assert m["archive_bytes"] == sum(p["bytes"] for p in m["parts"]) and m["compression"] == compression
+    parts = tmp_path / "parts"
+    for i, batch in enumerate(m["batches"]):
+        r = rootfs.receive(tmp_path / "export" / batch, parts)
+        assert r["moved"] == [m["parts"][i]["name"]] and len(r["missing"]) == len(m["parts"]) - i - 1
+    assert rootfs.read_image_config(parts)["User"] == "10001:10001"
+    if os.geteuid() != 0:
+        pytest.skip("unpacking keeps owners: root only")
+    out = rootfs.unpack(tmp_path / "root", parts)
+    root = Path(out["root"])
+    assert not out["reused"] and out["bytes"] == m["rootfs_bytes"]
+    assert (root / "opt/ucx/lib/libucp.so.0").read_bytes() == (tree / "opt/ucx/lib/libucp.so.0").read_bytes()
+    assert os.readlink(root / "opt/ucx/lib/libucp.so") == "libucp.so.0"
+    assert (root / "home/dask/owned").stat().st_uid == 10001
+    assert rootfs.unpack(tmp_path / "root", parts)["reused"]
+
+
+def test_xz_unpacks_with_the_standard_library_alone(tree, tmp_path, monkeypatch):
+    """A GPU host may have neither an xz nor a zstd command (nor the zstandard module): with only `tar` on PATH the
+    archive is decoded by Python's lzma."""
+    if os.geteuid() != 0:
+        pytest.skip("unpacking keeps owners: root only")
+    m = export(tree, tmp_path / "export", "xz")
+    parts = tmp_path / "parts"
+    for batch in m["batches"]:
+        rootfs.receive(tmp_path / "export" / batch, parts)
+    only_tar = tmp_path / "bin"
+    only_tar.mkdir()
+    (only_tar / "tar").symlink_to(shutil.which("tar"))
+    monkeypatch.setenv("PATH", str(only_tar))
+    assert shutil.which("xz") is None and shutil.which("zstd") is None
+    out = rootfs.unpack(tmp_path / "root", parts)
+    assert out["bytes"] == m["rootfs_bytes"]
+    assert (tmp_path / "root/opt/ucx/lib/libucp.so.0").read_bytes() == (tree / "opt/ucx/lib/libucp.so.0").read_bytes()
+    monkeypatch.undo()
+    zst = export(tree, tmp_path / "export-zst", "zstd")
+    for batch in zst["batches"]:
+        rootfs.receive(tmp_path / "export-zst" / batch, tmp_path / "parts-zst")
+    monkeypatch.setenv("PATH", str(only_tar))
+    try:
+        import zstandard  # noqa: F401  (where the module is installed, it decodes)
+    except ImportError:
+        with pytest.raises(UserError) as err:
+            rootfs.unpack(tmp_path / "root-zst", tmp_path / "parts-zst")
+        assert err.value.exit_code == ROOTFS_INVALID and "--compression xz" in str(err.value)
+        assert not (tmp_path / "root-zst").exists()
+
+
+def test_nothing_half_written_when_the_source_fails(tmp_path):
+    with pytest.raises(UserError) as err:
+        rootfs.pack(["tar", "-c", "-C", str(tmp_path / "absent"), "-f", "-", "."], tmp_path / "export",
+                    {"image": "x"}, {}, part_size=MIB, level=1)
+    assert err.value.exit_code == USAGE
+    assert not (tmp_path / "export").exists() and not (tmp_path / "export.partial").exists()
+    (tmp_path / "export").mkdir()
+    with pytest.raises(UserError, match="exists"):
+        rootfs.pack(["true"], tmp_path / "export", {}, {}, part_size=MIB)
+
+
+def test_damaged_missing_and_foreign_parts_are_refused(tree, tmp_path):
+    m = export(tree, tmp_path / "export")
+    parts = tmp_path / "parts"
+    batch = tmp_path / "export" / m["batches"][0]
+    part = batch / m["parts"][0]["name"]
+    data = part.read_bytes()
+    part.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # the last byte changed, whatever it was
+    with pytest.raises(UserError) as err:
+        rootfs.receive(batch, parts)
+    assert err.value.exit_code == ROOTFS_INVALID and "sha256 differs" in str(err.value)
+    assert not (parts / part.name).exists()
+    with pytest.raises(UserError) as err:
+        rootfs.verify_parts(parts)
+    assert err.value.exit_code == ROOTFS_INVALID and f"{len(m['parts'])} of {len(m['parts'])} parts" in str(err.value)
+    (tree / "etc/hostname").write_text("another\n")
+    other = export(tree, tmp_path / "export2")
+    with pytest.raises(UserError, match="another export"):
+        rootfs.receive(tmp_path / "export2" / other["batches"][1], parts)
+    with pytest.raises(UserError, match="no readable manifest.json"):
+        rootfs.receive(tmp_path, parts)
+
+
+def test_a_corrupt_archive_with_valid_part_hashes_is_caught_at_unpack(tree, tmp_path):
+    """The tar stream's own sha256 is checked too (a manifest edited to match damaged parts)."""
+    if os.geteuid() != 0:
+        pytest.skip("unpacking keeps owners: root only")
+    m = export(tree, tmp_path / "export")
+    parts = tmp_path / "parts"
+    for batch in m["batches"]:
+        rootfs.receive(tmp_path / "export" / batch, parts)
+    manifest = json.loads((parts / "manifest.json").read_text())
+    manifest["rootfs_sha256"] = "f" * 64
+    (parts / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError) as err:
+        rootfs.unpack(tmp_path / "root", parts)
+    assert err.value.exit_code == ROOTFS_INVALID and "sha256 differs" in str(err.value)
+    assert not (tmp_path / "root").exists()
+
+
+def test_sizes():
+    assert rootfs.parse_size("56MiB") == 56 * MIB and rootfs.parse_size("58M") == 58 * MIB
+    assert rootfs.parse_size("1048576") == MIB
+    with pytest.raises(ValueError):
+        rootfs.parse_size("lots")
+
+
+LDCONFIG = """\
+1234 libs found in cache `/etc/ld.so.cache'
+\tlibnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1
+\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1
+\tlibcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1
+\tlibc.so.6 (libc6,x86-64, OS ABI: Linux 3.2.0) => /lib/x86_64-linux-gnu/libc.so.6
+"""
+
+
+def test_driver_libraries_as_the_toolkit_finds_them(tmp_path):
+    assert chroot.parse_ldconfig(LDCONFIG)["libcuda.so.1"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    drv = tmp_path / "nvidia" / "lib64"
+    drv.mkdir(parents=True)
+    (drv / "libcuda.so.580.159.04").write_bytes(b"\x7fELF")
+    (drv / "libcuda.so.1").symlink_to("libcuda.so.580.159.04")
+    (drv / "libnvidia-ptxjitcompiler.so.580.159.04").write_bytes(b"\x7fELF")
+    (drv / "libcudart.so.13").write_bytes(b"\x7fELF")  # a toolkit library, not the driver's
+    (drv / "libcuda.so").symlink_to("libcuda.so.1")  # the development link: not what programs load
+    found = chroot.find_driver_libraries("", extra_dirs=(str(drv),))
+    # by soname, resolved to the versioned file, and versioned files that are their own soname; the toolkit's own
+    # libraries are not the driver's
+    assert {k: v for k, v in found.items() if str(v).startswith(str(drv))} == {
+        "libcuda.so.1": (drv / "libcuda.so.580.159.04").resolve(),
+        "libcuda.so.580.159.04": (drv / "libcuda.so.580.159.04").resolve(),
+        "libnvidia-ptxjitcompiler.so.580.159.04": (drv / "libnvidia-ptxjitcompiler.so.580.159.04").resolve()}
+
+
+def test_the_image_user_is_read_from_the_root(tree):
+    assert chroot.image_user(tree, "10001:10001") == chroot.ImageUser(10001, 10001, "/home/dask")
+    assert chroot.image_user(tree, "dask") == chroot.ImageUser(10001, 10001, "/home/dask")
+    assert chroot.image_user(tree, None).uid == 0
+    with pytest.raises(UserError):
+        chroot.image_user(tree, "nobody")
+
+
+def test_protocol_tables_name_cuda_ipc_for_cuda_memory():
+    log = (FIXTURES / "verify_nvlink/h200x2/raw/pip_1.21.0/gpu0-gpu1/1048576/client.txt").read_text()
+    p = chroot.summarise_proto(log)
+    assert p["tables"] >= 2 and "cuda_ipc" in p["cuda_transports"] and "sysv" in p["transports"]
+    assert chroot.summarise_proto("no tables\n") == {"tables": 0, "transports": [], "cuda_transports": [],
+                                                     "cuda_operations": []}
+
+
+def test_checks_need_every_process_on_the_roots_ucx(tmp_path):
+    root, inside = tmp_path, "/opt/ucx/lib/libucp.so.0.0.0"
+    good = {"client_exit": 0,
+            "workload": {"ok": True, "value": 1.0, "expected": 1.0, "workers_start": 2,
+                         "ucx": {"client": {"libucp": inside}, "scheduler": {"libucp": inside},
+                                 "workers": {"a": {"libucp": inside}, "b": {"libucp": inside}}}},
+            "libraries": {"scheduler": {"1 dask": f"{root}{inside}"}, "worker-a": {"2 dask": f"{root}{inside}",
+                                                                                   "3 python": f"{root}{inside}"}},
+            "proto": {"worker-a": {"transports": ["tcp"], "cuda_transports": ["cuda_ipc"]}}}
+    c = chroot.checks(good, chroot.Proof(gpu=True), root, "/opt/ucx")
+    assert all(v["ok"] for v in c.values()) and set(c) == {"answer", "libucp", "cuda_ipc"}
+    host_ucx = json.loads(json.dumps(good))
+    host_ucx["libraries"]["worker-a"]["3 python"] = "/usr/lib/libucp.so.0"
+    assert not chroot.checks(host_ucx, chroot.Proof(gpu=True), root, "/opt/ucx")["libucp"]["ok"]
+    no_ipc = dict(good, proto={"worker-a": {"transports": ["tcp"], "cuda_transports": ["cuda_copy"]}})
+    assert not chroot.checks(no_ipc, chroot.Proof(gpu=True), root, "/opt/ucx")["cuda_ipc"]["ok"]
+    assert chroot.checks(good, chroot.Proof(gpu=False), root, "/opt/ucx")["proto_info"]["ok"]
+
+
+def test_the_session_script_is_a_thin_wrapper():
+    script = Path(__file__).resolve().parents[2] / "benchmarks/gpu-host/image_rootfs.sh"
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage:" in proc.stderr
+    assert shutil.which("bash")
