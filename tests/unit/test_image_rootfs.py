@@ -217,3 +217,23 @@ def test_the_session_script_is_a_thin_wrapper():
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert proc.returncode == 2 and "usage:" in proc.stderr
     assert shutil.which("bash")
+
+
+def test_driver_libraries_land_in_the_root_as_files_with_their_soname_links(tmp_path):
+    """A driver directory as the GPU host has it: versioned files, soname links to them, and a versioned file that is
+    its own soname. Every real file must end up in the root once, every soname resolving to it."""
+    drv = tmp_path / "nvidia" / "lib64"
+    drv.mkdir(parents=True)
+    for name in ("libcuda.so.580.159.04", "libnvidia-ml.so.580.159.04", "libnvidia-gpucomp.so.580.159.04"):
+        (drv / name).write_bytes(name.encode() * 3)
+    (drv / "libcuda.so.1").symlink_to("libcuda.so.580.159.04")
+    (drv / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.580.159.04")
+    libraries = chroot.find_driver_libraries(ldconfig_text="", extra_dirs=(str(drv),))
+    assert {"libcuda.so.1", "libnvidia-ml.so.1", "libcuda.so.580.159.04"} <= set(libraries)
+    dest = tmp_path / "root" / chroot.LIB_DIR
+    added = chroot.copy_driver_libraries(dest, libraries)
+    assert set(added) == set(libraries)
+    for soname, real in libraries.items():
+        assert (dest / soname).read_bytes() == real.read_bytes(), soname
+    assert not (dest / "libcuda.so.580.159.04").is_symlink()
+    assert os.readlink(dest / "libnvidia-ml.so.1") == "libnvidia-ml.so.580.159.04"

@@ -164,9 +164,9 @@ def find_driver_libraries(ldconfig_text: str | None = None, extra_dirs: tuple[st
     return {k: v.resolve() for k, v in sorted(found.items())}
 
 
-def add_driver(root: Path, libraries: dict[str, Path]) -> list[str]:
-    """Copy the driver's libraries (and binaries) into `root` and refresh its loader cache; the names added."""
-    dest = root / LIB_DIR
+def copy_driver_libraries(dest: Path, libraries: dict[str, Path]) -> list[str]:
+    """Each real file once into `dest`, each soname a link to it (a versioned file that is its own soname stays the
+    file); the sonames added."""
     dest.mkdir(parents=True, exist_ok=True)
     added = []
     for soname, real in libraries.items():
@@ -175,11 +175,17 @@ def add_driver(root: Path, libraries: dict[str, Path]) -> list[str]:
             target.write_bytes(real.read_bytes())
             os.chmod(target, 0o755)
         link = dest / soname
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        if link.name != real.name:
+        if link != target:
+            if link.is_symlink() or link.exists():
+                link.unlink()
             link.symlink_to(real.name)
         added.append(soname)
+    return added
+
+
+def add_driver(root: Path, libraries: dict[str, Path]) -> list[str]:
+    """Copy the driver's libraries (and binaries) into `root` and refresh its loader cache; the names added."""
+    added = copy_driver_libraries(root / LIB_DIR, libraries)
     for name in DRIVER_BINARIES:
         for d in os.environ.get("PATH", "").split(":") + ["/usr/local/nvidia/bin"]:
             exe = Path(d) / name
