@@ -88,6 +88,18 @@ def test_doctor_in_the_image_says_ucxx_runs_on_our_ucx(image, st):
     assert image["stack_id"] in json.dumps(report)
 
 
+def test_the_image_can_serialise_cupy_and_rmm_device_buffers(image):
+    """distributed registers its CuPy/RMM serialisers only where numba.cuda imports (protocol/cupy.py); without them a
+    GPU worker cannot send a CuPy block ("Could not serialize object of type ndarray", seen on an H200). Importing
+    needs no GPU."""
+    code = ("import distributed.protocol.cupy as c, distributed.protocol.rmm as r; "
+            "print(c.cuda_serialize_cupy_ndarray.__name__, r.dask_deserialize_rmm_device_buffer.__name__)")
+    out = subprocess.run([docker_bin(), "run", "--rm", "--network", "none", image["tag"], "python", "-c", code],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["cuda_serialize_cupy_ndarray", "dask_deserialize_rmm_device_buffer"], out.stdout
+
+
 def test_unknown_role_is_one_line_and_nonzero(image):
     proc = subprocess.run([docker_bin(), "run", "--rm", "--network", "none", image["tag"], "dask", "schedular"],
                           capture_output=True, text=True, timeout=120)
