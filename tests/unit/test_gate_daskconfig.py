@@ -28,8 +28,10 @@ def test_install_writes_both_files_with_guard_preloads(tmp_path, kind):
     written = daskconfig.install(tmp_path, kind)
     assert sorted(p.name for p in written) == sorted([daskconfig.COMMON, daskconfig.INSTALLED_TRANSPORTS])
     cfg = daskconfig.load_installed(tmp_path)
-    for role in ("scheduler", "worker", "nanny"):
+    for role in ("worker", "nanny"):
         assert cfg["distributed"][role]["preload"] == ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup"]
+    assert cfg["distributed"]["scheduler"]["preload"] == ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup",
+                                                          "ucx_dask_gpu.gate.quietclose"]
     assert cfg["distributed"]["client"]["preload"] == ["ucx_dask_gpu.gate.guard"]
     assert cfg["distributed-ucxx"].get("nvlink") is {"auto": None, "cpu": None, "gpu": True}[kind]
 
