@@ -50,9 +50,15 @@ def info() -> dict:
     return json.loads(path.read_text())
 
 
-def _python(code: str, env: dict | None = None, timeout: int = 300, wrap: list[str] = ()) -> subprocess.CompletedProcess:
+def _clean_env(extra: dict | None = None) -> dict:
+    """This environment without UCX settings or a loader path: the venv's own start-up preload picks our UCX."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("UCX_") and k != "LD_LIBRARY_PATH"}
-    e.update(env or {})
+    e.update(extra or {})
+    return e
+
+
+def _python(code: str, env: dict | None = None, timeout: int = 300, wrap: list[str] = ()) -> subprocess.CompletedProcess:
+    e = _clean_env(env)
     return subprocess.run([*wrap, sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           timeout=timeout, env=e)
 
@@ -167,7 +173,7 @@ def _perftest_over_loopback(prefix: Path, wrap: list[str]) -> subprocess.Complet
         kill $server 2>/dev/null
         exit $rc
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UCX_") and k != "LD_LIBRARY_PATH"}
+    env = _clean_env()
     return subprocess.run([*wrap, "bash", "-c", textwrap.dedent(script)], capture_output=True, text=True,
                           timeout=120, env=env)
 
@@ -280,8 +286,7 @@ EXCHANGE_CLIENT = """
 
 
 def _abandoned_exchange(env: dict | None = None) -> str:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("UCX_")} | {"UCX_WARN_UNUSED_ENV_VARS": "n"}
-    e.update(env or {})
+    e = _clean_env({"UCX_WARN_UNUSED_ENV_VARS": "n", **(env or {})})
     server = subprocess.Popen([sys.executable, "-c", textwrap.dedent(EXCHANGE_SERVER)], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True, env=e)
     try:
