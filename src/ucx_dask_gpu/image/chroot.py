@@ -33,7 +33,8 @@ from pathlib import Path
 
 from ..errors import ROOTFS_INVALID, UserError
 from ..fsutil import atomic_write_text
-from ..ucx.perftest import parse_proto_tables
+from ..ucx.perftest import free_port, parse_proto_tables
+from ..ucx.transports import mapped_libucp
 from .cluster import parse_json_output
 
 # The driver's user-space libraries the toolkit mounts for the compute and utility capabilities
@@ -304,14 +305,6 @@ def _session_members(sid: int) -> list[int]:
     return out
 
 
-def mapped_libucp(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/maps") as maps:
-            return next((line.split()[-1] for line in maps if "/libucp.so" in line), None)
-    except OSError:
-        return None
-
-
 def _comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
@@ -344,12 +337,6 @@ def wait_for(predicate, timeout: float, what: str, roles: list[Role]) -> None:
         if time.monotonic() > deadline:
             raise UserError(f"{what} did not happen within {timeout:.0f} s", ROOTFS_INVALID)
         time.sleep(0.5)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)

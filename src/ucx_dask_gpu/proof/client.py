@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 
 from ..errors import ENV_MISMATCH, NO_WORKERS, NOT_A_SCHEDULER, SCHEDULER_UNREACHABLE, WORKLOAD_FAILED, UserError
 from ..gate.identity import GUARD
+from ..ucx.transports import mapped_libucp
 from .peer import DIAGNOSIS_S, check_scheduler, parse_address, what_answers
 
 # Relative tolerance for float sums: dask and the client add the same numbers in a different order.
@@ -147,8 +148,7 @@ def _import_all(modules):
 
 def ucx_loaded() -> dict:
     """Which UCX this process runs on: the libucp.so it has mapped and the version UCXX reports (None when no UCX)."""
-    with open("/proc/self/maps") as maps:
-        path = next((line.split()[-1] for line in maps if "/libucp.so" in line), None)
+    path = mapped_libucp()
     ucxx = sys.modules.get("ucxx")
     version = ".".join(map(str, ucxx.get_ucx_version())) if ucxx is not None else None
     return {"libucp": path, "ucx_version": version}

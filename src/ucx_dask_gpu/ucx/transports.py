@@ -307,10 +307,10 @@ def peer_facts(p: Plan, host: HostFacts) -> dict:
             "cuda_ipc": p.gpu_peers == ["cuda_ipc"]}
 
 
-def mapped_libucp() -> str | None:
-    """The libucp.so this process has mapped (None before UCX is loaded)."""
+def mapped_libucp(pid: int | str = "self") -> str | None:
+    """The libucp.so a process (this one by default) has mapped (None before UCX is loaded, or when it is gone)."""
     try:
-        with open("/proc/self/maps") as maps:
+        with open(f"/proc/{pid}/maps") as maps:
             return next((line.split()[-1] for line in maps if "/libucp.so" in line), None)
     except OSError:
         return None
