@@ -11,6 +11,7 @@ from pathlib import Path
 from ..stack import Stack, find_stack_file
 
 CACHE_ENV = "UCX_DASK_GPU_BUILD_CACHE"
+UCX_SOURCES = "ucx-sources"   # <cache>/ucx-sources: what `ucx-src-build/build.sh fetch` verified for the UCX stage
 UCXX_WHEELS_ENV = "UCXX_WHEELS"
 
 
