@@ -30,7 +30,7 @@ NOT_A_SCHEDULER = 24      # workload: what answered at --scheduler is not a Dask
 NO_WORKERS = 25           # workload: fewer than --min-workers workers joined within --wait-workers
 TLS_REFUSED = 26          # workload: TLS handshake failed (no client certificate, or not one the cluster's CA signed)
 # Reproducible image + SBOM (30-39)
-NOT_REPRODUCIBLE = 30    # two clean builds gave different image digests
+NOT_REPRODUCIBLE = 30    # two builds (two clones at different paths) gave different prefixes, wheels or image ids
 BAD_ARCHIVE = 31         # an image/rootfs archive is malformed, or docker save/load disagreed with us
 SBOM_INVALID = 32        # the SBOM fails the CycloneDX schema
 SBOM_MISMATCH = 33       # the SBOM disagrees with the lock, the build info or the image's dpkg status

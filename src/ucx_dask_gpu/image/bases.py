@@ -31,7 +31,7 @@ from ..fsutil import atomic_path
 from ..oci.archive import LABEL_PREFIX
 from ..oci.layer import normalise_rootfs_tar
 from ..stack import Stack
-from .docker import docker, labels_of
+from .docker import docker, image_inspect, labels_of
 from .paths import base_ref
 
 KINDS = ("runtime", "builder")
@@ -70,6 +70,15 @@ def base_key(st: Stack, kind: str) -> str:
 
 def say(msg: str) -> None:
     print(f"base: {msg}", file=sys.stderr, flush=True)
+
+
+def clean_bases(st: Stack) -> None:
+    """Untag the Debian base images, so the next build bootstraps them again: new base image ids, hence no
+    Docker build cache either. Images built on the old bases keep them (untagging deletes nothing they use)."""
+    for kind in KINDS:
+        tag = base_ref(st, kind)
+        if image_inspect(tag) is not None:
+            docker(["rmi", tag], code=BUILD_FAILED, what=f"docker rmi {tag}")
 
 
 def _run(cmd: list[str], what: str, code: int = BUILD_FAILED, log: Path | None = None,
