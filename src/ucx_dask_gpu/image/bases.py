@@ -31,6 +31,7 @@ from ..fsutil import atomic_path
 from ..oci.archive import LABEL_PREFIX
 from ..oci.layer import normalise_rootfs_tar
 from ..stack import Stack
+from ..ucxbuild.repro import fixed_umask
 from .docker import docker, image_inspect, labels_of
 from .paths import base_ref
 
@@ -173,7 +174,8 @@ def ensure_base(st: Stack, kind: str, cache: Path, force: bool = False) -> str:
         return tag
     work = cache / "rootfs"
     work.mkdir(parents=True, exist_ok=True)
-    tar = build_rootfs_tar(st, kind, work / f"{kind}-{key}.tar", cache)
+    with fixed_umask():   # debootstrap creates files and directories with the caller's umask; the tar keeps modes
+        tar = build_rootfs_tar(st, kind, work / f"{kind}-{key}.tar", cache)
     changes = [f"LABEL {KEY_LABEL}={key}",
                f"LABEL {LABEL_PREFIX}base.kind={kind}",
                f"LABEL {LABEL_PREFIX}base.suite={st.debian.suite}",

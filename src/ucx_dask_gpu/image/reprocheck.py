@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import BUILD_FAILED, USAGE, UserError
-from ..fsutil import atomic_write_text, sha256_file
+from ..fsutil import sha256_file
 from ..oci.compare import compare as compare_images
 from ..oci.compare import render_compare
 from ..oci.tarnorm import sort_key, tar_tree
@@ -144,14 +144,15 @@ def make_clone(st: Stack, dest: Path, revision: str, v: Variation) -> Path:
     return dest
 
 
-def _run_step(b: Build, name: str, cmd: list[str], log: Path, **kw) -> None:
-    """One build step in the clone, its output in `log`; its time in b.seconds."""
+def _run_step(b: Build, name: str, cmd: list[str], log: Path, stdout: Path | None = None) -> None:
+    """One build step in the clone, its output in `log` (its stdout alone in `stdout`, if given); its time in
+    b.seconds."""
     t0 = time.monotonic()
     say(f"{b.label}: {name} ({' '.join(cmd[:3])} ...), log {log}")
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as out:
+    with open(log, "w") as err, open(stdout or os.devnull, "w") as out:
         proc = subprocess.run(_under(b.variation, cmd), cwd=b.checkout, env=clone_env(b.variation, b.checkout),
-                              stdout=out, stderr=subprocess.STDOUT, **kw)
+                              stdout=out if stdout else err, stderr=err)
     b.seconds[name] = round(time.monotonic() - t0, 1)
     if proc.returncode != 0:
         tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:] or ["(no output)"]
@@ -211,9 +212,9 @@ def _link_files(src: Path, dest: Path) -> None:
 
 def build_image(st: Stack, b: Build, logs: Path, fresh_bases: bool, lock: Path | None,
                 inputs_of: Build | None) -> None:
-    """The clone's image, with its own code and UCXX wheels, every step run again, under the tag
-    <name>:repro-<label>; normalised (what `image build` does)."""
-    tag = f"{st.image.name}:repro-{b.label}"
+    """The clone's image, with its own code and UCXX wheels, every step run again, under a tag of its own
+    (<name>:repro-<label>-<this check's id>, which no other build uses); normalised (what `image build` does)."""
+    tag = f"{st.image.name}:repro-{b.label}-{logs.parent.name.rsplit('-', 1)[-1]}"
     cache = seed_image_cache(st, b, inputs_of)
     out = logs / f"{b.label}-image.json"
     with _locked(lock):
@@ -221,11 +222,9 @@ def build_image(st: Stack, b: Build, logs: Path, fresh_bases: bool, lock: Path |
             clean_bases(st)
         _run_step(b, "image", [sys.executable, "-m", "ucx_dask_gpu", "image", "--cache", str(cache), "build",
                                "--tag", tag, "--no-cache", "--ucxx-wheels", str(b.wheels_dir), "--json"],
-                  logs / f"{b.label}-image.log")
-    # `--json` printed the result last; the normalisation wrote image.json and layers.json.
-    text = (logs / f"{b.label}-image.log").read_text(errors="replace")
-    result = json.loads(text[text.rindex("\n{") + 1:] if "\n{" in text else text)
-    atomic_write_text(out, json.dumps(result, indent=2, sort_keys=True) + "\n")
+                  logs / f"{b.label}-image.log", stdout=out)
+    # The build's result (`--json`); its normalisation wrote image.json and layers.json into its cache.
+    result = json.loads(out.read_text())
     b.image = {"tag": tag, "image_id": result["image_id"],
                "out_dir": str(normalise.default_out_dir(cache, tag)), "cache": str(cache)}
 
