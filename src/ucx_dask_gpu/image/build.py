@@ -159,7 +159,9 @@ def _normalise_context(root: Path, epoch: int) -> None:
             path = os.path.join(dirpath, name)
             if not os.path.islink(path):
                 mode = os.stat(path).st_mode
-                os.chmod(path, 0o755 if name in dirnames or mode & 0o100 else 0o644)
+                want = 0o755 if name in dirnames or mode & 0o100 else 0o644
+                if mode & 0o7777 != want:   # files linked from a cache keep their inode untouched when right
+                    os.chmod(path, want)
             os.utime(path, (epoch, epoch), follow_symlinks=False)
     os.chmod(root, 0o755)
     os.utime(root, (epoch, epoch))

@@ -186,17 +186,16 @@ def _locked(path: Path | None):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def seed_image_cache(st: Stack, b: Build, inputs_of: Build | None) -> Path:
-    """The clone's image build cache with only the verified downloads of `inputs_of`'s (the other build's) image
-    build: the lock's wheelhouse and the UCX sources (linked; the build checks both against their pins again), so
-    both images are made of the same files and no build is reused."""
+def seed_image_cache(st: Stack, b: Build, inputs_from: Path) -> Path:
+    """The clone's image build cache with only the verified downloads of another image build cache (the first
+    build's, or for the first build this checkout's): the lock's wheelhouse and the UCX sources (linked; the build
+    checks both against their pins again), so both images are made of the same files and no build is reused."""
     cache = b.image_cache
-    if inputs_of is not None:
-        lock = st.lock_path()
-        for src, dest in ((wheelhouse_dir(inputs_of.image_cache, lock), wheelhouse_dir(cache, lock)),
-                          (inputs_of.image_cache / UCX_SOURCES, cache / UCX_SOURCES)):
-            if src.is_dir():
-                _link_files(src, dest)
+    lock = st.lock_path()
+    for src, dest in ((wheelhouse_dir(inputs_from, lock), wheelhouse_dir(cache, lock)),
+                      (inputs_from / UCX_SOURCES, cache / UCX_SOURCES)):
+        if src.is_dir():
+            _link_files(src, dest)
     return cache
 
 
@@ -210,12 +209,11 @@ def _link_files(src: Path, dest: Path) -> None:
                 shutil.copy2(f, dest / f.name)
 
 
-def build_image(st: Stack, b: Build, logs: Path, fresh_bases: bool, lock: Path | None,
-                inputs_of: Build | None) -> None:
+def build_image(st: Stack, b: Build, logs: Path, fresh_bases: bool, lock: Path | None, inputs_from: Path) -> None:
     """The clone's image, with its own code and UCXX wheels, every step run again, under a tag of its own
     (<name>:repro-<label>-<this check's id>, which no other build uses); normalised (what `image build` does)."""
     tag = f"{st.image.name}:repro-{b.label}-{logs.parent.name.rsplit('-', 1)[-1]}"
-    cache = seed_image_cache(st, b, inputs_of)
+    cache = seed_image_cache(st, b, inputs_from)
     out = logs / f"{b.label}-image.json"
     with _locked(lock):
         if fresh_bases:
@@ -425,7 +423,8 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
             build_prefix_and_wheels(b, work / "logs", list(dict.fromkeys(srcs)), list(dict.fromkeys(links)),
                                     require, offline=first is not None)
             if image:
-                build_image(st, b, work / "logs", fresh_bases, lock, inputs_of=first)
+                build_image(st, b, work / "logs", fresh_bases, lock,
+                            inputs_from=first.image_cache if first else default_cache().resolve())
         for b in builds:
             record_outputs(st, b, work)
         if image and against_checkout:
