@@ -54,6 +54,18 @@ def test_a_clone_has_the_commit_the_origin_and_the_variations_umask(tiny_repo, t
     assert e.value.exit_code == USAGE and "not empty" in str(e.value)
 
 
+def test_a_detached_head_on_no_branch_is_cloned_too(tiny_repo, tmp_path):
+    """What CI checks out: a commit no branch points at."""
+    (tiny_repo / "new").write_text("x")
+    git(tiny_repo, "add", "new")
+    git(tiny_repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "two")
+    head, branch = git(tiny_repo, "rev-parse", "HEAD"), git(tiny_repo, "branch", "--show-current")
+    git(tiny_repo, "checkout", "-q", "--detach")
+    git(tiny_repo, "branch", "-f", branch, "HEAD~1")
+    dest = reprocheck.make_clone(load(tiny_repo / "stack.toml"), tmp_path / "c", "HEAD", reprocheck.VARIATIONS[0])
+    assert git(dest, "rev-parse", "HEAD") == head and (dest / "new").is_file()
+
+
 def test_clone_env_points_at_the_clone_only(tmp_path, monkeypatch):
     monkeypatch.setenv("UCX_DASK_GPU_STACK", "/elsewhere/stack.toml")
     monkeypatch.setenv("UCXX_WHEELS", "build/ucxx-wheels")

@@ -32,8 +32,9 @@ from ..fsutil import sha256_file
 from ..oci.compare import compare as compare_images
 from ..oci.compare import render_compare
 from ..oci.tarnorm import sort_key, tar_tree
-from ..stack import Stack
+from ..stack import STACK_ENV, Stack
 from ..ucx.install import BUILD_INFO
+from ..ucxbuild.fetch import CACHE_ENV as SOURCE_CACHE_ENV
 from ..ucxbuild.fetch import default_cache_dir, local_dirs
 from ..ucxbuild.ucxx import UCXX_BUILD_INFO
 from . import normalise
@@ -45,8 +46,8 @@ from .wheelhouse import wheelhouse_dir
 PREFIX_TAR = "ucx-prefix.tar"
 DIFFOSCOPE_TIMEOUT_S = 600
 # Variables of this process that would point a clone's build at this checkout's files.
-_OURS = ("UCX_DASK_GPU_STACK", "UCX_DASK_GPU_CACHE", CACHE_ENV, UCXX_WHEELS_ENV, "UCX_PREFIX", "PYTHONPATH",
-         "VIRTUAL_ENV", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+_OURS = (STACK_ENV, SOURCE_CACHE_ENV, CACHE_ENV, UCXX_WHEELS_ENV, "UCX_PREFIX", "PYTHONPATH", "VIRTUAL_ENV",
+         "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
 
 
 def say(msg: str) -> None:
@@ -134,7 +135,12 @@ def make_clone(st: Stack, dest: Path, revision: str, v: Variation) -> Path:
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise UserError(f"git clone into {dest} failed: {proc.stderr.strip()}", USAGE)
-    subprocess.run(_under(v, ["git", "-C", str(dest), "checkout", "--quiet", "--detach", commit]), check=True)
+    # A revision that is no branch or tag (another remote's ref, a reflog entry) is not in a fresh clone: fetch it.
+    _git(dest, "fetch", "--quiet", str(st.root), revision)
+    proc = subprocess.run(_under(v, ["git", "-C", str(dest), "checkout", "--quiet", "--detach", commit]),
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise UserError(f"git checkout {commit[:12]} in {dest} failed: {proc.stderr.strip()}", USAGE)
     origin = subprocess.run(["git", "-C", str(st.root), "remote", "get-url", "origin"], capture_output=True,
                             text=True).stdout.strip()
     if origin:
