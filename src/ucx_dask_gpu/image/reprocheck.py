@@ -135,7 +135,7 @@ def make_clone(st: Stack, dest: Path, revision: str, v: Variation) -> Path:
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise UserError(f"git clone into {dest} failed: {proc.stderr.strip()}", USAGE)
-    # A revision that is no branch or tag (another remote's ref, a reflog entry) is not in a fresh clone: fetch it.
+    # A revision that is none of the checkout's branches or tags (a remote-tracking branch) is not in a fresh clone.
     _git(dest, "fetch", "--quiet", str(st.root), revision)
     proc = subprocess.run(_under(v, ["git", "-C", str(dest), "checkout", "--quiet", "--detach", commit]),
                           capture_output=True, text=True)
