@@ -44,13 +44,13 @@ def test_a_clone_has_the_commit_the_origin_and_the_variations_umask(tiny_repo, t
     here = load(tiny_repo / "stack.toml")
     dest = tmp_path / "some" / "deeper" / "b"
     v = reprocheck.VARIATIONS[1]
-    reprocheck.make_clone(here, dest, "HEAD", v)
+    reprocheck.make_clone(here, dest, git(tiny_repo, "rev-parse", "HEAD"), v)
     assert git(dest, "rev-parse", "HEAD") == git(tiny_repo, "rev-parse", "HEAD")
     assert git(dest, "remote", "get-url", "origin") == "https://example.org/ucx-dask-gpu.git"
     assert (dest / "stack.toml").stat().st_mode & 0o777 == 0o600     # umask 077: what the image build must undo
     assert (dest / "run.sh").stat().st_mode & 0o777 == 0o700
     with pytest.raises(reprocheck.UserError) as e:
-        reprocheck.make_clone(here, dest, "HEAD", v)
+        reprocheck.make_clone(here, dest, git(tiny_repo, "rev-parse", "HEAD"), v)
     assert e.value.exit_code == USAGE and "not empty" in str(e.value)
 
 
@@ -62,7 +62,7 @@ def test_a_detached_head_on_no_branch_is_cloned_too(tiny_repo, tmp_path):
     head, branch = git(tiny_repo, "rev-parse", "HEAD"), git(tiny_repo, "branch", "--show-current")
     git(tiny_repo, "checkout", "-q", "--detach")
     git(tiny_repo, "branch", "-f", branch, "HEAD~1")
-    dest = reprocheck.make_clone(load(tiny_repo / "stack.toml"), tmp_path / "c", "HEAD", reprocheck.VARIATIONS[0])
+    dest = reprocheck.make_clone(load(tiny_repo / "stack.toml"), tmp_path / "c", head, reprocheck.VARIATIONS[0])
     assert git(dest, "rev-parse", "HEAD") == head and (dest / "new").is_file()
 
 

@@ -125,18 +125,19 @@ def clone_env(v: Variation, clone: Path) -> dict[str, str]:
     return env
 
 
-def make_clone(st: Stack, dest: Path, revision: str, v: Variation) -> Path:
-    """`git clone` of this checkout at `revision` into `dest` (new or empty), under the build's umask; its origin is
-    this checkout's (the image labels its source with it)."""
+def make_clone(st: Stack, dest: Path, commit: str, v: Variation, fetch: str = "HEAD") -> Path:
+    """`git clone` of this checkout at `commit` into `dest` (new or empty), under the build's umask; its origin is
+    this checkout's (the image labels its source with it). `fetch`: the name the commit was given by."""
     if dest.exists() and any(dest.iterdir()):
         raise UserError(f"{dest}: exists and is not empty (give a new directory for each clone)", USAGE)
-    commit = _git(st.root, "rev-parse", "--verify", f"{revision}^{{commit}}")
     proc = subprocess.run(_under(v, ["git", "clone", "--quiet", "--no-checkout", str(st.root), str(dest)]),
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise UserError(f"git clone into {dest} failed: {proc.stderr.strip()}", USAGE)
     # A revision that is none of the checkout's branches or tags (a remote-tracking branch) is not in a fresh clone.
-    _git(dest, "fetch", "--quiet", str(st.root), revision)
+    if subprocess.run(["git", "-C", str(dest), "cat-file", "-e", f"{commit}^{{commit}}"],
+                      capture_output=True).returncode != 0:
+        _git(dest, "fetch", "--quiet", str(st.root), fetch)
     proc = subprocess.run(_under(v, ["git", "-C", str(dest), "checkout", "--quiet", "--detach", commit]),
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -343,7 +344,7 @@ def first_difference_line(r: dict) -> str:
 
 
 def render(r: dict) -> str:
-    lines = []
+    lines = [f"commit {r['commit']}"] if r.get("commit") else []
     for b in r["builds"]:
         v = b["variation"]
         how = v if isinstance(v, str) else f"umask {v['umask']}, TZ={v['TZ']}, LANG={v['LANG']}"
@@ -400,8 +401,10 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
     for d in clone_dirs:
         if Path(d).exists() and any(Path(d).iterdir()):
             raise UserError(f"--clone-dir {d}: exists and is not empty (give a new directory for each clone)", USAGE)
+    # One commit for both clones, resolved now: a branch may move while the first clone builds.
+    commit = _git(st.root, "rev-parse", "--verify", f"{revision}^{{commit}}")
     if _git(st.root, "status", "--porcelain", "--untracked-files=no"):
-        say(f"{st.root} has uncommitted changes: the clones build {revision} as committed")
+        say(f"{st.root} has uncommitted changes: the clones build {revision} ({commit[:12]}) as committed")
     t0 = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="udg-repro-"))
     # Unless named: two depths under one new directory (the build path is what varies most between users).
@@ -416,7 +419,7 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
         for label, d in zip(labels, dirs):
             v = VARIATIONS[0] if label == "a" else VARIATIONS[1]
             say(f"clone {label}: {d} (umask {v.umask:04o}, TZ={v.tz}, LANG={v.lang})")
-            b = Build.in_clone(label, make_clone(st, d, revision, v), v)
+            b = Build.in_clone(label, make_clone(st, d, commit, v, fetch=revision), v)
             # The first build fetches as any build does (this checkout's caches and mirrors first); the second uses
             # exactly the files the first used, offline: the source archives are held fixed.
             first = builds[0] if builds else None
@@ -442,6 +445,7 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
         say(f"kept for inspection: {work}")
         raise
     report["seconds"] = round(time.monotonic() - t0, 1)
+    report["commit"] = commit
     report["work_dir"] = str(work)
     if report["identical"] and not keep:
         for b in builds:
