@@ -5,6 +5,7 @@ and keeping cli.py (which lists every command) out of its imports keeps the UCX 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .errors import UserError
@@ -67,6 +68,9 @@ def run_parsed(args: argparse.Namespace, label: str) -> int:
     except KeyboardInterrupt:
         print(f"{label}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `... | head`: the reader left; end as a shell's command would on SIGPIPE, silently
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's final flush must not fail again
+        return 141
 
 
 def standalone_main(command: str, register, argv: list[str] | None = None, description: str | None = None) -> int:
