@@ -224,9 +224,10 @@ def keep_result(files: Mapping[str, bytes], beside: Path, stem: str, stdout: IO[
     """Put what could not be written where it survives: in directory `beside` (as STEM.kept-XXXX, a file or, for
     several files, a directory), else in the temporary directory, else on `stdout` (text files only). Returns where,
     as words for the one line."""
-    for directory in (beside, Path(tempfile.gettempdir())):
+    for directory in (beside, None):
         kept = None
         try:
+            directory = directory or Path(tempfile.gettempdir())  # which fails itself where no file can be made
             if len(files) == 1:
                 fd, kept = tempfile.mkstemp(prefix=f"{stem}.kept-", dir=directory)
                 with os.fdopen(fd, "wb") as f:

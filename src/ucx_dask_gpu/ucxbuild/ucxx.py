@@ -261,6 +261,9 @@ def _check_links_ucp(site: Path) -> None:
 # --- the whole build -------------------------------------------------------------------------------------------
 
 def build_ucxx(stack: Stack, opts: UcxxOptions) -> dict:
+    if opts.out.exists() and not replaceable_output(opts.out):  # before anything: --out is replaced whole at the end
+        raise UserError(f"--out {opts.out}: not empty and not UCXX wheels this command wrote (only {UCXX_BUILD_INFO} "
+                        "and the wheels it lists); give a new or empty directory", OUTPUT_REFUSED)
     prefix = opts.ucx_prefix.resolve()
     ucx_info = read_ucx_build_info(prefix)
     if ucx_info.get("ucx_version") != stack.ucx.version:
@@ -271,9 +274,6 @@ def build_ucxx(stack: Stack, opts: UcxxOptions) -> dict:
     patches = ucxx_patches(stack, opts.patches_root)
     key = input_key(stack, ucx_info, patches)
     out = opts.out.resolve()
-    if out.exists() and not replaceable_output(out):  # checked before the build: --out is replaced whole at the end
-        raise UserError(f"--out {out}: not empty and not UCXX wheels this command wrote (only {UCXX_BUILD_INFO} and "
-                        "the wheels it lists); give a new or empty directory", OUTPUT_REFUSED)
     cached = build_cache / key
     if _complete(cached):
         _install_output(cached, out)
