@@ -128,16 +128,15 @@ def _refuse(path: str | os.PathLike, why: str, option: str = ""):
                     OUTPUT_REFUSED)
 
 
-def _creatable_in(directory: Path) -> str | None:
-    """Why no file can be created in `directory`, or None. A real probe (a temporary file created and removed), as
-    permission bits do not tell: root passes them, read-only mounts and /proc do not show in them."""
+def _refuse_unless_creatable(path: str | os.PathLike, directory: Path) -> None:
+    """Refuse `path` unless a file can be created in `directory`. A real probe (a temporary file created and
+    removed), as permission bits do not tell: root passes them, read-only mounts and /proc do not show in them."""
     try:
         fd, name = tempfile.mkstemp(prefix=".ucx-dask-gpu-probe.", dir=directory)
     except OSError as e:
-        return e.strerror or str(e)
+        _refuse(path, f"no file can be created in {directory} ({e.strerror or e})")
     os.close(fd)
     os.unlink(name)
-    return None
 
 
 def _in_place(path: Path) -> bool:
@@ -171,11 +170,9 @@ def check_output_file(path: str | os.PathLike) -> Path:
         parent = target.parent
         if not parent.is_dir():
             _refuse(path, f"no directory {parent}" if not parent.exists() else f"{parent} is not a directory")
-        why = _creatable_in(parent)
+        _refuse_unless_creatable(path, parent)
     except OSError as e:
         _refuse(path, e.strerror or str(e))
-    if why:
-        _refuse(path, f"no file can be created in {parent} ({why})")
     return target
 
 
@@ -190,11 +187,9 @@ def check_output_dir(path: str | os.PathLike) -> Path:
             where = where.parent
         if not where.is_dir():
             _refuse(path, "exists and is not a directory" if where == p else f"{where} is not a directory")
-        why = _creatable_in(where)
+        _refuse_unless_creatable(path, where)
     except OSError as e:
         _refuse(path, e.strerror or str(e))
-    if why:
-        _refuse(path, f"no file can be created in {where} ({why})")
     return p
 
 

@@ -107,28 +107,21 @@ def test_every_output_says_in_its_help_how_a_directory_there_is_treated():
 
 
 def _argv(key: tuple, value: str) -> list[str]:
-    """A command line of `key`'s command with `value` for that option; every other required argument filled with a
-    harmless value (nothing runs: the outputs are checked first)."""
-    path, option = key[:-1], key[-1]
+    """A command line of `key`'s command with `value` for that option; every other positional and required option
+    filled with a harmless value (nothing runs: the outputs are checked first)."""
+    path = key[:-1]
     argv: list[str] = []
-    levels = [(path[:i], path[i] if i < len(path) else None) for i in range(len(path) + 1)]
-    for prefix, sub in levels:
-        positionals = []
+    for depth in range(len(path) + 1):
         for k, (a, _) in ACTIONS.items():
-            if k[:-1] != prefix or k[-1] == option and k[:-1] == path:
+            if k[:-1] != path[:depth]:
                 continue
-            if a.option_strings and a.required:
+            if k == key:
+                argv += [a.option_strings[-1], value] if a.option_strings else [value]
+            elif not a.option_strings:
+                argv.append("x")
+            elif a.required:
                 argv += [a.option_strings[0], str(a.choices[0]) if a.choices else "x"]
-        for k, (a, _) in ACTIONS.items():
-            if k[:-1] == prefix and not a.option_strings and a.dest not in ("command",):
-                positionals.append((k, a))
-        if prefix == path:
-            target, _ = ACTIONS[key]
-            if target.option_strings:
-                argv += [target.option_strings[-1], value]
-            argv += [value if k == key else "x" for k, a in positionals]
-        if sub is not None:
-            argv.append(sub)
+        argv += path[depth:depth + 1]
     return argv
 
 
