@@ -1,6 +1,7 @@
 """The pieces every entry point shares: a parser whose errors are one line, options that name an output, and running a
-parsed command with the project's exit codes (its outputs checked first). Standard library only: the UCX build (ucxbuild) runs with a bare python3 and imports this,
-and keeping cli.py (which lists every command) out of its imports keeps the UCX build's inputs small.
+parsed command with the project's exit codes (its outputs checked first). Standard library only: the UCX build
+(ucxbuild) runs with a bare python3 and imports this, and keeping cli.py (which lists every command) out of its
+imports keeps the UCX build's inputs small.
 """
 from __future__ import annotations
 

@@ -236,19 +236,22 @@ def keep_result(files: Mapping[str, bytes], beside: Path, stem: str, stdout: IO[
             if kept and os.path.isdir(kept):  # a copy half written (full disk, size limit) is no copy
                 shutil.rmtree(kept, ignore_errors=True)
             elif kept:
-                os.unlink(kept)
+                with contextlib.suppress(OSError):
+                    os.unlink(kept)
     out = stdout or sys.stdout
-    skipped = []
+    texts = {}
     for name, data in files.items():
-        try:
-            text = data.decode()
-        except UnicodeDecodeError:
-            skipped.append(name)
-            continue
-        if len(files) > 1:
-            out.write(f"# ---- {name}\n")
-        out.write(text if text.endswith("\n") else text + "\n")
-    out.flush()
+        with contextlib.suppress(UnicodeDecodeError):
+            texts[name] = data.decode()
+    try:
+        for name, text in texts.items():
+            if len(files) > 1:
+                out.write(f"# ---- {name}\n")
+            out.write(text if text.endswith("\n") else text + "\n")
+        out.flush()
+    except (OSError, ValueError) as e:  # stdout closed too: say so rather than claim a copy
+        return f"nowhere (stdout failed too: {getattr(e, 'strerror', None) or e})"
+    skipped = sorted(set(files) - set(texts))
     return "on stdout" + (f" (without {', '.join(skipped)}: binary)" if skipped else "")
 
 
