@@ -312,7 +312,8 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     x = s.add_parser("export-rootfs", help="the image's filesystem as verified, compressed parts (+ its Config) for "
                                            "a machine without Docker; one batch directory per part")
     x.add_argument("image")
-    add_output(x, "dir", kind="dir", help="a new directory (an existing one is refused)")
+    add_output(x, "dir", kind="dir", help="where the parts go",
+               note="a new directory, made whole at the end: an existing one, or a file there, is refused (exit 9)")
     x.add_argument("--part-size", help="largest part, e.g. 40MiB (default: stack.toml [gpu_host].part_mib, so one "
                                        "part + the repository fit a 64 MiB device call)")
     x.add_argument("--level", type=int, default=19, help="compression level (default 19; xz: at most 9)")
