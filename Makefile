@@ -15,7 +15,8 @@ export UCXX_WHEELS ?= build/ucxx-wheels
 STACK_GET := PYTHONPATH=src $(PY) -m ucx_dask_gpu stack get
 STACK_GET_FAILED := stack-get-failed:
 stack_get = $(strip $(eval _stack_value := $(shell $(STACK_GET) $(1) 2>&1 || echo "$(STACK_GET_FAILED)"))$(if \
-  $(findstring $(STACK_GET_FAILED),$(_stack_value)),$(error $(subst $(STACK_GET_FAILED),,$(_stack_value))),$(_stack_value)))
+  $(findstring $(STACK_GET_FAILED),$(_stack_value)),$(error $(strip $(subst $(STACK_GET_FAILED),,$(_stack_value)))),\
+  $(_stack_value)))
 IMAGE_LOCK := $(call stack_get,python.lock)
 UCXX_BUILD_LOCK := $(call stack_get,ucxx.build.lock)
 TEST_TOOLS_LOCK := $(call stack_get,test_tools.lock)

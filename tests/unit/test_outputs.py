@@ -55,7 +55,8 @@ WRITING = {
 }
 
 # Names that usually mean "write here", and the options by such names that do not write (with the reason).
-WRITING_NAME = re.compile(r"^(--?(o|out|output|json|dest|prefix|work|work-dir|raw-dir|record-.*|.*-file)|dir|out|dest)$")
+WRITING_NAME = re.compile(r"^(--?(o|out|output|json|dest|prefix|work|work-dir|raw-dir|record-.*|.*-file)"
+                          r"|dir|out|dest)$")
 NOT_WRITTEN = {
     ("stack", "--file"): "stack.toml, read",
     ("image", "--stack-file"): "stack.toml, read",

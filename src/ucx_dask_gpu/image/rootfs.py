@@ -9,7 +9,8 @@
                              what one device call carries (its working tree takes at most 64 MiB)
 
 from `docker export` of a container created (never started) from the image, compressed (zstd -19 --long by
-default), split and hashed on the way, in a temporary directory beside DIR first (nothing half-written is left under DIR).
+default), split and hashed on the way, in a temporary directory beside DIR first (nothing half-written is left under
+DIR).
 
 On the machine that runs it (as root, standard library only):
     `receive BATCH_DIR`  moves the batch's part(s) into the parts directory (stack.toml [gpu_host]), checks each against
