@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu.errors import USAGE
+from ucx_dask_gpu.errors import OUTPUT_REFUSED, USAGE
 from ucx_dask_gpu.image import reprocheck
 from ucx_dask_gpu.oci.tarnorm import tar_tree
 from ucx_dask_gpu.stack import load
@@ -51,7 +51,7 @@ def test_a_clone_has_the_commit_the_origin_and_the_variations_umask(tiny_repo, t
     assert (dest / "run.sh").stat().st_mode & 0o777 == 0o700
     with pytest.raises(reprocheck.UserError) as e:
         reprocheck.make_clone(here, dest, git(tiny_repo, "rev-parse", "HEAD"), v)
-    assert e.value.exit_code == USAGE and "not empty" in str(e.value)
+    assert e.value.exit_code == OUTPUT_REFUSED and "not a new or empty directory" in str(e.value)
 
 
 def test_a_detached_head_on_no_branch_is_cloned_too(tiny_repo, tmp_path):
@@ -166,5 +166,5 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
     full.mkdir()
     (full / "keep-me").write_text("mine")
     proc = run_cli("--no-image", "--clone-dir", str(full))
-    assert proc.returncode == USAGE and "not empty" in proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == OUTPUT_REFUSED and "not empty" in proc.stderr.strip().splitlines()[-1]
     assert (full / "keep-me").read_text() == "mine" and [p.name for p in full.iterdir()] == ["keep-me"]

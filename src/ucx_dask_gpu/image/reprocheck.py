@@ -27,7 +27,7 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import BUILD_FAILED, USAGE, UserError
+from ..errors import BUILD_FAILED, OUTPUT_REFUSED, USAGE, UserError
 from ..fsutil import sha256_file
 from ..oci.compare import compare as compare_images
 from ..oci.compare import render_compare
@@ -128,8 +128,9 @@ def clone_env(v: Variation, clone: Path) -> dict[str, str]:
 def make_clone(st: Stack, dest: Path, commit: str, v: Variation, fetch: str = "HEAD") -> Path:
     """`git clone` of this checkout at `commit` into `dest` (new or empty), under the build's umask; its origin is
     this checkout's (the image labels its source with it). `fetch`: the name the commit was given by."""
-    if dest.exists() and any(dest.iterdir()):
-        raise UserError(f"{dest}: exists and is not empty (give a new directory for each clone)", USAGE)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise UserError(f"{dest}: not a new or empty directory (a clone goes there; nothing written or removed)",
+                        OUTPUT_REFUSED)
     proc = subprocess.run(_under(v, ["git", "clone", "--quiet", "--no-checkout", str(st.root), str(dest)]),
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -399,8 +400,9 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
     if first_image and not against_checkout:
         raise UserError("--first IMAGE is this checkout's image: it needs --against-checkout", USAGE)
     for d in clone_dirs:
-        if Path(d).exists() and any(Path(d).iterdir()):
-            raise UserError(f"--clone-dir {d}: exists and is not empty (give a new directory for each clone)", USAGE)
+        if Path(d).is_dir() and any(Path(d).iterdir()):
+            raise UserError(f"--clone-dir {d}: not empty: give a new or empty directory for each clone (refused "
+                            f"before anything ran; nothing written or removed)", OUTPUT_REFUSED)
     # One commit for both clones, resolved now: a branch may move while the first clone builds.
     commit = _git(st.root, "rev-parse", "--verify", f"{revision}^{{commit}}")
     if _git(st.root, "status", "--porcelain", "--untracked-files=no"):
