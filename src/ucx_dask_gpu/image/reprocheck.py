@@ -226,8 +226,12 @@ def build_image(st: Stack, b: Build, logs: Path, fresh_bases: bool, lock: Path |
     with _locked(lock):
         if fresh_bases:
             clean_bases(st)
+        # Bases bootstrapped again have new ids: no layer of an earlier build can match, and the full build may
+        # take the ucx stage this build has just made. On the same bases only --no-cache keeps earlier layers out
+        # (at the price of building the ucx stage twice).
+        no_cache = [] if fresh_bases else ["--no-cache"]
         _run_step(b, "image", [sys.executable, "-m", "ucx_dask_gpu", "image", "--cache", str(cache), "build",
-                               "--tag", tag, "--no-cache", "--ucxx-wheels", str(b.wheels_dir), "--json"],
+                               "--tag", tag, *no_cache, "--ucxx-wheels", str(b.wheels_dir), "--json"],
                   logs / f"{b.label}-image.log", stdout=out)
     # The build's result (`--json`); its normalisation wrote image.json and layers.json into its cache.
     result = json.loads(out.read_text())
