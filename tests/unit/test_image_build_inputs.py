@@ -14,6 +14,7 @@ from ucx_dask_gpu.fsutil import sha256_file
 from ucx_dask_gpu.image import bases, wheelhouse
 from ucx_dask_gpu.image import build as imagebuild
 from ucx_dask_gpu.image import labels as image_labels
+from ucx_dask_gpu.image.paths import image_ref, stage_ref
 from ucx_dask_gpu.ucxbuild.ucxx import UCXX_BUILD_INFO, ucx_identity
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,6 +133,14 @@ def test_context_modes_and_times_do_not_depend_on_the_checkouts_umask(tmp_path, 
     assert modes == {".": 0o755, "tree": 0o755, "tree/sub": 0o755, "tree/data": 0o644, "tree/run.sh": 0o755,
                      "tree/link": 0o777}
     assert {p.lstat().st_mtime for p in [ctx, *ctx.rglob("*")]} == {st.source_date_epoch}
+
+
+def test_each_image_tag_has_its_own_ucx_stage_tag(st):
+    """A build of another tag (a variant, a reproducibility check) never moves the default image's stage tag."""
+    assert stage_ref(st, image_ref(st)) == f"{st.image.name}-ucx-stage:{st.version}"
+    assert stage_ref(st, f"{st.image.name}:repro-b-x1") == f"{st.image.name}-ucx-stage:repro-b-x1"
+    assert stage_ref(st, "registry:5000/team/img") == f"{st.image.name}-ucx-stage:{st.version}"
+    assert stage_ref(st, "registry:5000/team/img:v2") == f"{st.image.name}-ucx-stage:v2"
 
 
 def test_full_context_layout(tmp_path, st, make_wheel):

@@ -412,7 +412,7 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
     shutil.rmtree(ucx_ctx, ignore_errors=True)
     stage_ucx_context(st, ucx_ctx, ucx_sources)
     _normalise_context(ucx_ctx, st.source_date_epoch)
-    stage_tag = stage_ref(st)
+    stage_tag = stage_ref(st, tag)
     # The UCX stage only needs the builder base and the sources: it compiles (CPU) while the wheelhouse and the
     # runtime base are downloaded (network, disk).
     say(f"building the ucx stage ({stage_tag}) with --network none, in the background")

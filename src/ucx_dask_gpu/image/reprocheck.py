@@ -37,10 +37,10 @@ from ..ucx.install import BUILD_INFO
 from ..ucxbuild.fetch import CACHE_ENV as SOURCE_CACHE_ENV
 from ..ucxbuild.fetch import default_cache_dir, local_dirs
 from ..ucxbuild.ucxx import UCXX_BUILD_INFO
-from . import normalise
+from . import leftovers, normalise
 from .bases import clean_bases
-from .docker import image_inspect
-from .paths import CACHE_ENV, UCX_SOURCES, UCXX_WHEELS_ENV, default_cache, image_ref
+from .docker import docker, image_inspect
+from .paths import CACHE_ENV, UCX_SOURCES, UCXX_WHEELS_ENV, default_cache, image_ref, stage_ref
 from .wheelhouse import wheelhouse_dir
 
 PREFIX_TAR = "ucx-prefix.tar"
@@ -239,13 +239,20 @@ def build_image(st: Stack, b: Build, logs: Path, fresh_bases: bool, lock: Path |
                "out_dir": str(normalise.default_out_dir(cache, tag)), "cache": str(cache)}
 
 
-def remove_images(b: Build, lock: Path | None) -> None:
-    """`image clean` in the clone: the images and tags its build made (its cache records them), nothing else."""
+def remove_images(st: Stack, b: Build, lock: Path | None) -> None:
+    """The images the clone's image build made (its cache records them) and its two tags (the image's and its UCX
+    stage's, both of this check's own). Never a tag another build uses, nor an image that carries one (the Debian
+    bases its first steps name), nor one other images are built on (`docker rmi` is never forced)."""
     if not b.image.get("cache"):
         return
+    own = {b.image["tag"], stage_ref(st, b.image["tag"])}
     with _locked(lock):
-        subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "image", "--cache", b.image["cache"], "clean"],
-                       cwd=b.checkout, env=clone_env(b.variation, b.checkout), capture_output=True, text=True)
+        for rec in sorted((Path(b.image["cache"]) / "image").glob(f"*/{leftovers.RECORD}")):
+            data = leftovers.read_record(rec.parent)
+            for tag in own & set(data.get("tags", [])):
+                docker(["rmi", tag], code=BUILD_FAILED, what=f"docker rmi {tag}", check=False)
+            ids = [i for i in data.get("images", []) if not set((image_inspect(i) or {}).get("RepoTags") or []) - own]
+            leftovers.remove(list(reversed(ids)))   # the last step first: its parents go with it
 
 
 # --- what two builds made ------------------------------------------------------------------------------------------
@@ -456,7 +463,7 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
     if report["identical"] and not keep:
         for b in builds:
             if b.variation is not None:
-                remove_images(b, lock)
+                remove_images(st, b, lock)
         shutil.rmtree(work, ignore_errors=True)    # the clones this check found a place for; named ones stay
         report["work_dir"] = None
     return report
