@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu.image import bases, normalise
+from ucx_dask_gpu.image import bases, normalise, reprocheck
 from ucx_dask_gpu.image import labels as image_labels
 from ucx_dask_gpu.oci import compare as oci_compare
 from ucx_dask_gpu.oci import sbom
@@ -247,7 +247,7 @@ def image(st, cache, build_image) -> dict:
 
 
 @pytest.fixture(scope="module")
-def second_build_from_a_clone(image, tmp_path_factory) -> dict:
+def second_build_from_a_clone(image, st, tmp_path_factory) -> dict:
     """What CI runs (docs/reproducibility.md): a fresh clone of this checkout's commit at another, deeper path, under
     umask 077, another locale and time zone, builds the UCX prefix, the UCXX wheels and the image with nothing cached
     (its own build caches, docker build --no-cache, the Debian bases bootstrapped again); compared with this
@@ -262,10 +262,11 @@ def second_build_from_a_clone(image, tmp_path_factory) -> dict:
     report = json.loads(out.read_text()) if out.is_file() else {}
     yield {"rc": proc.returncode, "stdout": proc.stdout, "report": report, "clone": clone}
     # its images went with a successful check; after a failure they are kept for inspection until here
-    if clone.is_dir() and report:
-        subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "image", "--cache", str(clone / "build" / "cache"),
-                        "clean"], cwd=clone, env={**os.environ, "PYTHONPATH": str(clone / "src")},
-                       capture_output=True)
+    for b in report.get("builds", [])[1:]:
+        if b.get("image", {}).get("cache"):
+            gone = reprocheck.Build.in_clone("b", clone, reprocheck.VARIATIONS[1])
+            gone.image = b["image"]
+            reprocheck.remove_images(st, gone, None)
     shutil.rmtree(clone, ignore_errors=True)
 
 
