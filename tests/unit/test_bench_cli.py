@@ -79,8 +79,8 @@ def test_plan_lists_base_reference_and_knob_variants(capsys):
     assert "environment {'UCXPY_PROGRESS_MODE': 'blocking'}" in lines[0]  # the shipped file's (measured) choice
     assert "environment {'UCXPY_PROGRESS_MODE': 'thread'}" in lines[4]
     assert "'threads-per-worker': 2" in lines[5]
-    # the shipped file sets no GPU-only key (no RMM pool since the 2xH200 measurement); a knob that does is reported
-    assert "bandwidth: 1GB" in out and "ignored in CPU mode" not in lines[0]
+    # GPU-only keys (the shipped file's RMM pool, a knob's) are reported as ignored in CPU mode
+    assert "bandwidth: 1GB" in out and "ignored in CPU mode: ['ucx-dask-gpu.cluster.rmm-pool-size']" in lines[0]
     assert "ignored in CPU mode" in lines[6] and "rmm-pool-size" in lines[6]
 
 
