@@ -88,16 +88,33 @@ class BatchedSendIntervals(SchedulerPlugin):
             scheduler.loop.add_callback(lambda: _set(scheduler.client_comms.get(client), self.to_client))
 
 
-def intervals_in_force(dask_object) -> dict[str, float]:
-    """The interval (seconds) each BatchedSend of this role uses now, by our key's name (for tests and reports)."""
-    if isinstance(dask_object, Client):
-        comm = dask_object.scheduler_comm
-        return {"client-interval": comm.interval} if comm is not None else {}
-    if isinstance(dask_object, Worker):
-        return {"worker-interval": dask_object.batched_stream.interval}
-    if isinstance(dask_object, Scheduler):
-        out = {f"scheduler-interval {addr}": s.interval for addr, s in dask_object.stream_comms.items()}
-        out.update({f"scheduler-client-interval {c}": s.interval for c, s in dask_object.client_comms.items()
+def set_intervals(seconds: dict[str, float], dask_worker=None, client=None) -> None:
+    """Set every stream a role has now, by our keys' names (seconds; a name left out is left alone): how a benchmark
+    measures interval variants in one running cluster (`client.run_on_scheduler(set_intervals, s)`,
+    `client.run(set_intervals, s)`, `set_intervals(s, client=client)`). distributed passes the server that runs it
+    as `dask_worker`, the scheduler included."""
+    if isinstance(dask_worker, Scheduler):
+        for stream in dask_worker.stream_comms.values():
+            _set(stream, seconds.get("scheduler-interval"))
+        for stream in dask_worker.client_comms.values():
+            _set(stream, seconds.get("scheduler-client-interval"))
+    elif isinstance(dask_worker, Worker):
+        _set(dask_worker.batched_stream, seconds.get("worker-interval"))
+    if client is not None:
+        _set(client.scheduler_comm, seconds.get("client-interval"))
+
+
+def intervals_in_force(dask_worker) -> dict[str, float]:
+    """The interval (seconds) each BatchedSend of a role (client, worker or scheduler) uses now, by our key's name;
+    also as `client.run(intervals_in_force)` / `client.run_on_scheduler(intervals_in_force)`."""
+    role = dask_worker
+    if isinstance(role, Client):
+        return {"client-interval": role.scheduler_comm.interval} if role.scheduler_comm is not None else {}
+    if isinstance(role, Worker):
+        return {"worker-interval": role.batched_stream.interval}
+    if isinstance(role, Scheduler):
+        out = {f"scheduler-interval {addr}": s.interval for addr, s in role.stream_comms.items()}
+        out.update({f"scheduler-client-interval {c}": s.interval for c, s in role.client_comms.items()
                     if hasattr(s, "interval")})
         return out
     return {}
