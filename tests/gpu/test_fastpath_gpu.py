@@ -12,7 +12,6 @@ Skips, with the reason, without a GPU or the GPU stack.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,23 +20,9 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.gpu
-
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu")]
+GPU_MODULES = ("cupy", "rmm", "dask_cuda", "ucxx", "distributed_ucxx")
 UCX_ON_GPU = {"DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT": "True", "CUDA_VISIBLE_DEVICES": "0"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def gpu() -> None:
-    missing = [m for m in ("cupy", "rmm", "dask_cuda", "ucxx", "distributed_ucxx") if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"missing packages: {', '.join(missing)}")
-    from ucx_dask_gpu import nvml
-    from ucx_dask_gpu.errors import UserError
-
-    try:
-        nvml.discover()
-    except UserError as e:
-        pytest.skip(f"no GPU here: {e}")
 
 
 def _run(script: str, env: dict[str, str], *args: str, timeout: float = 300) -> dict:
