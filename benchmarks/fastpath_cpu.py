@@ -1,7 +1,7 @@
 """What the critical-path settings change on a CPU host (scheduling only; no GPU), variants interleaved in ONE cluster.
 
     python benchmarks/fastpath_cpu.py [--study batched-send|split-every|all] [--reps 20] [--inner 15]
-                                      [--scheduler ADDR] [--json FILE]
+                                      [--scheduler ADDR | --in-process] [--json FILE]
 
 - batched-send: distributed's BatchedSend intervals (client 10 ms, scheduler->worker 5 ms, scheduler->client and
   worker 2 ms) against the shipped `ucx-dask-gpu.batched-send.*` values and 0, set at run time on every role's
@@ -12,8 +12,8 @@
   40000^2 in 4096^2 chunks, without their bytes), dask's default split_every (4) against 100, set per repetition
   in the client (split_every is read where the graph is built).
 Effects: ratio of medians (variant / baseline) with a bootstrap 95 % interval over the repetitions. A LocalCluster over
-TCP (2 worker processes, 1 thread each) unless --scheduler names a running one. The first repetition of each study is
-a warm-up and is not counted.
+TCP (2 worker processes, 1 thread each; --in-process: in this process) unless --scheduler names a running one. The
+first repetition of each study is a warm-up and is not counted.
 """
 from __future__ import annotations
 
@@ -154,10 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per variant (default 20)")
     p.add_argument("--inner", type=int, default=15, help="round trips per repetition (batched-send; default 15)")
     p.add_argument("--scheduler", help="a running scheduler (default: a LocalCluster over TCP, 2 workers)")
+    p.add_argument("--in-process", action="store_true",
+                   help="the LocalCluster's workers in this process (threads, still over TCP): no other process to "
+                        "wait for on a busy host")
     p.add_argument("--json", help="write the rows here too")
     args = p.parse_args(argv)
     cluster = None if args.scheduler else LocalCluster(protocol="tcp", n_workers=2, threads_per_worker=1,
-                                                       dashboard_address=":0")
+                                                       processes=not args.in_process, dashboard_address=":0")
     rows = []
     with Client(args.scheduler or cluster) as client:
         client.wait_for_workers(2)
