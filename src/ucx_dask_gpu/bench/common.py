@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import nvml
+from ..cliutil import Parser
 from ..errors import BENCH_DEPENDENCY, BENCH_FAILED, ONE_GPU, REFERENCE_FAILED, USAGE, UserError
 from ..report import command_line
 from . import cluster, config, provenance, reference, render, stats
@@ -284,7 +285,7 @@ def _number(convert, low, what):
 
 def add_arguments(p: argparse.ArgumentParser, study: Study) -> None:
     study.add_arguments(p)
-    g = p.add_argument_group("variants (`python -m ucx_dask_gpu.bench.config` syntax; see docs/benchmarks.md)")
+    g = p.add_argument_group("variants (the syntax below; docs/benchmarks.md)")
     g.add_argument("--variant", action="append", default=[], metavar="[PROTOCOLS@]LABEL:CONFIG[:KEY=VALUE;...]",
                    help="a variant (repeatable); CONFIG none|shipped|tuned|PATH; default: ucx@defaults:none and "
                         "ucx,tcp@shipped:shipped, e.g. 'ucx@pool:shipped:ucx-dask-gpu.cluster.rmm-pool-size=8GiB'")
@@ -326,8 +327,6 @@ def add_arguments(p: argparse.ArgumentParser, study: Study) -> None:
 
 
 def build_parser(study: Study) -> argparse.ArgumentParser:
-    from ..cliutil import Parser
-
     p = Parser(prog=f"python -m {study.module}", description=study.help,
                epilog="Variants: " + config.__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter)
     add_arguments(p, study)
@@ -556,7 +555,7 @@ def run_rounds(records: dict[str, Record], opts: Options, budget: Budget, progre
         longest = max(longest, time.monotonic() - t)
     for i in range(opts.runs):
         need = longest + CLOSE_RESERVE_S + reserve_for_references(opts, records)
-        if i and budget.left() < need:
+        if budget.left() < need:
             notes.append(f"budget: stopped after {i} of {opts.runs} timed rounds ({budget.left():.0f} s left, the "
                          f"next round and what follows it need ~{need:.0f} s)")
             progress(notes[-1])

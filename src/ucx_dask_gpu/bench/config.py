@@ -137,7 +137,8 @@ def check_key(key: str, value, where: str) -> None:
     if freeform:
         if key == freeform and not isinstance(value, dict):
             raise UserError(f"{where}: {key} is a mapping: set one entry, e.g. {key}.NAME=VALUE", BENCH_CONFIG)
-        if freeform == FREEFORM[0] and any(not isinstance(v, str) for v in flatten(value, key).values()):
+        if freeform == FREEFORM[0] and any(not isinstance(v, str)
+                                           for v in (value.values() if isinstance(value, dict) else [value])):
             raise UserError(f"{where}: {key} values must be strings (distributed-ucxx copies them into the "
                             "environment as they are)", BENCH_CONFIG)
         return

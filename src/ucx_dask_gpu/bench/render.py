@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ..report import format_table, markdown_table, write_report
-from . import stats
+from . import config, stats
 
 MIB = 1 << 20
 VERSIONS_SHOWN = ("dask", "distributed", "dask-cuda", "distributed-ucxx", "ucxx", "rmm", "cupy", "numpy", "python")
@@ -87,6 +87,9 @@ def assemble(opts, records: dict, hosts: list, refs: list[dict], notes: list[str
     notes += [f"{r['name']}: {r['status']}: " + (r["error"] or f"{len(r['wall_s'])} of {opts.runs} timed repetitions")
               for r in runs if r["status"] != "ok"]
     notes += [f"{r['kind']} local_cupy {r['status']}: {r.get('error')}" for r in refs if r.get("status") != "ok"]
+    if opts.mode == "cpu":
+        ignored = {v.name: config.cluster_settings(v.tree, True)[1] for v in opts.variants}
+        notes += [f"{name}: ignored without GPUs: {', '.join(keys)}" for name, keys in ignored.items() if keys]
     prov["libucp"] = {h.id: {"client": (h.facts or {}).get("client_facts", {}).get("libucp"),
                              "workers": {a: f.get("libucp") for a, f in ((h.facts or {}).get("worker_facts")
                                                                          or {}).items()}} for h in hosts}

@@ -1,5 +1,5 @@
 """Numbers from measurements: quantiles, the ratio of medians against a baseline with a seeded bootstrap interval and
-its verdict, the order variants take turns in, per-pair transfer bandwidth, bytes moved, fixed vs per-byte cost.
+its verdict, the order variants take turns in, per-pair transfer bandwidth, bytes moved.
 
 Pure Python over plain data (no dask, no numpy): tests feed it synthetic samples. Times are seconds; bandwidths GB/s
 (1e9 bytes/s).
@@ -104,17 +104,3 @@ def bytes_moved_notes(per_variant: dict[str, Sequence[int]], tolerance: float = 
         notes.append(f"bytes moved varied between repetitions ({', '.join(spread)} MB): the scheduler ran some "
                      "tasks whose inputs live on different workers on one worker or the other")
     return notes
-
-
-def fixed_and_per_byte(points: Sequence[tuple[int, float]]) -> dict:
-    """Least-squares line through (bytes, median seconds): intercept = the fixed cost of one transfer, slope = the
-    cost per byte (reported as the bandwidth it implies). Medians per size, so noisy small sizes do not dominate."""
-    if len(points) < 2:
-        return {"fixed_s": None, "per_byte_gbps": None}
-    n = len(points)
-    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    if not sxx:
-        return {"fixed_s": None, "per_byte_gbps": None}
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
-    return {"fixed_s": _r(my - slope * mx), "per_byte_gbps": _r(1 / slope / GB, 3) if slope > 0 else None}
