@@ -68,6 +68,8 @@ def process_facts(keys: list[str], dask_worker=None) -> dict:
     import dask
 
     out = {"pid": os.getpid(), "libucp": mapped_libucp(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    if dask_worker is not None:
+        out["nthreads"] = dask_worker.state.nthreads
     for key in keys:
         out[key] = os.environ.get(key) if config.ENV_RE.match(key) else dask.config.get(key, None)
     try:
