@@ -85,8 +85,9 @@ def test_p2p_pairs_and_small_transfers_left_out():
 
 
 def test_bytes_moved_notes():
-    assert stats.bytes_moved_notes({"a": [100, 100], "b": [100, 100]}) == []
-    notes = stats.bytes_moved_notes({"a": [100e6] * 3, "b": [100e6] * 3, "c": [150e6] * 3})
-    assert len(notes) == 1 and notes[0].startswith("c moved 150.0 MB")
-    notes = stats.bytes_moved_notes({"a": [1e6, 2e6], "b": [1.5e6, 1.5e6]})
+    assert stats.bytes_moved_notes({"a": [100, 100], "b": [100, 100]}, "a") == []
+    notes = stats.bytes_moved_notes({"a": [100e6] * 3, "b": [100e6] * 3, "c": [150e6] * 3}, "a")
+    assert notes == ["c moved 150.0 MB per repetition (median), the baseline a 100.0 MB: its ratio compares "
+                     "different work"]
+    notes = stats.bytes_moved_notes({"a": [1e6, 2e6], "b": [1.5e6, 1.5e6]}, "b")
     assert any("varied between repetitions (a 1.0-2.0 MB)" in n for n in notes)

@@ -65,8 +65,8 @@ class Study:
         """Fields of the report's top level: workload, expression, size, shape, chunk, ..."""
         raise NotImplementedError
 
-    def reference_args(self, params: dict) -> tuple[int, int, list[str]]:
-        """local_cupy's -s and -c, and what else it needs for this study."""
+    def reference_args(self, params: dict, overlay: dict) -> tuple[int, int, list[str]]:
+        """local_cupy's -s and -c under a variant's client-side config, and what else it needs for this study."""
         raise NotImplementedError
 
     def primary(self, params: dict) -> str:
@@ -111,22 +111,25 @@ class ArrayStudy(Study):
         shape = self.shape(size, second)
         text = args.chunks or text
         try:
-            chunks = tuple(int(e) for e in text.split(",")) if re.fullmatch(r"\d+(,\d+)?", text) else parse_bytes(text)
-            chunks = self.chunks(chunks, shape)
+            given = "auto" if text == "auto" else tuple(int(e) for e in text.split(",")) \
+                if re.fullmatch(r"\d+(,\d+)?", text) else parse_bytes(text)
+            chunks = self.chunks(given, shape)
             norm = normalize_chunks(chunks, shape, dtype="float64")
         except (ValueError, TypeError):
-            raise UserError(f"--chunks {text!r}: expected block edges like 4096 or 4096,2048, or a size like "
+            raise UserError(f"--chunks {text!r}: expected auto, block edges like 4096 or 4096,2048, or a size like "
                             "'128 MiB'", USAGE) from None
         if second and second > size:
             raise UserError(f"--second-size {second} must not exceed --size {size} (tall-skinny)", USAGE)
+        # "auto" is resolved per repetition under the variant's array.chunk-size; `chunk` is dask's default one
         return {"size": size, "second_size": second if self.second_size else None, "shape": list(shape),
-                "chunk": [norm[0][0], norm[1][0]], "blocks": [len(norm[0]), len(norm[1])]}
+                "chunks": chunks, "chunk": [norm[0][0], norm[1][0]], "blocks": [len(norm[0]), len(norm[1])]}
 
     def shape(self, size: int, second: int | None) -> tuple[int, int]:
         return (size, size)
 
-    def chunks(self, chunks, shape):
-        return chunks if not isinstance(chunks, tuple) or len(chunks) == 2 else chunks * 2
+    def chunks(self, given, shape):
+        """--chunks as dask.array takes it for this input."""
+        return given if not isinstance(given, tuple) or len(given) == 2 else given * 2
 
     def build(self, x) -> list:
         raise NotImplementedError
@@ -134,31 +137,40 @@ class ArrayStudy(Study):
     def identity(self, client, x, outputs) -> tuple[float, float]:
         raise NotImplementedError
 
-    def reference_args(self, params: dict) -> tuple[int, int, list[str]]:
-        return params["size"], params["chunk"][0], (["-2", str(params["second_size"])] if self.second_size else [])
+    def reference_args(self, params: dict, overlay: dict) -> tuple[int, int, list[str]]:
+        import dask
+        from dask.array.core import normalize_chunks
+
+        with dask.config.set(overlay):  # the variant's array.chunk-size decides "auto"
+            edge = normalize_chunks(_chunks(params), tuple(params["shape"]), dtype="float64")[0][0]
+        return params["size"], edge, (["-2", str(params["second_size"])] if self.second_size else [])
 
     def repetition(self, client, ctx, seed: int) -> dict:
         p = ctx["params"]
-        x, blocks = cluster.pinned_array(client, ctx["workers"], tuple(p["shape"]), tuple(p["chunk"]), seed,
-                                         ctx["gpu"])
+        x, blocks = cluster.pinned_array(client, ctx["workers"], tuple(p["shape"]), _chunks(p), seed, ctx["gpu"])
         if ctx["gpu"]:
             client.run(cluster.sync_device)
         wall, futures, transfers = cluster.timed_persist(client, self.build(x), ctx["gpu"])
+        chunk = list(x.chunksize)
         del futures, blocks, x
-        return {"metrics": {"wall_s": wall}, "bytes": sum(t["bytes"] for t in transfers),
+        return {"metrics": {"wall_s": wall}, "bytes": sum(t["bytes"] for t in transfers), "chunk": chunk,
                 "transfers": [{k: t[k] for k in ("src", "dst", "bytes", "duration")} for t in transfers]}
 
     def check(self, client, ctx, seed: int) -> dict:
         import math
 
         p = ctx["params"]
-        x, blocks = cluster.pinned_array(client, ctx["workers"], tuple(p["shape"]), tuple(p["chunk"]), seed,
-                                         ctx["gpu"])
+        x, blocks = cluster.pinned_array(client, ctx["workers"], tuple(p["shape"]), _chunks(p), seed, ctx["gpu"])
         value, expected = self.identity(client, x, self.build(x))
         del blocks, x
         rel = abs(value - expected) / max(abs(expected), 1e-300)
         return {"identity": self.identity_text, "value": value, "expected": expected, "rel_error": rel,
                 "ok": bool(math.isfinite(value) and rel <= self.rtol)}
+
+
+def _chunks(params: dict):
+    c = params["chunks"]
+    return tuple(tuple(e) if isinstance(e, list) else e for e in c) if isinstance(c, list) else c
 
 
 def scalar(v) -> float:
@@ -633,7 +645,7 @@ def reference_run(opts: Options, kind: str, target: Record | None, tmp: Path, bu
     cfg = config.write_config(d, v.tree if kind == "parity" else {})
     env = config.child_env(dict(os.environ), cfg, tmp / "empty", v.env if kind == "parity" else (),
                            v.unset if kind == "parity" else ())
-    size, chunk, extra = opts.study.reference_args(opts.params)
+    size, chunk, extra = opts.study.reference_args(opts.params, target.overlay if target else {})
     cmd = reference.command(opts.python, opts.study.reference_operation, protocol, size, chunk,
                             len(target.reps) if target and target.reps else opts.runs, max(1, opts.warmup), extra,
                             gpus=opts.gpus, scheduler=target.host.facts["scheduler"] if target else None,

@@ -50,6 +50,7 @@ def run_entry(opts, rec, base) -> dict:
         "p2p_gbps_median": p2p["gbps_median"] if p2p else None, "p2p": p2p,
         "ratio_to_baseline": ratios.get(primary), "ratios": ratios, "check": rec.check,
         "repetition_s_median": stats.median([r["total_s"] for r in rec.reps]),
+        "chunk": next((r["chunk"] for r in rec.reps if "chunk" in r), None),
     }
 
 
@@ -83,7 +84,8 @@ def assemble(opts, records: dict, hosts: list, refs: list[dict], notes: list[str
     runs = [run_entry(opts, rec, base) for rec in records.values()]
     reference_ratios(refs, records, opts.baseline, opts)
     notes = list(notes) + stats.bytes_moved_notes(
-        {r["name"]: r["bytes_moved"]["per_repetition"] for r in runs if r["bytes_moved"]["per_repetition"]})
+        {r["name"]: r["bytes_moved"]["per_repetition"] for r in runs if r["bytes_moved"]["per_repetition"]},
+        opts.baseline)
     notes += [f"{r['name']}: {r['status']}: " + (r["error"] or f"{len(r['wall_s'])} of {opts.runs} timed repetitions")
               for r in runs if r["status"] != "ok"]
     notes += [f"{r['kind']} local_cupy {r['status']}: {r.get('error')}" for r in refs if r.get("status") != "ok"]

@@ -88,17 +88,14 @@ def p2p(transfers: Sequence[dict], workers: Sequence[str], repetitions: int, ign
             "transfers_per_repetition": _r(len(every) / max(1, repetitions), 2)}
 
 
-def bytes_moved_notes(per_variant: dict[str, Sequence[int]], tolerance: float = BYTES_TOLERANCE) -> list[str]:
-    """Variants whose median bytes moved per repetition differ from the others': they did not run the same work."""
+def bytes_moved_notes(per_variant: dict[str, Sequence[int]], baseline: str,
+                      tolerance: float = BYTES_TOLERANCE) -> list[str]:
+    """Variants whose median bytes moved per repetition differ from the baseline's: they did not run the same work."""
     medians = {k: median(v) for k, v in per_variant.items() if v}
-    if len(medians) < 2:
-        return []
-    ref = median(list(medians.values()))
-    notes = []
-    for name, m in medians.items():
-        if ref and abs(m - ref) > tolerance * ref:
-            notes.append(f"{name} moved {m / 1e6:.1f} MB per repetition (median), the variants' median is "
-                         f"{ref / 1e6:.1f} MB: its ratio compares different work")
+    ref = medians.get(baseline)
+    notes = [f"{name} moved {m / 1e6:.1f} MB per repetition (median), the baseline {baseline} {ref / 1e6:.1f} MB: "
+             "its ratio compares different work" for name, m in medians.items()
+             if ref is not None and name != baseline and abs(m - ref) > tolerance * max(ref, 1)]
     spread = [f"{k} {min(v) / 1e6:.1f}-{max(v) / 1e6:.1f}" for k, v in per_variant.items() if v and min(v) != max(v)]
     if spread:
         notes.append(f"bytes moved varied between repetitions ({', '.join(spread)} MB): the scheduler ran some "

@@ -27,10 +27,12 @@ class Svd(common.ArrayStudy):
     def shape(self, size: int, second: int | None) -> tuple[int, int]:
         return (size, second)
 
-    def chunks(self, chunks, shape):
-        if isinstance(chunks, tuple):
-            return (chunks[0], shape[1])
-        return (max(1, chunks // (8 * shape[1])), shape[1])  # a byte size: rows of float64
+    def chunks(self, given, shape):
+        if isinstance(given, tuple):
+            return (given[0], shape[1])
+        if given == "auto":
+            return ("auto", shape[1])
+        return (max(1, given // (8 * shape[1])), shape[1])  # a byte size: rows of float64
 
     def build(self, x) -> list:
         import dask.array as da  # dask is imported where a graph is built
