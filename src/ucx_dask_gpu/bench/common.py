@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import nvml
-from ..cliutil import Parser
+from ..cliutil import Parser, run_parsed
 from ..errors import BENCH_DEPENDENCY, BENCH_FAILED, ONE_GPU, REFERENCE_FAILED, USAGE, UserError
 from ..report import command_line
 from . import cluster, config, provenance, reference, render, stats
@@ -550,23 +550,28 @@ def one_round(records: dict[str, Record], index: int, warm: bool, opts: Options,
         progress(f"[{name}] {'warm-up' if warm else 'round'} {index + 1}: {shown}")
 
 
-def reserve_for_references(opts: Options, records: dict[str, Record]) -> float:
-    """Seconds to keep for local_cupy: its start plus its repetitions at the pace ours took (input included)."""
-    n = (1 if opts.parity else 0) + (1 if opts.peer else 0)
-    if not n:
+def reference_seconds(opts: Options, records: dict[str, Record], name: str | None) -> float:
+    """What one local_cupy run is expected to take: its start plus as many repetitions as our variant `name` (the one
+    it runs against; else the baseline) has, at the pace ours took (each of ours includes making the input too)."""
+    rec = records.get(name) or records.get(opts.baseline)
+    if rec is None:
         return 0.0
-    paces = [stats.median([r["total_s"] for r in rec.reps + rec.warmup]) or 1.0 for rec in records.values()]
-    return n * (30.0 + 1.5 * (opts.runs + opts.warmup) * max(paces, default=1.0))
+    pace = stats.median([r["total_s"] for r in rec.reps + rec.warmup]) or 1.0
+    return 20.0 + 1.2 * (max(len(rec.reps), 1) + max(1, opts.warmup)) * pace
 
 
 def run_rounds(records: dict[str, Record], opts: Options, budget: Budget, progress: Progress) -> list[str]:
+    """Warm-up rounds, then timed rounds while the budget lasts. The first MIN_RUNS rounds keep time only for
+    closing the clusters; later ones also for local_cupy's runs (which are skipped, said so, when they do not fit)."""
     notes, longest = [], 0.0
     for i in range(opts.warmup):
         t = time.monotonic()
         one_round(records, i, True, opts, progress)
         longest = max(longest, time.monotonic() - t)
+    later = ([opts.parity] if opts.parity else []) + ([None] if opts.peer else [])  # None: the peer, at our pace
     for i in range(opts.runs):
-        need = longest + CLOSE_RESERVE_S + reserve_for_references(opts, records)
+        need = longest + CLOSE_RESERVE_S + (sum(reference_seconds(opts, records, n) for n in later)
+                                            if i >= MIN_RUNS else 0.0)
         if budget.left() < need:
             notes.append(f"budget: stopped after {i} of {opts.runs} timed rounds ({budget.left():.0f} s left, the "
                          f"next round and what follows it need ~{need:.0f} s)")
@@ -580,22 +585,29 @@ def run_rounds(records: dict[str, Record], opts: Options, budget: Budget, progre
     return notes
 
 
+def wait_printed(child: Child, timeout: float) -> str:
+    deadline, printed = time.monotonic() + timeout, None
+    while True:
+        try:
+            return f"exited with {child.proc.wait(timeout=0.5)}"
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            printed = printed or (now if reference.printed_everything(list(child.stdout)) else None)
+            if printed and now - printed > REFERENCE_GRACE_S:
+                return "stopped in its teardown (results complete)"
+            if now > deadline:
+                return f"timed out after {timeout:.0f} s"
+
+
 def run_local_cupy(cmd: list[str], env: dict, timeout: float, progress: Progress, label: str) -> dict:
     """local_cupy to its end; once it has printed everything, its teardown gets a grace period, then it is stopped
     (its UCX teardown can sit in an endpoint timeout). Its numbers count once printed."""
     progress(f"[{label}] {shlex.join(cmd[1:])}")
     child = Child(cmd, env, label, progress)
-    deadline, printed, teardown = time.monotonic() + timeout, None, None
-    while teardown is None:
-        try:
-            rc = child.proc.wait(timeout=0.5)
-            teardown = f"exited with {rc}"
-        except subprocess.TimeoutExpired:
-            now = time.monotonic()
-            printed = printed or (now if reference.printed_everything(list(child.stdout)) else None)
-            if (printed and now - printed > REFERENCE_GRACE_S) or now > deadline:
-                child.kill()
-                teardown = "stopped in its teardown (results complete)" if printed else f"timed out after {timeout:.0f} s"
+    try:
+        teardown = wait_printed(child, timeout)
+    finally:
+        child.kill()
     for t in child.threads:
         t.join(timeout=10)
     text = "\n".join(child.stdout)
@@ -613,14 +625,14 @@ def run_local_cupy(cmd: list[str], env: dict, timeout: float, progress: Progress
     return out
 
 
-def references(opts: Options, records: dict[str, Record], hosts: list[Host], tmp: Path, budget: Budget,
-               progress: Progress, own_cluster: bool) -> list[dict]:
+def references(opts: Options, records: dict[str, Record], tmp: Path, budget: Budget, progress: Progress,
+               own_cluster: bool) -> list[dict]:
     """The parity and peer runs that go against a running cluster (own_cluster False), or the peer run that starts
     its own (own_cluster True, after our clusters are closed)."""
-    out = []
+    out: list[dict] = []
     peer_own = opts.mode == "gpu" and len(opts.gpus) >= 2
     if opts.parity and not own_cluster:
-        out.append(reference_run(opts, "parity", records[opts.parity], tmp, budget, progress))
+        out.append(reference_run(opts, "parity", records[opts.parity], records, tmp, budget, progress))
     if opts.peer and own_cluster == peer_own:
         target = None if peer_own else next(
             (r for r in records.values() if r.variant.config == "none" and not r.variant.settings
@@ -631,16 +643,21 @@ def references(opts: Options, records: dict[str, Record], hosts: list[Host], tmp
                                  "no running variant has dask's and dask-cuda's defaults (CONFIG none, no settings) "
                                  "to run it against"})
         else:
-            out.append(reference_run(opts, "peer", target, tmp, budget, progress))
+            out.append(reference_run(opts, "peer", target, records, tmp, budget, progress))
     return out
 
 
-def reference_run(opts: Options, kind: str, target: Record | None, tmp: Path, budget: Budget,
-                  progress: Progress) -> dict:
+def reference_run(opts: Options, kind: str, target: Record | None, records: dict[str, Record], tmp: Path,
+                  budget: Budget, progress: Progress) -> dict:
     v = target.variant if target else None
     protocol = v.protocol if v else config.find_variant(opts.variants, opts.baseline, "--baseline").protocol
     if target is not None and not target.host.alive:
         return {"tool": reference.TOOL, "kind": kind, "status": "skipped", "error": f"{v.name}'s cluster is down"}
+    need, left = reference_seconds(opts, records, v.name if v else None), budget.left() - (5 if v is None else
+                                                                                          CLOSE_RESERVE_S)
+    if need > left:
+        return {"tool": reference.TOOL, "kind": kind, "status": "skipped",
+                "error": f"not run: it needs ~{need:.0f} s, {left:.0f} s of --budget are left"}
     d = tmp / f"reference-{kind}"
     cfg = config.write_config(d, v.tree if kind == "parity" else {})
     env = config.child_env(dict(os.environ), cfg, tmp / "empty", v.env if kind == "parity" else (),
@@ -650,8 +667,7 @@ def reference_run(opts: Options, kind: str, target: Record | None, tmp: Path, bu
                             len(target.reps) if target and target.reps else opts.runs, max(1, opts.warmup), extra,
                             gpus=opts.gpus, scheduler=target.host.facts["scheduler"] if target else None,
                             cpu=opts.mode == "cpu")
-    res = run_local_cupy(cmd, env, min(opts.run_timeout * 2, max(10.0, budget.left() - CLOSE_RESERVE_S)), progress,
-                         f"{kind} local_cupy")
+    res = run_local_cupy(cmd, env, min(opts.run_timeout * 2, max(10.0, left)), progress, f"{kind} local_cupy")
     res.update(kind=kind, protocol=protocol, against=v.name if target else "its own LocalCUDACluster",
                config=v.config if kind == "parity" else "none (local_cupy's defaults)")
     return res
@@ -662,33 +678,48 @@ def execute(opts: Options, command: str) -> dict:
     progress, budget = Progress(opts.quiet), Budget(opts.budget)
     started = datetime.now(timezone.utc)
     prov = provenance.collect(command, opts.gpus if opts.mode != "cpu" else None)
+    hosts: list[Host] = []
     with tempfile.TemporaryDirectory(prefix="ucx-dask-gpu-bench-") as tmpname:
         tmp = Path(tmpname)
         (tmp / "empty").mkdir()
-        hosts = [Host(i, g, opts, tmp, progress) for i, g in enumerate(group_variants(opts))]
-        progress(f"{opts.study.name}: {len(opts.variants)} variant(s) on {len(hosts)} cluster(s), budget "
-                 f"{opts.budget:.0f} s")
-        for h in hosts:
-            h.ready(min(opts.run_timeout, budget.left()))
-        records = {v.name: Record(v, h, v.split(opts.client_keys)[1]) for h in hosts for v in h.variants}
-        notes = run_rounds(records, opts, budget, progress)
-        for name, rec in records.items():
-            if rec.active:
-                ans = rec.host.request({"op": "check", "overlay": rec.overlay, "seed": 1}, opts.run_timeout)
-                rec.check = {k: v for k, v in ans.items() if k not in ("op", "traceback")}
-        refs = references(opts, records, hosts, tmp, budget, progress, own_cluster=False)
-        if opts.mode != "cpu":
-            prov["clocks_after"] = provenance.gpu_facts(opts.gpus).get("gpus")
-        for h in hosts:
-            h.begin_close()
-        deadline = time.monotonic() + max(20.0, min(90.0, budget.left()))
-        for h in hosts:
-            h.finish_close(deadline)
-        refs += references(opts, records, hosts, tmp, budget, progress, own_cluster=True)
+        try:
+            hosts += [Host(i, g, opts, tmp, progress) for i, g in enumerate(group_variants(opts))]
+            progress(f"{opts.study.name}: {len(opts.variants)} variant(s) on {len(hosts)} cluster(s), budget "
+                     f"{opts.budget:.0f} s")
+            records, notes, refs = measure(opts, hosts, tmp, budget, progress, prov)
+        finally:  # also when interrupted: a cluster process lives in its own session, nothing else would stop it
+            for h in hosts:
+                if h.child.proc.poll() is None:
+                    h.child.kill()
     payload = render.assemble(opts, records, hosts, refs, notes, prov)
     payload.update(schema_version=SCHEMA_VERSION, date=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
                    duration_s=round(opts.budget - budget.left(), 1), command=command)
     return payload
+
+
+def measure(opts: Options, hosts: list[Host], tmp: Path, budget: Budget, progress: Progress, prov: dict):
+    for h in hosts:
+        h.ready(min(opts.run_timeout, budget.left()))
+    records = {v.name: Record(v, h, v.split(opts.client_keys)[1]) for h in hosts for v in h.variants}
+    notes = run_rounds(records, opts, budget, progress)
+    for rec in records.values():
+        if rec.active:
+            ans = rec.host.request({"op": "check", "overlay": rec.overlay, "seed": 1}, opts.run_timeout)
+            rec.check = {k: v for k, v in ans.items() if k not in ("op", "traceback")}
+    refs = references(opts, records, tmp, budget, progress, own_cluster=False)
+    if opts.mode != "cpu":
+        prov["clocks_after"] = provenance.gpu_facts(opts.gpus).get("gpus")
+    for h in hosts:
+        h.begin_close()
+    deadline = time.monotonic() + max(20.0, min(90.0, budget.left()))
+    for h in hosts:
+        h.finish_close(deadline)
+    refs += references(opts, records, tmp, budget, progress, own_cluster=True)
+    return records, notes, refs
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def failures(payload: dict) -> tuple[int, str] | None:
@@ -707,6 +738,7 @@ def run(study: Study, args, command: str) -> int:
         print(plan_text(opts))
         return 0
     check_environment(opts)
+    signal.signal(signal.SIGTERM, _interrupted)  # `timeout` stops a run: its clusters are stopped with it
     payload = execute(opts, command)
     print(render.text(payload), flush=True)
     if opts.out is not None:
@@ -724,14 +756,9 @@ def main(study: Study, argv: list[str] | None = None) -> int:
     if argv[:1] == ["--serve"] and len(argv) == 2:
         return cluster.serve(study, argv[1])
     args = build_parser(study).parse_args(argv)
-    try:
-        return run(study, args, shlex.join(["python", "-m", study.module, *argv]))
-    except UserError as e:
-        print(f"{study.module}: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print(f"{study.module}: interrupted", file=sys.stderr)
-        return 130
+    command = shlex.join(["python", "-m", study.module, *argv])
+    args.func = lambda a: run(study, a, command)
+    return run_parsed(args, study.module)
 
 
 def cli_run(study: Study):

@@ -218,6 +218,7 @@ def png(payload: dict) -> bytes | None:
 
     metrics = list(dict.fromkeys(m for r in payload["runs"] for m in r["samples"]))
     if not metrics:
+        payload["notes"].append("no PNG: no timed sample")
         return None
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics) + 1, 4), dpi=110, squeeze=False)
     for ax, m in zip(axes[0], metrics):
