@@ -96,7 +96,8 @@ def bytes_moved_notes(per_variant: dict[str, Sequence[int]], baseline: str,
     notes = [f"{name} moved {m / 1e6:.1f} MB per repetition (median), the baseline {baseline} {ref / 1e6:.1f} MB: "
              "its ratio compares different work" for name, m in medians.items()
              if ref is not None and name != baseline and abs(m - ref) > tolerance * max(ref, 1)]
-    spread = [f"{k} {min(v) / 1e6:.1f}-{max(v) / 1e6:.1f}" for k, v in per_variant.items() if v and min(v) != max(v)]
+    spread = [f"{k} {min(v) / 1e6:.1f}-{max(v) / 1e6:.1f}" for k, v in per_variant.items()
+              if v and max(v) - min(v) > tolerance * max(max(v), 1)]
     if spread:
         notes.append(f"bytes moved varied between repetitions ({', '.join(spread)} MB): the scheduler ran some "
                      "tasks whose inputs live on different workers on one worker or the other")
