@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from ucx_dask_gpu import cli
-from ucx_dask_gpu.errors import BENCH_CONFIG, NO_GPU, NVML_UNAVAILABLE, USAGE
+from ucx_dask_gpu.errors import BENCH_CONFIG, NO_GPU, NVML_UNAVAILABLE, OUTPUT_REFUSED, USAGE
 
 
 def run(capsys, *argv):
@@ -50,7 +50,7 @@ def test_out_must_be_a_directory(capsys, tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
     rc, _, err = run(capsys, "transpose", "--cpu", "--out", str(f))
-    assert rc == USAGE and "not a directory" in err and f.read_text() == "x"
+    assert rc == OUTPUT_REFUSED and "not a directory" in err and f.read_text() == "x"
 
 
 def test_gpu_mode_without_gpu(capsys, tmp_path):

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import nvml
-from ..cliutil import Parser, run_parsed
+from ..cliutil import Parser, add_output, run_parsed
 from ..errors import BENCH_DEPENDENCY, BENCH_FAILED, ONE_GPU, REFERENCE_FAILED, USAGE, UserError
 from ..report import command_line
 from . import cluster, config, provenance, reference, render, stats
@@ -276,7 +276,7 @@ class Options:
     resamples: int
     parity: str | None
     peer: bool
-    out: Path | None
+    out: str | None              # cliutil.add_output's OutputDir: checked before the run, written with its label
     name: str
     proto_info: bool
     quiet: bool
@@ -331,7 +331,7 @@ def add_arguments(p: argparse.ArgumentParser, study: Study) -> None:
     r.add_argument("--parity", metavar="VARIANT", help="run local_cupy with this variant's config on its cluster")
     r.add_argument("--peer", action="store_true", help="run local_cupy with its own defaults")
     o = p.add_argument_group("output")
-    o.add_argument("--out", help="write NAME.json, NAME.md, NAME.png and command.txt into this directory")
+    add_output(o, "--out", kind="dir", help="write NAME.json, NAME.md, NAME.png and command.txt into this directory")
     o.add_argument("--name", help=f"report file stem (default {study.name})")
     o.add_argument("--proto-info", action="store_true", help="UCX_PROTO_INFO=y in every cluster (UCX's choices)")
     o.add_argument("--plan", action="store_true", help="print the clusters and variants, run nothing")
@@ -364,15 +364,12 @@ def options(study: Study, args) -> Options:
     parity = config.find_variant(variants, args.parity, "--parity").name if args.parity else None
     if (parity or args.peer) and not study.reference_operation:
         raise UserError(f"--parity/--peer: local_cupy has no {study.name} operation", USAGE)
-    out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a directory", USAGE)
     name = args.name or study.name
     if not config.LABEL_RE.match(name):
         raise UserError(f"--name {name!r}: expected a file stem of letters, digits, '.', '_', '-'", USAGE)
     return Options(study, study.params(args, mode == "cpu"), variants, baseline.name, tuple(args.client_key), mode,
                    gpus, workers, args.runs, args.warmup, args.budget, args.run_timeout, args.seed, args.resamples,
-                   parity, args.peer, out, name, args.proto_info, args.quiet)
+                   parity, args.peer, args.out, name, args.proto_info, args.quiet)
 
 
 def _gpu_list(text: str | None) -> list[int] | None:
@@ -745,7 +742,7 @@ def run(study: Study, args, command: str) -> int:
         print("wrote " + ", ".join(map(str, render.write(payload, opts.out, opts.name, command))), flush=True)
     failed = failures(payload)
     if failed:
-        where = f" (report: {opts.out / opts.name}.json)" if opts.out else ""
+        where = f" (report: {Path(opts.out) / opts.name}.json)" if opts.out else ""
         raise UserError(failed[1] + where, failed[0])
     return 0
 

@@ -248,10 +248,10 @@ def merged_command_txt(outdir: Path, command: str) -> str:
     return "\n".join(lines + ([command] if command not in lines else [])) + "\n"
 
 
-def write(payload: dict, out: Path, name: str, command: str | None) -> list[Path]:
+def write(payload: dict, out: str | Path, name: str, command: str | None) -> list[Path]:
     picture = png(payload)  # first: it may add a note
     return write_report(out, name, payload, markdown(payload), picture,
-                        command=merged_command_txt(out, command) if command else None)
+                        command=merged_command_txt(Path(out), command) if command else None)
 
 
 def rerender(path: Path) -> list[Path]:
