@@ -74,13 +74,13 @@ echo "== $(date -u +%T) venv ready, $(left) s left"
 # The transfer study takes a third of what is left (it needs little), the transpose study the rest. `timeout` is a
 # backstop only: each study's --budget ends it earlier, report written.
 t_budget=$(( $(left) / 3 ))
-timeout $(( t_budget + 60 )) python3 -m ucx_dask_gpu.bench.transfer "${where[@]}" --sizes "$transfer_sizes" \
+timeout $(( t_budget + 20 )) python3 -m ucx_dask_gpu.bench.transfer "${where[@]}" --sizes "$transfer_sizes" \
   --runs "$transfer_runs" --warmup 3 "${base[@]}" "${both[@]}" "${transfer_v[@]}" --budget "$t_budget" --out "$out"
 rc_transfer=$?
 echo "== $(date -u +%T) transfer study exit $rc_transfer, $(left) s left"
 
-p_budget=$(( $(left) - 15 ))
-timeout $(( p_budget + 60 )) python3 -m ucx_dask_gpu.bench.transpose "${where[@]}" "${transpose_size[@]}" \
+p_budget=$(( $(left) - 30 ))
+timeout $(( p_budget + 20 )) python3 -m ucx_dask_gpu.bench.transpose "${where[@]}" "${transpose_size[@]}" \
   --runs "$transpose_runs" --warmup 2 "${base[@]}" "${both[@]}" "${transpose_v[@]}" "${refs[@]}" \
   --budget "$p_budget" --out "$out"
 rc=$?
