@@ -3,7 +3,8 @@
 # our from-source stack (UCX + UCXX, carried), the two studies of issue 21 with their variants interleaved on live
 # clusters (ucx-dask-gpu bench, docs/benchmarks.md):
 #   transfer   one 8 B / 1 MiB / 128 MiB CuPy block from worker A read by a task on worker B, one at a time: transfer
-#              (transfer_incoming_log stop - start) and submit -> result, per size
+#              (transfer_incoming_log stop - start) and submit -> result, per size; then 5 traced, untimed rounds
+#              (where one transfer's time goes)
 #   transpose  (x + x.T).sum(), 20000^2 float64 in 4096^2 chunks, plus dask-cuda's local_cupy: parity (our
 #              ucx/shipped config on that variant's cluster) and peer (its own defaults, on the ucx/defaults cluster:
 #              local_cupy cannot start two workers on one GPU itself)
@@ -75,7 +76,7 @@ echo "== $(date -u +%T) venv ready, $(left) s left"
 # backstop only: each study's --budget ends it earlier, report written.
 t_budget=$(( $(left) / 3 ))
 timeout $(( t_budget + 20 )) python3 -m ucx_dask_gpu.bench.transfer "${where[@]}" --sizes "$transfer_sizes" \
-  --runs "$transfer_runs" --warmup 3 "${base[@]}" "${both[@]}" "${transfer_v[@]}" --budget "$t_budget" --out "$out"
+  --runs "$transfer_runs" --warmup 3 --trace 5 "${base[@]}" "${both[@]}" "${transfer_v[@]}" --budget "$t_budget" --out "$out"
 rc_transfer=$?
 echo "== $(date -u +%T) transfer study exit $rc_transfer, $(left) s left"
 

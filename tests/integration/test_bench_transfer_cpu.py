@@ -1,6 +1,6 @@
 """`python -m ucx_dask_gpu.bench.transfer` end to end on CPU: real LocalClusters over UCX (UCX over TCP, our UCX and
-UCXX) and TCP, an environment variable reaching the workers, rounds interleaved. Checks that every variant
-measured what it says it measured; no timing is asserted."""
+UCXX) and TCP, an environment variable reaching the workers, rounds interleaved, traced rounds after them. Checks that
+every variant measured what it says it measured; no timing is asserted."""
 import json
 import subprocess
 import sys
@@ -21,7 +21,7 @@ def run(tmp_path_factory):
     proc = subprocess.run(
         [sys.executable, "-m", "ucx_dask_gpu.bench.transfer", "--cpu", "--sizes", "8,64KiB", "--runs", str(RUNS),
          "--allow-few", "--warmup", "1", "--variant", "ucx@event:none:UCXPY_ENABLE_PYTHON_FUTURE=1",
-         "--variant", "tcp@base:none", "--out", str(out), "--budget", "300"],
+         "--variant", "tcp@base:none", "--trace", "2", "--out", str(out), "--budget", "300"],
         capture_output=True, text=True, timeout=400)
     report = json.loads((out / "transfer.json").read_text()) if (out / "transfer.json").exists() else None
     return proc, report, out
@@ -58,3 +58,17 @@ def test_settings_reached_the_workers(run):
     assert all(f["libucp"] is None or f["libucp"].startswith(ours)
                for f in clusters[("tcp/base",)]["worker_facts"].values())
     assert all(c["shutdown"]["clean"] for c in report["clusters"])
+
+
+def test_traced_rounds_give_the_phases(run):
+    _, report, out = run
+    for v in report["runs"]:
+        phases = v["check"]["phases"]
+        assert [p["bytes"] for p in phases] == SIZES and all(p["samples"] == 2 for p in phases)
+        what = {s["what"] for p in phases for s in p["segments"]}
+        assert {"A: serialise response", "B: deserialise response", "B: write 'OK'"} <= what
+        if v["protocol"] == "ucx":
+            # a get_data response is 2 header messages + its frames; the request and the OK are 2 + 1 each
+            assert all(p["ops_median"]["A.ep.send"] >= 3 and p["ops_median"]["B.ep.recv"] >= 3 for p in phases)
+            assert "response header: send + wire + B wakes" in what
+    assert "## Where one transfer's time goes: ucx/event" in (out / "transfer.md").read_text()

@@ -195,12 +195,34 @@ def markdown(payload: dict) -> str:
                "parity: local_cupy with the variant's config on that variant's running cluster (`x ours` should be "
                "1.00 +- 0.05); peer: local_cupy with its own defaults, against the baseline. local_cupy places "
                "its input where the scheduler puts it; MB/rep counts its transfers >= 1 MiB.", ""]
+    md += phase_lines(payload)
     md += ["## Clusters", "", markdown_table(
         ["cluster", "protocol", "variants", "start s", "workers", "clean stop", "tracebacks"],
         [[c["id"], c["protocol"], ", ".join(c["variants"]), c["start_s"], len(c["workers"] or []),
           (c["shutdown"] or {}).get("clean"), c["tracebacks"]] for c in payload["clusters"]]), ""]
     md += [f"- note: {n}" for n in payload["notes"]]
     return "\n".join(md) + "\n"
+
+
+def phase_lines(payload: dict) -> list[str]:
+    """The traced rounds (transfer --trace): each segment's median ms per block size, per variant."""
+    md = []
+    for r in payload["runs"]:
+        phases = (r.get("check") or {}).get("phases")
+        if not phases:
+            continue
+        whats = list(dict.fromkeys(s["what"] for ph in phases for s in ph["segments"]))
+        cell = {(ph["bytes"], s["what"]): s["ms_median"] for ph in phases for s in ph["segments"]}
+        md += [f"## Where one transfer's time goes: {r['name']} ({phases[0]['samples']} traced, untimed transfers "
+               "per size)", "", markdown_table(["phase"] + [f"{ph['bytes']} B, ms" for ph in phases],
+                                                [[w] + [cell.get((ph["bytes"], w)) for ph in phases] for w in whats]
+                                                + [["gather_dep (all)"] + [ph["gather_ms_median"] for ph in phases],
+                                                   ["submit -> result (all)"] + [ph["e2e_ms_median"] for ph in phases]]),
+               ""]
+        md += [f"- {ph['bytes']} B, operations during gather_dep (median count): "
+               + (", ".join(f"{k} {v:g}" for k, v in ph["ops_median"].items()) or "none traced (TCP)")
+               for ph in phases] + [""]
+    return md
 
 
 # --- the picture ----------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import sys
 import time
 
 from ..errors import USAGE, UserError
-from . import cluster, common
+from . import cluster, common, trace
 
 SAMPLE_TIMEOUT_S = 30.0  # one transfer that takes longer is a hang, not a measurement
 
@@ -56,7 +56,8 @@ def one_transfer(client, a: str, b: str, nbytes: int, fill: int, gpu: bool) -> d
     entry = next((e for e in log if key in e["keys"]), None)
     if entry is None:
         raise RuntimeError(f"no transfer_incoming_log entry on B for the {nbytes}-byte block")
-    return {"e2e_s": e2e, "transfer_s": max(0.0, entry["stop"] - entry["start"]), "bytes": entry["bytes"]}
+    return {"e2e_s": e2e, "transfer_s": max(0.0, entry["stop"] - entry["start"]), "bytes": entry["bytes"],
+            "submit": t0, "result": t0 + e2e}
 
 
 class Transfer(common.Study):
@@ -67,6 +68,9 @@ class Transfer(common.Study):
 
     def add_arguments(self, p) -> None:
         p.add_argument("--sizes", help="block sizes, dask's spelling (default 8,1MiB,128MiB; 8,1MiB,32MiB with --cpu)")
+        p.add_argument("--trace", type=int, default=0, metavar="N",
+                       help="after the timed rounds, N untimed rounds with every step of each transfer traced inside "
+                            "the workers: where its time goes, how many UCX operations it needs (default 0)")
 
     def params(self, args, cpu: bool) -> dict:
         from dask.utils import parse_bytes
@@ -78,7 +82,9 @@ class Transfer(common.Study):
             raise UserError(f"--sizes {text!r}: expected sizes like 8,1MiB,128MiB", USAGE) from None
         if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
             raise UserError(f"--sizes {text!r}: expected distinct sizes of 1 byte or more", USAGE)
-        return {"sizes": sizes}
+        if args.trace < 0:
+            raise UserError(f"--trace {args.trace}: expected a number of rounds >= 0", USAGE)
+        return {"sizes": sizes, "trace": args.trace}
 
     def primary(self, params: dict) -> str:
         return f"e2e_s@{min(params['sizes'])}"  # submit -> result reading the smallest block: the fixed cost
@@ -106,7 +112,22 @@ class Transfer(common.Study):
         return {"metrics": metrics, "bytes": moved, "transfers": []}
 
     def check(self, client, ctx, seed: int) -> dict:
-        return {"ok": True, "identity": "every block arrived whole (its size and last byte read by the task on B)"}
+        """Every block was checked as it arrived; with --trace, the traced rounds (after the timed ones: the tracer
+        stays installed)."""
+        out = {"ok": True, "identity": "every block arrived whole (its size and last byte read by the task on B)"}
+        rounds, sizes, a, b = ctx["params"]["trace"], ctx["params"]["sizes"], ctx["a"], ctx["b"]
+        if rounds:
+            client.run(trace.install)
+            client.run(trace.pop_events)
+            samples = []
+            for r in range(rounds):
+                for k, n in enumerate(sizes):
+                    s = one_transfer(client, a, b, n, seed + 100 * r + k, ctx["gpu"])
+                    events = client.run(trace.pop_events)
+                    samples.append({"bytes": n, "submit": s["submit"], "result": s["result"],
+                                    "events": {"A": events[a], "B": events[b]}})
+            out["phases"] = trace.phase_table(samples, sizes)
+        return out
 
 
 STUDY = Transfer()
