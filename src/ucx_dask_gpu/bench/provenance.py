@@ -67,8 +67,7 @@ def gpu_facts(indices: list[int]) -> dict:
 
 def collect(command: str, gpu_indices: list[int] | None) -> dict:
     out = {"git": git_state(), "versions": versions(), "host": socket.gethostname(), "cpu_count": os.cpu_count(),
-           "platform": platform.platform(), "python": sys.executable, "command": command,
-           "commit_env": COMMIT_ENV}
+           "platform": platform.platform(), "python": sys.executable, "command": command}
     if gpu_indices is not None:
         out.update(gpu_facts(gpu_indices))
     return out
