@@ -52,10 +52,10 @@ TOPOLOGY_CLUSTER_FAILED = 52  # the topology-aware local cluster did not start, 
 RECIPE_INVALID = 60      # a conda recipe does not render, fails lint, or disagrees with stack.toml
 PACKAGE_INVALID = 61     # a built conda package fails its checks (relocation, linkage, contents)
 INSTALL_FAILED = 62      # solving/installing from the channel, or the recipe's tests in that prefix, failed
-# Benchmarks: bench transpose / bench svd (70-79)
-BENCH_CONFIG = 70        # --config file or --knob unreadable or invalid
+# Benchmarks: bench transpose | svd | transfer (70-79)
+BENCH_CONFIG = 70        # a --variant (its config file or a KEY=VALUE) unreadable or invalid
 BENCH_DEPENDENCY = 71    # a package the requested mode needs (dask-cuda, cupy, distributed-ucxx) is missing
-BENCH_FAILED = 72        # a benchmark run failed: cluster did not start, workload error, wrong result, timeout
+BENCH_FAILED = 72        # a variant failed: its cluster did not start, workload error, wrong result, timeout
 REFERENCE_FAILED = 73    # dask-cuda's local_cupy failed or printed output we cannot parse
 
 

@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 # an option added without add_output, or one that stops writing, fails here.
 WRITING = {
     ("bench", "svd", "--out"): "dir",
+    ("bench", "transfer", "--out"): "dir",
     ("bench", "transpose", "--out"): "dir",
     ("cluster", "--scheduler-file"): "file",
     ("conda", "channel", "--out"): "dir",
