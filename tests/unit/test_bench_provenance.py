@@ -10,7 +10,8 @@ def git(repo, *args):
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
 
 
-def test_git_commit_and_dirty_flag(tmp_path):
+def test_git_commit_and_dirty_flag(tmp_path, monkeypatch):
+    monkeypatch.delenv(provenance.COMMIT_ENV, raising=False)
     git(tmp_path, "init", "-q")
     (tmp_path / "f").write_text("a")
     git(tmp_path, "add", "f")
@@ -32,6 +33,17 @@ def test_commit_given_where_there_is_no_checkout(tmp_path, monkeypatch):
     monkeypatch.setenv(provenance.COMMIT_ENV, "abc123")
     s = provenance.git_state(tmp_path)
     assert (s["commit"], s["dirty"], s["source"]) == ("abc123", None, f"${provenance.COMMIT_ENV}")
+
+
+def test_a_given_commit_wins_over_a_stale_checkout(tmp_path, monkeypatch):
+    # A copied tree can carry an old .git: what the operator says it is wins, git's view is kept beside it.
+    git(tmp_path, "init", "-q")
+    (tmp_path / "f").write_text("a")
+    git(tmp_path, "add", "f")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    monkeypatch.setenv(provenance.COMMIT_ENV, "abc123")
+    s = provenance.git_state(tmp_path)
+    assert s["commit"] == "abc123" and s["git"]["source"] == "git" and s["git"]["commit"] != "abc123"
 
 
 def test_versions_name_the_stack():

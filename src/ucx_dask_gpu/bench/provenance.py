@@ -2,8 +2,8 @@
 versions of the stack's packages, the GPU driver and CUDA, the GPU models and clocks (NVML), the host, its CPUs, and
 the exact command. Each cluster's client and workers add the libucp they have mapped (cluster.process_facts).
 
-Where the source is not a git checkout (a copy of the tree on a GPU host), the commit can be given in
-$UCX_DASK_GPU_COMMIT; it is recorded as given.
+Where the source is a copy of the tree (a GPU host reached without git, whose copy may carry a stale .git), the commit
+is given in $UCX_DASK_GPU_COMMIT: a given commit wins over what git reports there, which is kept beside it.
 """
 from __future__ import annotations
 
@@ -35,14 +35,16 @@ def git_state(root: Path = REPO) -> dict:
         head = git("rev-parse", "HEAD")
         if head.returncode == 0:
             dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-            return {"commit": head.stdout.strip(), "dirty": bool(dirty), "source": "git"}
-        why = (head.stderr.strip().splitlines() or ["not a git checkout"])[-1]
+            seen = {"commit": head.stdout.strip(), "dirty": bool(dirty), "source": "git"}
+        else:
+            seen = {"commit": None, "dirty": None, "source": None,
+                    "git": (head.stderr.strip().splitlines() or ["not a git checkout"])[-1]}
     except (OSError, subprocess.TimeoutExpired) as e:
-        why = f"git: {e}"
+        seen = {"commit": None, "dirty": None, "source": None, "git": f"git: {e}"}
     given = os.environ.get(COMMIT_ENV)
     if given:
-        return {"commit": given, "dirty": None, "source": f"${COMMIT_ENV}", "git": why}
-    return {"commit": None, "dirty": None, "source": None, "git": why}
+        return {"commit": given, "dirty": None, "source": f"${COMMIT_ENV}", "git": seen}
+    return seen
 
 
 def versions() -> dict[str, str]:
