@@ -159,7 +159,7 @@ def _cmd_compose(args) -> int:
 
 def _cmd_export_rootfs(args) -> int:
     try:
-        part = rootfs.parse_size(args.part_size) if args.part_size else _stack(args).gpu_host.part_mib * rootfs.MIB
+        part = rootfs.parse_size(args.part_size)
     except ValueError as e:
         raise UserError(str(e), USAGE) from None
     engine_version()
@@ -329,11 +329,12 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     x.add_argument("image")
     add_output(x, "dir", kind="dir", help="where the parts go",
                note="a new directory, made whole at the end: an existing one, or a file there, is refused (exit 9)")
-    x.add_argument("--part-size", help="largest part, e.g. 40MiB (default: stack.toml [gpu_host].part_mib, so one "
-                                       "part + the repository fit a 64 MiB device call)")
+    x.add_argument("--part-size", default=rootfs.DEFAULT_PART_SIZE,
+                   help=f"largest part, e.g. 200MiB (default {rootfs.DEFAULT_PART_SIZE}): size it for how the parts "
+                        "travel (a file-size or upload limit, removable media)")
     x.add_argument("--level", type=int, default=19, help="compression level (default 19; xz: at most 9)")
     x.add_argument("--compression", choices=sorted(rootfs.COMPRESSIONS), default="xz",
-                   help="xz (default: Python's standard library decodes it, nothing to carry) or zstd (--long; the "
+                   help="xz (default: Python's standard library decodes it, nothing to install) or zstd (--long; the "
                         "host needs the zstd command or the zstandard module)")
     x.set_defaults(func=_cmd_export_rootfs)
 
