@@ -51,8 +51,8 @@ def _cmd_engine(args) -> int:
         return 0
     if args.status:
         for pid in started_engines():
-            print(f"still running: the Docker engine ci/start_dockerd.sh started (dockerd pid {pid}, log "
-                  f"{ENGINE_LOG}); stop it: ci/start_dockerd.sh --stop")
+            print(f"still running: the Docker engine started for this repository's builds (dockerd pid {pid}, "
+                  f"log {ENGINE_LOG}); stop it: ci/start_dockerd.sh --stop")
         return 0
     print(f"Docker engine {ensure_engine(allow_start=not args.no_start)}")
     return 0
@@ -270,7 +270,7 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     e = s.add_parser("engine", help="make sure a Docker engine answers; start Debian's dockerd when none does (root)")
     e.add_argument("--no-start", action="store_true", help="only check; never install or start an engine")
     e.add_argument("--status", action="store_true",
-                   help="say whether an engine this command started is still running (`make` says so at its end)")
+                   help="say whether an engine this command started is still running (`make` ends with it)")
     e.add_argument("--stop", action="store_true", help="stop the engine(s) this command started")
     e.set_defaults(func=_cmd_engine)
 
