@@ -7,7 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 limit=${UCX_DASK_GPU_APT_LOCK_WAIT:-300}
-[[ $limit =~ ^[0-9]+$ ]] || { echo "wait_apt_lock.sh: UCX_DASK_GPU_APT_LOCK_WAIT=$limit is not a number of seconds" >&2; exit 2; }
+if ! [[ $limit =~ ^[0-9]+$ ]]; then
+  echo "wait_apt_lock.sh: UCX_DASK_GPU_APT_LOCK_WAIT=$limit is not a number of seconds" >&2
+  exit 2
+fi
 holder() {  # "LOCKFILE PID COMMAND" of the first held lock, nothing when all are free
   # shellcheck disable=SC2086
   python3 - ${UCX_DASK_GPU_APT_LOCKS:-/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock \
@@ -39,7 +42,8 @@ while held=$(holder) && [ -n "$held" ]; do
   waited=$((SECONDS - start))
   if [ "$waited" -ge "$limit" ]; then
     code=$(PYTHONPATH=src python3 -c 'from ucx_dask_gpu.errors import APT_LOCKED; print(APT_LOCKED)')
-    echo "apt lock: $lock still held by pid $pid ($comm) after ${limit} s; let it finish (or stop it), then run again (UCX_DASK_GPU_APT_LOCK_WAIT=SECONDS waits longer)" >&2
+    echo "apt lock: $lock still held by pid $pid ($comm) after ${limit} s; let it finish (or stop it), then run" \
+         "again (UCX_DASK_GPU_APT_LOCK_WAIT=SECONDS waits longer)" >&2
     exit "$code"
   fi
   if [ "$waited" -ge "$report" ]; then

@@ -60,7 +60,8 @@ def test_infiniband_and_cma_flags():
     assert opt(args, "--ulimit") == ["stack=67108864", "memlock=-1"]
     assert opt(args, "--cap-add") == ["IPC_LOCK", "SYS_PTRACE"]
     svc = c.host_flags(0, holder="gpu-host").compose()
-    assert svc["devices"] == ["/dev/infiniband:/dev/infiniband"] and svc["ulimits"] == {"stack": 67108864, "memlock": -1}
+    assert svc["devices"] == ["/dev/infiniband:/dev/infiniband"]
+    assert svc["ulimits"] == {"stack": 67108864, "memlock": -1}
     assert svc["cap_add"] == ["IPC_LOCK", "SYS_PTRACE"] and svc["ipc"] == svc["pid"] == "service:gpu-host"
     assert svc["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]
