@@ -27,6 +27,7 @@ MISSING_CAPABILITY = 16   # a required UCX capability (--require ib,cuda) cannot
 UCX_NOT_FOUND = 17        # no UCX prefix / ucx_info where one was named or expected
 RESULT_KEPT = 18          # the work finished but its output could not be written where asked; the result is kept
                           # (beside it, in the temp directory, or on stdout) and the one line says where
+APT_LOCKED = 19           # ci/install_prereqs.sh: another apt/dpkg process held its lock past the wait
 SCHEDULER_UNREACHABLE = 20  # workload: nothing answered at --scheduler (refused, unknown host, unreachable)
 DATA_INVALID = 21         # workload from-map: the data directory has no usable files
 WORKLOAD_FAILED = 23      # workload: the computation raised on the cluster (e.g. no GPU on a cupy worker)
