@@ -1,7 +1,7 @@
 """Our settings distributed has no config key for, applied by the start-up preload in real Dask objects (in-process
 scheduler, worker and client): the BatchedSend interval in force on each role's stream, distributed's own without
-the keys, one warning for a value that is not a duration; a worker's RMM pool from the config key (not on a host
-without GPU, and never over a launcher's own RMM settings)."""
+the keys, one warning for a value that is not a duration; a dask-cuda worker's RMM pool from the config key (never
+on a plain `dask worker`, never over a launcher's own RMM settings)."""
 from __future__ import annotations
 
 import asyncio
@@ -63,10 +63,8 @@ def test_a_value_that_is_not_a_duration_is_one_warning_and_changes_nothing(caplo
     assert len(lines) == 2 and "worker-interval='fast' is not a duration" in lines[0] and "2ms stays" in lines[0]
 
 
-def test_the_rmm_pool_key_does_nothing_on_a_host_without_gpu(caplog):
-    if tuning.gpu_count():
-        pytest.skip("this host has a GPU: tests/gpu/test_fastpath_gpu.py checks the pool there")
-
+def test_the_rmm_pool_key_leaves_a_plain_dask_worker_alone(caplog):
+    """A worker no dask-cuda launcher made (here a plain Worker, as `dask worker` makes it) gets no pool, GPU or not."""
     async def main():
         async with Scheduler(port=0, dashboard_address=":0") as s:
             async with Worker(s.address, preload=[STARTUP], dashboard_address=":0") as w:
@@ -77,25 +75,26 @@ def test_the_rmm_pool_key_does_nothing_on_a_host_without_gpu(caplog):
             added = run(main())
     assert not added
     assert [r.getMessage() for r in caplog.records if "RMM pool" in r.getMessage()] == \
-        ["ucx-dask-gpu: RMM pool 1GiB: not applied: no GPU"]
+        ["ucx-dask-gpu: RMM pool 1GiB: not applied: not a dask-cuda worker"]
 
 
-@pytest.mark.parametrize("launcher, chose", [
-    ({"initial_pool_size": "8GiB"}, True),                      # dask cuda worker --rmm-pool-size 8GiB
-    ({"async_alloc": True}, True),                              # --rmm-async
-    ({"external_lib_list": ["cupy"]}, False),                   # only --set-rmm-allocator-for-libs cupy
-    (None, False),                                              # `dask worker`: no RMMSetup at all
+@pytest.mark.parametrize("launcher, why", [
+    ({}, None),                                                  # dask cuda worker / LocalCUDACluster, no RMM flag
+    ({"external_lib_list": ["cupy"]}, None),                     # only --set-rmm-allocator-for-libs cupy
+    ({"initial_pool_size": "8GiB"}, "the launcher configures RMM itself"),  # --rmm-pool-size 8GiB
+    ({"async_alloc": True}, "the launcher configures RMM itself"),          # --rmm-async
+    (None, "not a dask-cuda worker"),                            # `dask worker`: no RMMSetup at all
 ])
-def test_a_launchers_own_rmm_settings_win(launcher, chose):
-    """dask-cuda's RMMSetup reaches the worker as a pending plugin, as LocalCUDACluster and `dask cuda worker`
-    pass it (a Worker made, not started: the plugin would need a GPU)."""
+def test_who_takes_the_pool(launcher, why):
+    """dask-cuda's RMMSetup reaches the worker as a pending plugin, as LocalCUDACluster and `dask cuda worker` pass it
+    (a Worker made, not started: the plugin would need a GPU)."""
     from dask_cuda.plugins import RMMSetup
 
     args = dict(initial_pool_size=None, maximum_pool_size=None, managed_memory=False, async_alloc=False,
                 release_threshold=None, log_directory=None, track_allocations=False, external_lib_list=None)
     plugins = [RMMSetup(**(args | launcher))] if launcher is not None else []
     worker = Worker("tcp://127.0.0.1:1", plugins=plugins, dashboard_address=":0")
-    assert tuning._launcher_configures_rmm(worker) is chose
+    assert tuning.why_no_pool(worker) == why
     ours = tuning.rmm_pool_plugin("8GiB")  # what the key makes: the same plugin as --rmm-pool-size 8GiB alone
     assert {k: getattr(ours, k) for k in ("initial_pool_size", "managed_memory", "async_alloc", "external_lib_list")} \
         == {"initial_pool_size": "8GiB", "managed_memory": False, "async_alloc": False, "external_lib_list": None}

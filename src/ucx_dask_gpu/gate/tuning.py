@@ -9,7 +9,7 @@ nannies and the workers):
         scheduler-client-interval: 2ms # scheduler -> each client
         worker-interval: 2ms           # worker -> scheduler
       cluster:
-        rmm-pool-size: 8GiB            # each GPU worker: an RMM pool (dask-cuda's --rmm-pool-size), CuPy untouched
+        rmm-pool-size: 8GiB            # each dask-cuda worker: an RMM pool (--rmm-pool-size), CuPy untouched
 
 BatchedSend: distributed batches the small control messages of a role's stream to its peer; after sending a batch
 it sends the next one no sooner than `interval` later, so a message sent within `interval` of the previous batch
@@ -20,10 +20,11 @@ on the stream object after distributed made it is enough: no code of distributed
 
 RMM pool: distributed-ucxx receives each GPU frame into `rmm.DeviceBuffer(size=n)`, from RMM's current resource. A
 pool there spares every large receive a cudaMalloc, a fresh IPC handle opened by the sending peer and a
-device-synchronising cudaFree. The pool is made by dask-cuda's own RMMSetup plugin with the arguments `dask cuda worker
---rmm-pool-size SIZE` gives it, and without `--set-rmm-allocator-for-libs`: CuPy keeps its own memory pool. A worker
-whose launcher already configures RMM (`--rmm-pool-size`, `--rmm-async`, `--rmm-managed-memory`, or
-LocalCUDACluster's rmm_* arguments) keeps its launcher's settings.
+device-synchronising cudaFree. Each dask-cuda worker (`dask cuda worker`, LocalCUDACluster) gets it from dask-cuda's
+own RMMSetup plugin with the arguments `dask cuda worker --rmm-pool-size SIZE` gives it, and without
+`--set-rmm-allocator-for-libs`: CuPy keeps its own memory pool. A worker whose launcher already configures RMM
+(`--rmm-pool-size`, `--rmm-async`, `--rmm-managed-memory`, or LocalCUDACluster's rmm_* arguments) keeps its
+launcher's settings; a plain `dask worker` gets no pool.
 """
 from __future__ import annotations
 
@@ -128,48 +129,36 @@ class RmmPool:
     why: str
 
 
-def _launcher_configures_rmm(worker) -> bool:
-    """dask-cuda hands its RMMSetup to the worker as a plugin that runs after the preloads (Worker._pending_plugins,
-    distributed 2026.7); one that sets up a pool, async or managed memory means the launcher chose."""
-    for plugin in getattr(worker, "_pending_plugins", ()) or ():
-        if type(plugin).__name__ == "RMMSetup" and (getattr(plugin, "initial_pool_size", None) is not None
-                                                    or getattr(plugin, "async_alloc", False)
-                                                    or getattr(plugin, "managed_memory", False)):
-            return True
-    return False
+def why_no_pool(worker) -> str | None:
+    """Why this worker does not take the configured pool (None: it does). A GPU worker is a dask-cuda worker: dask-cuda
+    hands it its RMMSetup as a plugin that runs after the preloads (Worker._pending_plugins, distributed 2026.7); a
+    plain `dask worker` on a GPU host gets none (it may not use the GPU at all), and one whose RMMSetup sets up a pool,
+    async or managed memory keeps what its launcher chose."""
+    setups = [p for p in getattr(worker, "_pending_plugins", ()) or () if type(p).__name__ == "RMMSetup"]
+    if not setups:
+        return "not a dask-cuda worker"
+    if any(getattr(p, "initial_pool_size", None) is not None or getattr(p, "async_alloc", False)
+           or getattr(p, "managed_memory", False) for p in setups):
+        return "the launcher configures RMM itself"
+    return None
 
 
 def rmm_pool_plugin(size):
     """dask-cuda's RMMSetup exactly as `dask cuda worker --rmm-pool-size SIZE` makes it (no other RMM flag)."""
-    from dask_cuda.plugins import RMMSetup  # GPU workers only: dask-cuda loads CUDA libraries at import
+    from dask_cuda.plugins import RMMSetup  # dask-cuda workers only: it loads CUDA libraries at import
 
     return RMMSetup(initial_pool_size=size, maximum_pool_size=None, managed_memory=False, async_alloc=False,
                     release_threshold=None, log_directory=None, track_allocations=False, external_lib_list=None)
-
-
-def gpu_count() -> int:
-    """CUDA devices this process can use (CUDA_VISIBLE_DEVICES applies); 0 without a driver or CUDA runtime."""
-    try:
-        from cuda.bindings import runtime  # with rmm and cupy on GPU hosts; absent -> no GPU for us
-    except ImportError:
-        return 0
-    err, count = runtime.cudaGetDeviceCount()
-    return count if err == runtime.cudaError_t.cudaSuccess else 0
 
 
 async def apply_rmm_pool(worker) -> RmmPool:
     size = dask.config.get(RMM_POOL_KEY, None)
     if size is None:
         return RmmPool(None, False, "not set")
-    if _launcher_configures_rmm(worker):
-        return RmmPool(str(size), False, "the launcher configures RMM itself")
-    if gpu_count() == 0:
-        return RmmPool(str(size), False, "no GPU")
-    try:
-        plugin = rmm_pool_plugin(size)
-    except ImportError as e:
-        return RmmPool(str(size), False, f"dask-cuda/rmm missing ({e.name})")
-    await worker.plugin_add(plugin, name="ucx-dask-gpu-rmm-pool", catch_errors=False)
+    why = why_no_pool(worker)
+    if why:
+        return RmmPool(str(size), False, why)
+    await worker.plugin_add(rmm_pool_plugin(size), name="ucx-dask-gpu-rmm-pool", catch_errors=False)
     return RmmPool(str(size), True, "")
 
 
