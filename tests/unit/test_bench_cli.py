@@ -70,14 +70,16 @@ def test_gpu_mode_without_gpu(capsys, tmp_path):
 
 def test_plan_groups_variants_by_the_cluster_they_need(capsys):
     rc, out, err = run(capsys, "transpose", "--cpu", "--plan", "--variant", "ucx@defaults:none",
-                       "--variant", "ucx,tcp@shipped:shipped", "--variant", "ucx@split:shipped:split_every=100",
+                       "--variant", "ucx,tcp@shipped:shipped", "--variant", "ucx@split:shipped:split_every=4",
                        "--variant", "ucx@pool:shipped:ucx-dask-gpu.cluster.rmm-pool-size=8GiB")
     assert rc == 0, err
     clusters = [ln for ln in out.splitlines() if ln.startswith("cluster")]
     members = [ln.split(":")[0].strip() for ln in out.splitlines() if ln.startswith("  ")]
     assert len(clusters) == 4  # defaults, shipped (+ split_every), tcp, pool
     assert members == ["ucx/defaults", "ucx/shipped", "ucx/split", "tcp/shipped", "ucx/pool"]
-    assert "client-side {'split_every': 100}" in out
+    # the shipped config's own client-side keys (tuned-gpu.yaml) and the variant's, for dask.config.set in the client
+    assert "client-side {'array.chunk-size': '1GiB', 'split_every': 100}" in out
+    assert "client-side {'array.chunk-size': '1GiB', 'split_every': 4}" in out
     assert "baseline ucx/defaults" in out.splitlines()[0]
 
 

@@ -135,8 +135,12 @@ def test_config_files(tmp_path):
     assert config.load_config(str(ok), False)["split_every"] == 8
 
 
-def test_tuned_file_is_the_measured_combination():
-    """tuned-gpu.yaml is what the 2xH200 run measured: its base config plus the combined knob, which beat the base."""
+def test_tuned_file_keeps_the_measured_combination():
+    """tuned-gpu.yaml keeps what the 2xH200 run measured (its base config plus the combined knob, which beat the base)
+    except where its lines say why: an RMM pool for the receive buffers (measured since, on one H200) and no
+    create-cuda-context (every host gets the file; a UCX scheduler without GPU cannot make a CUDA context)."""
+    from ucx_dask_gpu.gate.daskconfig import flatten
+
     rec = json.loads((RESULTS / "transpose-128MiB-combined-knobs.json").read_text())
     (base,) = [r for r in rec["runs"] if r["kind"] != "knob"]
     (combined,) = [r for r in rec["runs"] if r["kind"] == "knob"]
@@ -147,4 +151,6 @@ def test_tuned_file_is_the_measured_combination():
         dask.config.set({key: value}, config=measured)
     for name, value in env:
         dask.config.set({f"{config.PRE_SPAWN}.{name}": value}, config=measured)
-    assert config.load_config("tuned", False) == measured
+    shipped = dict(flatten(config.load_config("tuned", False)))
+    changed = {k for k, v in flatten(measured) if shipped.get(k, "absent") != v}
+    assert changed == {"ucx-dask-gpu.cluster.rmm-pool-size", "distributed-ucxx.create-cuda-context"}
