@@ -71,15 +71,22 @@ SYNC = textwrap.dedent("""
             task = asyncio.create_task(ticker())
             await asyncio.sleep(0.02)
             khz = cupy.cuda.runtime.getDeviceProperties(0)["clockRate"]
+            # Load both kernels first: loading a module may wait for the GPU, which would drain the spin before
+            # the write and leave nothing for either mode to wait for.
+            SPIN((1,), (1,), (cupy.int64(1),))
+            y = x * 2
+            cupy.cuda.Device(0).synchronize()
             SPIN((1,), (1,), (cupy.int64(khz * 1000 * 0.3),))  # ~0.3 s on the default stream
             y = x * 2  # produced after the spin, on the same stream
+            busy = not cupy.cuda.get_current_stream().done
             before = ticks
             await comm.write({"x": to_serialize(y)})
             during = ticks - before
             msg = await got.get()
             stop = True
             await task
-            print(json.dumps({"ticks_during_write": during, "equal": bool((msg["x"] == y).all())}))
+            print(json.dumps({"ticks_during_write": during, "busy_at_write": busy,
+                              "equal": bool((msg["x"] == y).all())}))
             await comm.close()
 
     asyncio.run(main())
@@ -90,6 +97,7 @@ def test_cuda_sync_event_keeps_the_event_loop_running_while_the_gpu_is_busy():
     device = _run(SYNC, {"DASK_DISTRIBUTED_UCXX__CUDA_SYNC": "device"})
     event = _run(SYNC, {"DASK_DISTRIBUTED_UCXX__CUDA_SYNC": "event"})
     assert device["equal"] and event["equal"]
+    assert device["busy_at_write"] and event["busy_at_write"], "the GPU was idle before the write: nothing to wait for"
     print(f"ticks of a 1 ms ticker during a write behind a ~0.3 s kernel: device {device['ticks_during_write']}, "
           f"event {event['ticks_during_write']}")
     assert device["ticks_during_write"] <= 2 < 20 <= event["ticks_during_write"]
