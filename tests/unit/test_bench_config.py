@@ -154,3 +154,13 @@ def test_tuned_file_keeps_the_measured_combination():
     shipped = dict(flatten(config.load_config("tuned", False)))
     changed = {k for k, v in flatten(measured) if shipped.get(k, "absent") != v}
     assert changed == {"ucx-dask-gpu.cluster.rmm-pool-size", "distributed-ucxx.create-cuda-context"}
+
+
+def test_the_fastpath_variant_list_parses_whole():
+    # benchmarks/gpu-host/fastpath-variants.txt is handed line by line to a GPU session: a line the parser refuses
+    # costs a device call (labels naming a combination carry '+').
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu-host" / "fastpath-variants.txt"
+    lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    variants = config.parse_variants(lines, ["ucx"], False)
+    assert len({v.name for v in variants}) == len(variants) >= len(lines)
+    assert any("+" in v.name for v in variants)

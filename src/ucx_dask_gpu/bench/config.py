@@ -3,7 +3,7 @@
 
 A variant is written `[PROTOCOLS@]LABEL:CONFIG[:SETTINGS]`:
   PROTOCOLS  ucx, tcp or both (`ucx,tcp`: one variant per protocol); default: the study's --protocols
-  LABEL      its name in the report (letters, digits, `.`, `_`, `-`); the variant is called PROTOCOL/LABEL
+  LABEL      its name in the report (letters, digits, `.`, `_`, `+`, `-`: `event+concurrent` names a combination); the variant is called PROTOCOL/LABEL
   CONFIG     `none` (dask's and dask-cuda's defaults), `shipped` (what `ucx-dask-gpu config install` gives every role),
              `tuned` (src/ucx_dask_gpu/config/tuned-gpu.yaml) or the path of a dask config YAML file
   SETTINGS   `KEY=VALUE[;KEY=VALUE...]` merged on top, each one of
@@ -51,7 +51,7 @@ CPU_UCX = {"distributed-ucxx": {"tcp": True, "nvlink": False, "infiniband": Fals
                                 "cuda-copy": False, "create-cuda-context": False}}
 ENV_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 KEY_RE = re.compile(r"^[a-z0-9_][a-z0-9_-]*(\.[A-Za-z0-9_][A-Za-z0-9_-]*)*$")
-LABEL_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+LABEL_RE = re.compile(r"^[A-Za-z0-9._+-]+$")
 
 
 @dataclass(frozen=True)
@@ -265,7 +265,7 @@ def parse_variant(text: str, default_protocols: list[str], cpu: bool) -> list[Va
     config, _, settings_text = rest.partition(":")
     if not LABEL_RE.match(label.strip()) or not config.strip():
         raise UserError(f"{where}: expected [PROTOCOLS@]LABEL:CONFIG[:KEY=VALUE;...] with LABEL of letters, "
-                        "digits, '.', '_', '-'", USAGE)
+                        "digits, '.', '_', '+', '-'", USAGE)
     bad = [p for p in protocols if p not in PROTOCOLS]
     if bad or len(set(protocols)) != len(protocols):
         raise UserError(f"{where}: protocols must be distinct names among {', '.join(PROTOCOLS)}", USAGE)
