@@ -8,6 +8,8 @@
 #   transpose  (x + x.T).sum(), 20000^2 float64 in 4096^2 chunks, plus dask-cuda's local_cupy: parity (our
 #              ucx/shipped config on that variant's cluster) and peer (its own defaults, on the ucx/defaults cluster:
 #              local_cupy cannot start two workers on one GPU itself)
+# Every variant that needs a cluster of its own adds two workers on GPU 0: keep it to about four clusters per study
+# (nine at once exhausted the GPU's memory in the transpose and doubled every transfer's time).
 # Default variants, in both studies: ucx@defaults:none (the baseline: dask's and dask-cuda's defaults),
 # ucx@shipped:shipped and tcp@shipped:shipped (what `ucx-dask-gpu config install` gives every role).
 #
@@ -76,13 +78,13 @@ echo "== $(date -u +%T) venv ready, $(left) s left"
 # backstop only: each study's --budget ends it earlier, report written.
 t_budget=$(( $(left) / 3 ))
 timeout $(( t_budget + 20 )) python3 -m ucx_dask_gpu.bench.transfer "${where[@]}" --sizes "$transfer_sizes" \
-  --runs "$transfer_runs" --warmup 3 --trace 5 "${base[@]}" "${both[@]}" "${transfer_v[@]}" --budget "$t_budget" --out "$out"
+  --runs "$transfer_runs" --warmup 3 --trace 5 --run-timeout 60 "${base[@]}" "${both[@]}" "${transfer_v[@]}" --budget "$t_budget" --out "$out"
 rc_transfer=$?
 echo "== $(date -u +%T) transfer study exit $rc_transfer, $(left) s left"
 
 p_budget=$(( $(left) - 30 ))
 timeout $(( p_budget + 20 )) python3 -m ucx_dask_gpu.bench.transpose "${where[@]}" "${transpose_size[@]}" \
-  --runs "$transpose_runs" --warmup 2 "${base[@]}" "${both[@]}" "${transpose_v[@]}" "${refs[@]}" \
+  --runs "$transpose_runs" --warmup 2 --run-timeout 60 "${base[@]}" "${both[@]}" "${transpose_v[@]}" "${refs[@]}" \
   --budget "$p_budget" --out "$out"
 rc=$?
 echo "== $(date -u +%T) transpose study exit $rc; session took $(( $(date +%s) - start )) s of $budget"

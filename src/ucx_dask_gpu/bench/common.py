@@ -532,11 +532,15 @@ class Record:
         return self.error is None and self.host.alive
 
 
-def one_round(records: dict[str, Record], index: int, warm: bool, opts: Options, progress: Progress) -> None:
+def one_round(records: dict[str, Record], index: int, warm: bool, opts: Options, budget: Budget,
+              progress: Progress) -> None:
     seed = opts.seed * 1_000_000 + (index if warm else opts.warmup + index) * 1000
     for name in stats.round_order([n for n, r in records.items() if r.active], index):
         rec = records[name]
-        ans = rec.host.request({"op": "rep", "overlay": rec.overlay, "seed": seed}, opts.run_timeout)
+        # A repetition that hangs (a GPU out of memory, a lost peer) fails its variant within what the budget still
+        # holds, so the other variants' results are still written.
+        timeout = max(10.0, min(opts.run_timeout, budget.left() - CLOSE_RESERVE_S))
+        ans = rec.host.request({"op": "rep", "overlay": rec.overlay, "seed": seed}, timeout)
         if not ans.get("ok"):
             rec.error = ans.get("error") or "failed"
             progress(f"[{name}] {'warm-up' if warm else 'round'} {index + 1} failed: {rec.error}")
@@ -563,7 +567,7 @@ def run_rounds(records: dict[str, Record], opts: Options, budget: Budget, progre
     notes, longest = [], 0.0
     for i in range(opts.warmup):
         t = time.monotonic()
-        one_round(records, i, True, opts, progress)
+        one_round(records, i, True, opts, budget, progress)
         longest = max(longest, time.monotonic() - t)
     later = ([opts.parity] if opts.parity else []) + ([None] if opts.peer else [])  # None: the peer, at our pace
     for i in range(opts.runs):
@@ -577,7 +581,7 @@ def run_rounds(records: dict[str, Record], opts: Options, budget: Budget, progre
         if not any(r.active for r in records.values()):
             break
         t = time.monotonic()
-        one_round(records, i, False, opts, progress)
+        one_round(records, i, False, opts, budget, progress)
         longest = max(longest, time.monotonic() - t)
     return notes
 
