@@ -78,8 +78,8 @@ def test_plan_groups_variants_by_the_cluster_they_need(capsys):
     assert len(clusters) == 4  # defaults, shipped (+ split_every), tcp, pool
     assert members == ["ucx/defaults", "ucx/shipped", "ucx/split", "tcp/shipped", "ucx/pool"]
     # the shipped config's own client-side keys (tuned-gpu.yaml) and the variant's, for dask.config.set in the client
-    assert "client-side {'array.chunk-size': '1GiB', 'split_every': 100}" in out
-    assert "client-side {'array.chunk-size': '1GiB', 'split_every': 4}" in out
+    assert "client-side {'split_every': 100}" in out
+    assert "client-side {'split_every': 4}" in out
     assert "baseline ucx/defaults" in out.splitlines()[0]
 
 
