@@ -56,6 +56,17 @@ def test_the_most_specific_map_wins_whatever_the_order_given(tmp_path):
     assert b"/s/ucx/main.c" in obj and b"/s/checkout" not in obj
 
 
+def test_flag_order_follows_nesting_and_stand_ins_not_path_lengths(tmp_path):
+    """UCX records its CFLAGS: a work directory outside the checkout, shorter or longer than it, gives the same
+    mapped flags as one inside it."""
+    checkout = str(tmp_path / "a-rather-long-checkout-path" / "ucx-dask-gpu")
+    mapped = set()
+    for work in (f"{checkout}/build/ucx-work", "/tmp/w", str(tmp_path / ("x" * 80) / "work")):
+        paths = repro.PathMap.of({work: "/s/ucx", checkout: "/s/checkout"})
+        mapped.add(paths.text(" ".join(paths.compiler_flags())))
+    assert mapped == {"-ffile-prefix-map=/s/checkout=/s/checkout -ffile-prefix-map=/s/ucx=/s/ucx"}
+
+
 def test_text_maps_whole_directories_in_one_pass(tmp_path):
     paths = repro.PathMap.of({"/usr/src": "/usr/src/stand/in", "/tmp/w": "/s/w"})
     assert paths.text("-I/tmp/w/include /tmp/w /tmp/wx /tmp/w.old CFLAGS=-ffile-prefix-map=/tmp/w=/s/w /usr/src/a") \
@@ -182,7 +193,7 @@ def test_prefix_map_prints_exports_for_build_scripts(st, tmp_path):
                            "--map", "/opt/p=/opt/ucx"], capture_output=True, text=True,
                           env={**os.environ, "CFLAGS": "-O2"})
     assert proc.returncode == 0, proc.stderr
-    # the longer (here: more specific) directory last, where gcc looks first
+    # neither holds the other: in the order of their stand-ins
     assert f"export CFLAGS='-O2 -ffile-prefix-map=/opt/p=/opt/ucx -ffile-prefix-map={tmp_path}=" \
            f"{st.build_root}/ucx'" in proc.stdout.splitlines()
     assert "export NVCCFLAGS='-Xcompiler=-ffile-prefix-map=" in proc.stdout

@@ -67,14 +67,21 @@ class PathMap:
     def dirs(self) -> list[str]:
         return [real for real, _ in self.pairs]
 
+    def _flag_order(self) -> list[tuple[str, str]]:
+        """gcc and clang try the LAST matching -ffile-prefix-map first, so a directory comes after every mapped
+        directory that holds it; otherwise by stand-in. Not by length: the flags are part of what UCX records (its
+        configure line), and a work directory shorter or longer than the checkout must not reorder them."""
+        def holders(real: str) -> int:
+            return sum(1 for other, _ in self.pairs if other != real and real.startswith(other.rstrip("/") + "/"))
+        return sorted(self.pairs, key=lambda p: (holders(p[0]), p[1]))
+
     def compiler_flags(self) -> list[str]:
-        """`-ffile-prefix-map=DIR=STAND_IN` for gcc and clang. Both try the LAST matching option first, so the most
-        specific directory comes last."""
-        return [f"-ffile-prefix-map={real}={new}" for real, new in reversed(self.pairs)]
+        """`-ffile-prefix-map=DIR=STAND_IN` for gcc and clang (debug info and __FILE__)."""
+        return [f"-ffile-prefix-map={real}={new}" for real, new in self._flag_order()]
 
     def nvcc_flags(self) -> list[str]:
         """The same maps through nvcc to its host compiler (nvcc has no prefix map of its own)."""
-        return [f"-Xcompiler=-ffile-prefix-map={real}={new}" for real, new in reversed(self.pairs)]
+        return [f"-Xcompiler=-ffile-prefix-map={real}={new}" for real, new in self._flag_order()]
 
     def text(self, s: str) -> str:
         """Every directory replaced by its stand-in, in one pass (a stand-in is never mapped again)."""
