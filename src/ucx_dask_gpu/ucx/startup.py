@@ -26,7 +26,7 @@ import dask.config
 from distributed import Nanny, Scheduler, Worker
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from ..gate.daskconfig import add_worker_preload
+from ..gate.daskconfig import add_worker_preloads
 from . import transports
 
 # Under "distributed." so that dask's logging config (format, level, handler) applies to our lines too.
@@ -80,4 +80,4 @@ def dask_setup(dask_object) -> None:
     elif isinstance(dask_object, Worker):
         worker_setup(dask_object)
     elif isinstance(dask_object, Nanny):
-        add_worker_preload(dask_object, __name__)
+        add_worker_preloads(dask_object, [__name__])
