@@ -129,6 +129,9 @@ def test_legacy_commands_of_the_package_go_through_the_entrypoint(tmp_path):
     assert proc.returncode == 0 and "Usage: dask scheduler" in proc.stdout
 
 
+NANNY = {"distributed": {"nanny": {"preload": ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup"]}}}
+
+
 @pytest.mark.parametrize("argv, n", [
     (["dask", "worker", "tcp://scheduler:8786", "--nthreads", "2"], 2),
     (["dask-worker", "tcp://scheduler:8786", "--nthreads", "2"], 2),
@@ -136,16 +139,20 @@ def test_legacy_commands_of_the_package_go_through_the_entrypoint(tmp_path):
     (["/opt/venv/bin/python", "-m", "distributed.cli.dask_worker", "tcp://scheduler:8786", "--nthreads", "2",
       "--nanny"], 3),
 ])
-def test_dask_worker_gets_the_guard_as_nanny_preload(argv, n):
+def test_dask_worker_gets_the_configured_nanny_preloads(argv, n):
     """`dask worker` ignores distributed.nanny.preload in every spelling; the guard must run in the nanny to refuse in
-    one line."""
-    role = entrypoint.nanny_preload_args(entrypoint.classify(argv))
-    assert list(role.argv[n:n + 2]) == ["--preload-nanny", "ucx_dask_gpu.gate.guard"]
-    assert role.argv[n + 2] == "tcp://scheduler:8786" and role.argv.count("--preload-nanny") == 1
-    assert entrypoint.nanny_preload_args(role) == role
+    one line, and the nanny loads what `dask cuda worker`'s reads from the config."""
+    role = entrypoint.nanny_preload_args(entrypoint.classify(argv), NANNY)
+    assert list(role.argv[n:n + 4]) == ["--preload-nanny", "ucx_dask_gpu.gate.guard",
+                                        "--preload-nanny", "ucx_dask_gpu.ucx.startup"]
+    assert role.argv[n + 4] == "tcp://scheduler:8786"
+    assert entrypoint.nanny_preload_args(role, NANNY) == role  # given already: not twice
+    # Without any config, the guard still.
+    assert entrypoint.nanny_preload_args(entrypoint.classify(argv), {}).argv[n:n + 2] == \
+        ("--preload-nanny", "ucx_dask_gpu.gate.guard")
     for other in (["dask", "cuda", "worker", "tcp://s:1"], ["dask", "scheduler"],
-                  ["python", "-m", "dask_cuda.cli", "tcp://s:1"]):  # dask-cuda honours the config
-        assert entrypoint.nanny_preload_args(entrypoint.classify(other)).argv == tuple(other)
+                  ["python", "-m", "dask_cuda.cli", "tcp://s:1"]):  # dask-cuda reads the config itself
+        assert entrypoint.nanny_preload_args(entrypoint.classify(other), NANNY).argv == tuple(other)
 
 
 @pytest.mark.parametrize("argv", [["dask", "worker", "not-an-address"], ["dask", "cuda", "worker", "foo://s:1"],

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from time import time
 
 import distributed.versions as _versions
@@ -49,6 +50,7 @@ logger = logging.getLogger("distributed.ucx_dask_gpu.guard")
 ADMIT = "ucx_dask_gpu_admit"
 # How long a worker's start waits for its scheduler when no --death-timeout is given (README "Environment gate").
 START_WAIT_S = 30.0
+MIN_WAIT_S = 10.0
 DEATH_MARGIN_S = 2.5
 
 
@@ -197,7 +199,10 @@ async def _admit_or_exit(server) -> None:
         wait = max(server.death_timeout - DEATH_MARGIN_S, server.death_timeout / 2)
         what = f"--death-timeout {server.death_timeout:g} s"
     else:
-        wait, what = START_WAIT_S, f"no --death-timeout given: {START_WAIT_S:.0f} s"
+        # Counted from the process's start, which is when the user asked for a worker (a loaded host can take many
+        # seconds to import dask), with some time left for the scheduler to answer at all.
+        wait = max(START_WAIT_S - _process_age(), MIN_WAIT_S)
+        what = f"no --death-timeout given: until {START_WAIT_S:.0f} s after the start"
     try:
         info = await await_scheduler(addr, server.scheduler.identity, wait, _progress, what)
         if not isinstance(info.get(identity.KEY), dict):
@@ -213,6 +218,17 @@ async def _admit_or_exit(server) -> None:
     refusal = reply.get("refusal") if isinstance(reply, dict) else None
     if refusal:
         _exit(refusal, ENV_MISMATCH)
+
+
+def _process_age() -> float:
+    """Seconds since this process started (0 where /proc does not say)."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            return max(float(f.read().split()[0]) - started, 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _progress(line: str) -> None:

@@ -326,13 +326,20 @@ def check_scheduler(addr: Address, timeout: float, security=None) -> dict | None
 
 # --- a worker's start -------------------------------------------------------------------------------------------
 
-def _diagnose(addr: Address, budget: float) -> tuple[str, str]:
-    """what_answers(), or ("refused", why) when nothing accepts a connection (yet)."""
+def _refused(addr: Address, budget: float) -> str | None:
+    """Why nothing accepts a TCP connection at `addr` (refused, unknown host, unreachable), or None when something
+    does."""
     try:
         _open(addr, budget).close()
     except UserError as e:
-        return "refused", str(e).split(": ", 1)[-1]
-    return what_answers(addr, budget)
+        return str(e).split(": ", 1)[-1]
+    return None
+
+
+def _diagnose(addr: Address, budget: float) -> tuple[str, str]:
+    """what_answers(), or ("refused", why) when nothing accepts a connection (yet)."""
+    why = _refused(addr, budget)
+    return ("refused", why) if why else what_answers(addr, budget)
 
 
 async def _in_daemon_thread(fn, *args):
@@ -364,33 +371,47 @@ async def await_scheduler(addr: Address, ask: Callable[[], Awaitable[dict]], wai
     """
     start = time.monotonic()
     deadline = start + wait
-    reported = start
     state = ("refused", f"nothing listens on {addr.host}:{addr.port}")
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        try:
-            info = await asyncio.wait_for(ask(), min(FIRST_TRY_S, left))
-        except (Exception, asyncio.TimeoutError) as e:  # whatever the exchange raised: find out what answered
-            tls = _ssl_error(e)
-            if addr.scheme == "tls" and tls is not None:
-                raise _tls_refusal(addr, tls) from None
+
+    async def say_still_waiting() -> None:
+        while True:
+            await asyncio.sleep(REPORT_EVERY_S)
+            report(f"waiting for the scheduler at {addr}: {state[1]} ({time.monotonic() - start:.0f} s of "
+                   f"{wait:.0f} s, {what})")
+
+    reporter = asyncio.create_task(say_still_waiting())
+    try:
+        while True:
             left = deadline - time.monotonic()
-            state = await _in_daemon_thread(_diagnose, addr, max(min(DIAGNOSIS_S, left), 0.9))
-            if state[0] == "other":
-                raise UserError(f"no Dask scheduler at {addr}: {state[1]}", NOT_A_SCHEDULER) from None
-        else:
-            kind = info.get("type") if isinstance(info, dict) else None
-            if kind == "Scheduler":
-                return info
-            raise UserError(f"no Dask scheduler at {addr}: a Dask {kind or 'server'} answered (its address is not "
-                            "the scheduler's)", NOT_A_SCHEDULER)
-        now = time.monotonic()
-        if now - reported >= REPORT_EVERY_S and now < deadline:
-            reported = now
-            report(f"waiting for the scheduler at {addr}: {state[1]} ({now - start:.0f} s of {wait:.0f} s, {what})")
-        await asyncio.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
+            if left <= 0:
+                break
+            if addr.scheme in ("ucx", "ucxx"):
+                # Over UCX, each try at a closed port is a UCX endpoint error line: ask only once something listens.
+                why = await _in_daemon_thread(_refused, addr, min(FIRST_TRY_S, left))
+                if why:
+                    state = ("refused", why)
+                    await asyncio.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
+                    continue
+                left = deadline - time.monotonic()
+            try:
+                info = await asyncio.wait_for(ask(), min(FIRST_TRY_S, max(left, 0.1)))
+            except (Exception, asyncio.TimeoutError) as e:  # whatever the exchange raised: find out what answered
+                tls = _ssl_error(e)
+                if addr.scheme == "tls" and tls is not None:
+                    raise _tls_refusal(addr, tls) from None
+                left = deadline - time.monotonic()
+                state = await _in_daemon_thread(_diagnose, addr, max(min(DIAGNOSIS_S, left), 0.9))
+                if state[0] == "other":
+                    raise UserError(f"no Dask scheduler at {addr}: {state[1]}", NOT_A_SCHEDULER) from None
+            else:
+                kind = info.get("type") if isinstance(info, dict) else None
+                if kind == "Scheduler":
+                    return info
+                raise UserError(f"no Dask scheduler at {addr}: a Dask {kind or 'server'} answered (its address is "
+                                "not the scheduler's)", NOT_A_SCHEDULER)
+            await asyncio.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
+    finally:
+        reporter.cancel()
     waited = f"within {time.monotonic() - start:.0f} s ({what})"
     if state[0] == "refused":
         raise UserError(f"no scheduler at {addr}: {state[1]} {waited}", SCHEDULER_UNREACHABLE)

@@ -70,8 +70,9 @@ USAGE_LINE = ("dask scheduler | dask worker ADDRESS | dask cuda worker ADDRESS |
               "dask-scheduler | dask-worker | dask-cuda-worker | python -m distributed.cli.dask_scheduler|dask_worker "
               "| ucx-dask-gpu COMMAND | python ... | ucx_info | ucx_perftest | bash")
 DASK_KINDS = ("scheduler", "worker", "cuda-worker")
-# Set to the pid of the process the entrypoint execs: that process is a checked role (rolehook.py).
-ROLE_CHECKED_ENV = "UCX_DASK_GPU_ROLE_CHECKED"
+# Set to the pid of the process the entrypoint execs: that process is a checked role (rolehook.py). Not UCX_-prefixed
+# (UCX warns about every UCX_* variable it does not know), not DASK_-prefixed (dask reads those as config).
+ROLE_CHECKED_ENV = "UCXDASKGPU_ROLE_CHECKED_PID"
 
 
 @dataclass(frozen=True)
@@ -163,13 +164,18 @@ def check_worker_address(role: Role) -> None:
         parse_address(role.argv[n], "the scheduler address")
 
 
-def nanny_preload_args(role: Role) -> Role:
-    """`dask worker` in any spelling (`dask-worker`, `python -m distributed.cli.dask_worker`): the guard as a nanny
-    preload too (see the module docstring); `dask cuda worker` reads distributed.nanny.preload itself."""
-    if role.kind != "worker" or GUARD in role.argv:
+def nanny_preload_args(role: Role, config: dict) -> Role:
+    """`dask worker` in any spelling (`dask-worker`, `python -m distributed.cli.dask_worker`) never reads
+    distributed.nanny.preload: the configured nanny preloads (the guard first, always) as --preload-nanny options, so
+    its nanny loads what `dask cuda worker`'s reads from the config (see the module docstring)."""
+    if role.kind != "worker":
         return role
+    configured = (config.get("distributed", {}).get("nanny", {}) or {}).get("preload") or []
+    configured = [configured] if isinstance(configured, str) else list(configured)
+    given = {role.argv[i + 1] for i, word in enumerate(role.argv[:-1]) if word == "--preload-nanny"}
+    extra = [w for m in dict.fromkeys([GUARD, *configured]) if m not in given for w in ("--preload-nanny", m)]
     n = role.words
-    return Role(role.kind, (*role.argv[:n], "--preload-nanny", GUARD, *role.argv[n:]), n)
+    return Role(role.kind, (*role.argv[:n], *extra, *role.argv[n:]), n)
 
 
 def run(argv: list[str]) -> int:
@@ -178,8 +184,9 @@ def run(argv: list[str]) -> int:
         env = dict(os.environ)
         if role.kind in DASK_KINDS:
             check_worker_address(role)
-            role = nanny_preload_args(role)
-            check_transports(collect_for(env), env)
+            config = collect_for(env)
+            role = nanny_preload_args(role, config)
+            check_transports(config, env)
             check_gpu(role, env)
             env[ROLE_CHECKED_ENV] = str(os.getpid())  # execvpe keeps the pid
     except UserError as e:
