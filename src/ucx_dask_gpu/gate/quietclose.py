@@ -17,6 +17,11 @@ Both: distributed logs a peer's normal close of a batched stream ("Batched Comm 
 CommClosedError's traceback, e.g. in the scheduler's log when it had a message on the way to a worker being stopped.
 The line stays; the traceback of that expected close goes.
 
+Nanny: a worker that closes by itself (its scheduler told it to, or it was told to retire) first tells its nanny
+(`close_gracefully`), then ends its process; that process's thread waiting for the nanny's stop message is cut off
+after 2 s and distributed logs "Worker process died unexpectedly" with a TypeError traceback. The nanny now sends
+that stop message as soon as it hears of the close, as its own close would: the thread ends with it, 2 s earlier.
+
 UCX listeners (every role): a peer that opens a UCX connection and goes away or gives up before the handshake ends
 (a worker's connect cancelled as it closes, a client's reconnect ended with its process, a process killed) leaves
 UCXX's listener waiting for the peer's info; after the connect timeout (5 s) UCXX logs "UCXPY ERROR Unexpected error
@@ -31,12 +36,15 @@ import asyncio
 import contextvars
 import logging
 
-from distributed import Worker, WorkerPlugin
+from distributed import Nanny, Worker, WorkerPlugin
 from distributed.comm.core import CommClosedError
+from distributed.core import Status
 
 logger = logging.getLogger("distributed.ucx_dask_gpu.quietclose")
 NAME = "ucx-dask-gpu-quiet-close"
 WAIT_S = 10.0
+# How long a nanny gives a worker process that closes by itself before it ends it (as its own close would).
+STOP_S = 30.0
 # True inside a heartbeat, and inside every task it starts (tasks copy the context): a close the heartbeat itself
 # began ("Scheduler was unaware of this worker") must not wait for that heartbeat, which is waiting for the close.
 _in_heartbeat: contextvars.ContextVar[bool] = contextvars.ContextVar("ucx_dask_gpu_in_heartbeat", default=False)
@@ -150,8 +158,26 @@ def quiet_batched_close() -> None:
         batched.addFilter(ExpectedCloseFilter())
 
 
+def stop_worker_process_on_graceful_close(nanny) -> None:
+    original = nanny.handlers["close_gracefully"]
+    stopping: set[asyncio.Future] = set()
+
+    async def close_gracefully(reason: str = "nanny-close-gracefully") -> None:
+        original(reason=reason)
+        process = nanny.process
+        if process is not None and process.status == Status.running:
+            task = asyncio.ensure_future(process.kill(timeout=STOP_S, reason=reason))
+            stopping.add(task)
+            task.add_done_callback(lambda t: (stopping.discard(t), t.cancelled() or t.exception()))
+            await asyncio.sleep(0)  # the stop message is on its way before the worker hears back from us
+
+    nanny.handlers["close_gracefully"] = close_gracefully
+
+
 async def dask_setup(server) -> None:
     quiet_batched_close()
     quiet_abandoned_handshakes()
+    if isinstance(server, Nanny):
+        stop_worker_process_on_graceful_close(server)
     if isinstance(server, Worker):
         await server.plugin_add(QuietClose(), name=NAME)
