@@ -163,5 +163,7 @@ def test_local_cuda_cluster_workers_carry_the_identity(procs, shipped_config, tm
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["sum"] == 45
-    assert out["preloads"] == [["dask_cuda.initialize", "ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup"]]
+    # dask-cuda's own list, then every configured worker preload (the guard in the nanny adds them back).
+    assert out["preloads"] == [["dask_cuda.initialize", "ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup",
+                                "ucx_dask_gpu.gate.quietclose"]]
     assert "refused" not in proc.stderr

@@ -7,12 +7,13 @@ fast.
 """
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import importlib
 import logging
 import sys
 import time
-from asyncio import CancelledError
 from typing import Callable, Iterator
 
 from ..errors import (ALL_WORKERS_LOST, BINDING_NOT_LOADABLE, ENV_MISMATCH, NO_WORKERS, NOT_A_SCHEDULER,
@@ -23,6 +24,9 @@ from ..ucx.transports import mapped_libucp
 
 # Relative tolerance for float sums: dask and the client add the same numbers in a different order.
 RTOL = 1e-9
+# What a cancel looks like: distributed cancels the futures of a lost scheduler (FutureCancelledError, a
+# concurrent.futures.CancelledError), and what waits on it may see asyncio's.
+CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
 # How often a wait on the cluster looks at it (scheduler still there? workers left?).
 POLL_S = 1.0
 # How long a run waits, without any worker left, for one to join (the workload CLI's --timeout).
@@ -72,7 +76,7 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, th
             wait_for_workers(client, min_workers, wait_workers)
             try:
                 yield client
-            except (Exception, CancelledError) as e:  # whatever a request raised once the scheduler went away
+            except (Exception, *CANCELLED) as e:  # whatever a request raised once the scheduler went away
                 watch = Watch(client, "workload", timeout)
                 if not isinstance(e, UserError) and watch.scheduler_lost():
                     raise watch.lost() from None
@@ -224,7 +228,7 @@ class Watch:
         try:
             info = self.client.sync(self.client.scheduler.identity, n_workers=-1,
                                     callback_timeout=max(min(self.timeout, 10), 1))
-        except (OSError, TimeoutError) as e:
+        except (OSError, TimeoutError, *CANCELLED) as e:  # the client cancels what waits on a lost scheduler
             if self.scheduler_lost():
                 raise self.lost() from None
             raise UserError(f"scheduler lost: {self.client.scheduler.address} did not answer during the "
@@ -259,7 +263,7 @@ class Watch:
             raise self.lost()
         try:
             return fn(*args, **kwargs)
-        except OSError:  # CommClosedError included
+        except (OSError, *CANCELLED):  # CommClosedError included; the client cancels what waits on a lost one
             if self.scheduler_lost():
                 raise self.lost() from None
             raise
@@ -275,7 +279,7 @@ class Watch:
                 return [self._value(f) for f in pending]
             except TimeoutError:
                 pass
-            except CancelledError:  # distributed's FuturesCancelledError: the client cancelled them
+            except CANCELLED:  # distributed's FuturesCancelledError: the client cancelled them
                 return [self._value(f) for f in pending]
             self.check()
 
