@@ -83,21 +83,29 @@ def _ended(run: subprocess.Popen, since: float) -> tuple[str, float]:
     return lines[-1], took
 
 
-def test_the_last_worker_dying_mid_run_is_all_workers_lost_within_the_timeout(procs, shipped_config, tmp_path):
+def _stopped_mid_run(procs, shipped_config, tmp_path, protocol: str, stop) -> tuple[subprocess.Popen, str, float,
+                                                                                   str]:
+    """Scheduler + one worker (no nanny: a killed one stays dead), a transpose mid-run, then `stop(scheduler,
+    worker)`: (the client's process, its last stderr line, seconds from the stop to its end, the address)."""
     env = procs.env_for(tmp_path, shipped_config)
-    sched, address = procs.start_scheduler(tmp_path, env)
-    worker = procs.start_worker(tmp_path, env, address, "only", nanny=False)  # no nanny: it stays dead
+    sched, address = procs.start_scheduler(tmp_path, env, protocol=protocol)
+    worker = procs.start_worker(tmp_path, env, address, "w", nanny=False)
     run = None
     try:
         run = _run_until_blocks_are_held(procs, env, address)
-        worker.stop(signal.SIGKILL)
-        killed = time.monotonic()
-        line, took = _ended(run, killed)
+        stop(sched, worker)
+        line, took = _ended(run, time.monotonic())
     finally:
         if run is not None and run.poll() is None:
             run.kill()
         worker.stop()
         sched.stop()
+    return run, line, took, address
+
+
+def test_the_last_worker_dying_mid_run_is_all_workers_lost_within_the_timeout(procs, shipped_config, tmp_path):
+    run, line, took, _ = _stopped_mid_run(procs, shipped_config, tmp_path, "tcp",
+                                          lambda sched, worker: worker.stop(signal.SIGKILL))
     print(f"all workers lost: exit {run.returncode} {took:.1f} s after the kill (--timeout 10): {line}")
     assert run.returncode == ALL_WORKERS_LOST
     assert "all workers lost: the scheduler at" in line and "(--timeout 10 s) during the transpose" in line
@@ -106,20 +114,8 @@ def test_the_last_worker_dying_mid_run_is_all_workers_lost_within_the_timeout(pr
 
 @pytest.mark.parametrize("protocol", ["tcp", "ucx"])
 def test_the_scheduler_stopped_mid_run_is_scheduler_lost(procs, shipped_config, tmp_path, protocol):
-    env = procs.env_for(tmp_path, shipped_config)
-    sched, address = procs.start_scheduler(tmp_path, env, protocol=protocol)
-    worker = procs.start_worker(tmp_path, env, address, "w", nanny=False)
-    run = None
-    try:
-        run = _run_until_blocks_are_held(procs, env, address)
-        sched.popen.send_signal(signal.SIGTERM)
-        stopped = time.monotonic()
-        line, took = _ended(run, stopped)
-    finally:
-        if run is not None and run.poll() is None:
-            run.kill()
-        worker.stop()
-        sched.stop()
+    run, line, took, address = _stopped_mid_run(procs, shipped_config, tmp_path, protocol,
+                                                lambda sched, worker: sched.popen.send_signal(signal.SIGTERM))
     print(f"scheduler lost over {protocol}: exit {run.returncode} {took:.1f} s after SIGTERM: {line}")
     assert run.returncode == SCHEDULER_LOST
     assert f"scheduler lost: the connection to {address} closed during the transpose" in line

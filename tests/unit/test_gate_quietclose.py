@@ -83,14 +83,20 @@ def _worker_with_endless_heartbeat(events: list, stream_closed: bool = False):
                            batched_stream=SimpleNamespace(comm=FakeComm(stream_closed)))
 
 
+async def _heartbeat_on_the_wire(events: list):
+    """A worker with QuietClose whose heartbeat has started and waits: (worker, plugin, the running heartbeat)."""
+    worker = _worker_with_endless_heartbeat(events)
+    plugin = QuietClose()
+    plugin.setup(worker)
+    running = asyncio.ensure_future(worker.periodic_callbacks["heartbeat"].callback())
+    await asyncio.sleep(0.05)
+    return worker, plugin, running
+
+
 def test_a_scheduler_that_closes_gets_no_more_heartbeats_and_the_one_on_the_wire_ends():
     async def main():
         events = []
-        worker = _worker_with_endless_heartbeat(events)
-        plugin = QuietClose()
-        plugin.setup(worker)
-        running = asyncio.ensure_future(worker.periodic_callbacks["heartbeat"].callback())
-        await asyncio.sleep(0.05)
+        worker, plugin, running = await _heartbeat_on_the_wire(events)
         # the scheduler's {"op": "close"} (distributed awaits stream handlers that are coroutine functions)
         await asyncio.wait_for(worker.stream_handlers["close"](reason="scheduler-close"), 5)
         await asyncio.wait_for(running, 5)  # ended quietly, no exception
@@ -107,11 +113,7 @@ def test_a_closed_scheduler_stream_means_no_wait_at_close():
     waited for."""
     async def main():
         events = []
-        worker = _worker_with_endless_heartbeat(events)
-        plugin = QuietClose()
-        plugin.setup(worker)
-        running = asyncio.ensure_future(worker.periodic_callbacks["heartbeat"].callback())
-        await asyncio.sleep(0.05)
+        worker, plugin, running = await _heartbeat_on_the_wire(events)
         worker.batched_stream.comm._closed = True
         await asyncio.wait_for(plugin.teardown(worker), 5)
         await asyncio.wait_for(running, 5)

@@ -1,0 +1,94 @@
+"""Every launcher form of a Dask role, through the image's entrypoint or around it (`--entrypoint ''`, as Apptainer
+`exec`, a Kubernetes `command:` and the SLURM recipe run them), on the real image:
+
+- the effective preload lists of the scheduler, every worker and every nanny, read from the running processes, are
+  the same for every spelling (`dask worker`, `dask-worker`, dask-jobqueue's `python -m distributed.cli.dask_worker
+  --nanny`, `python -m dask worker`; `dask scheduler`, `dask-scheduler`);
+- a GPU worker on a host without a usable GPU (`dask cuda worker`, `dask-cuda-worker`, `python -m dask_cuda.cli`)
+  ends in the same one line and exit 10 in every form (without the entrypoint it used to be dask-cuda's 78-line
+  pynvml traceback).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ucx_dask_gpu.errors import NO_GPU
+from ucx_dask_gpu.image.cluster import parse_json_output
+
+from pods import Net
+
+pytestmark = [pytest.mark.integration, pytest.mark.docker]
+
+# What /etc/dask in the image configures for each role (gate/daskconfig.py installs it).
+EVERY_ROLE = ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup", "ucx_dask_gpu.gate.quietclose"]
+ADDRESS = "tcp://scheduler:8786"
+WORKER_FORMS = {  # name -> (argv, entrypoint: None = the image's, "" = none)
+    "ep-dask-worker": (["dask", "worker", ADDRESS], None),
+    "ep-legacy": (["dask-worker", ADDRESS], None),
+    "ep-jobqueue": (["python", "-m", "distributed.cli.dask_worker", ADDRESS, "--nanny"], None),
+    "raw-dask-worker": (["dask", "worker", ADDRESS], ""),
+    "raw-legacy": (["dask-worker", ADDRESS], ""),
+    "raw-jobqueue": (["python", "-m", "distributed.cli.dask_worker", ADDRESS, "--nanny"], ""),
+    "raw-python-m-dask": (["python", "-m", "dask", "worker", ADDRESS], ""),
+}
+PRELOADS = """
+import json, sys
+import ucx_dask_gpu.gate.guard  # this client sends its environment, as every client must
+from distributed import Client
+
+def names(dask_worker):
+    return [str(dask_worker.name), [p.name for p in dask_worker.preloads]]
+
+with Client(sys.argv[1], timeout=60) as c:
+    c.wait_for_workers(int(sys.argv[2]), timeout=300)
+    print(json.dumps({"scheduler": c.run_on_scheduler(lambda dask_scheduler: [p.name for p in
+                                                                               dask_scheduler.preloads]),
+                      "workers": dict(c.run(names).values()) if int(sys.argv[2]) else {},
+                      "nannies": dict(c.run(names, nanny=True).values()) if int(sys.argv[2]) else {}}))
+"""
+
+
+def test_every_launcher_form_loads_the_same_preloads(image):
+    net = Net(image["tag"], "forms")
+    try:
+        sched = net.run("scheduler", ["dask", "scheduler", "--port", "8786", "--no-dashboard"],
+                        aliases=("scheduler",))
+        raw_sched = net.run("raw-scheduler", ["dask-scheduler", "--port", "8786", "--no-dashboard"],
+                            entrypoint="", aliases=("raw-scheduler",))
+        net.wait_log(sched, "Scheduler at:")
+        net.wait_log(raw_sched, "Scheduler at:")
+        for name, (argv, entrypoint) in WORKER_FORMS.items():
+            net.run(name, [*argv, "--name", name, "--nthreads", "1", "--no-dashboard"], entrypoint=entrypoint)
+        net.wait_log(sched, "Register worker", count=len(WORKER_FORMS), timeout=400)
+        proc = net.client(["python", "-c", PRELOADS, ADDRESS, str(len(WORKER_FORMS))], timeout=400)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen = parse_json_output(proc.stdout)
+        raw = net.client(["python", "-c", PRELOADS, "tcp://raw-scheduler:8786", "0"], timeout=300)
+        assert raw.returncode == 0, raw.stderr[-3000:]
+        raw_seen = parse_json_output(raw.stdout)
+    finally:
+        report = net.stop()
+    print(json.dumps({"scheduler": seen["scheduler"], "raw-scheduler": raw_seen["scheduler"], **seen["workers"]}))
+    assert seen["scheduler"] == raw_seen["scheduler"] == EVERY_ROLE
+    assert seen["workers"] == {name: EVERY_ROLE for name in WORKER_FORMS}
+    assert seen["nannies"] == {name: EVERY_ROLE for name in WORKER_FORMS}
+    assert not report["tracebacks"], {n: report["logs"][n][-2000:] for n in report["tracebacks"]}
+
+
+@pytest.mark.parametrize("entrypoint", [None, ""], ids=["entrypoint", "no-entrypoint"])
+@pytest.mark.parametrize("argv", [["dask", "cuda", "worker", "ucx://scheduler:8786"],
+                                  ["dask-cuda-worker", "ucx://scheduler:8786"],
+                                  ["python", "-m", "dask_cuda.cli", "ucx://scheduler:8786"]],
+                         ids=["dask-cuda-worker-cli", "dask-cuda-worker", "python-m-dask_cuda.cli"])
+def test_a_gpu_worker_without_a_gpu_is_one_line_in_every_form(image, argv, entrypoint):
+    net = Net(image["tag"], "nogpu")
+    try:
+        proc = net.client(argv, entrypoint=entrypoint, timeout=300)
+    finally:
+        net.stop()
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == NO_GPU, proc.stderr[-3000:]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "needs a GPU: no NVIDIA driver in this container (libnvidia-ml.so.1 not found" in lines[0], lines
