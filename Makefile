@@ -11,10 +11,15 @@ export UCX_PREFIX ?= build/ucx-prefix
 export UCXX_WHEELS ?= build/ucxx-wheels
 # The hash-pinned Python locks are where stack.toml says ([python].lock, [ucxx.build].lock); `stack get` needs only the
 # standard library, so the system python3 reads them before the venv exists.
+# A stack.toml the package refuses stops make here with the package's one line (not with empty variables further on).
 STACK_GET := PYTHONPATH=src $(PY) -m ucx_dask_gpu stack get
-IMAGE_LOCK := $(shell $(STACK_GET) python.lock)
-UCXX_BUILD_LOCK := $(shell $(STACK_GET) ucxx.build.lock)
-TEST_TOOLS_LOCK := $(shell $(STACK_GET) test_tools.lock)
+STACK_GET_FAILED := stack-get-failed:
+stack_get = $(strip $(eval _stack_value := $(shell $(STACK_GET) $(1) 2>&1 || echo "$(STACK_GET_FAILED)"))$(if \
+  $(findstring $(STACK_GET_FAILED),$(_stack_value)),$(error $(strip $(subst $(STACK_GET_FAILED),,$(_stack_value)))),\
+  $(_stack_value)))
+IMAGE_LOCK := $(call stack_get,python.lock)
+UCXX_BUILD_LOCK := $(call stack_get,ucxx.build.lock)
+TEST_TOOLS_LOCK := $(call stack_get,test_tools.lock)
 
 .PHONY: all test prereqs venv regen check-generated unit ucx ucxx doctor gpu-verify lock
 

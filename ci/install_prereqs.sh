@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then echo "install_prereqs.sh: run as root (or install: see stack.toml [debian])" >&2; exit 1; fi
 ci/apt_sources.sh
-mapfile -t pkgs < <(PYTHONPATH=src python3 -m ucx_dask_gpu stack get debian.ucx_build_packages --json |
-                    python3 -c 'import json,sys; print("\n".join(json.load(sys.stdin)))')
+# Read into a variable first: a failing command inside `< <(...)` would not stop the script (set -e does not see it).
+listed=$(PYTHONPATH=src python3 -m ucx_dask_gpu stack get debian.ucx_build_packages --json)
+mapfile -t pkgs < <(python3 -c 'import json,sys; print("\n".join(json.load(sys.stdin)))' <<<"$listed")
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

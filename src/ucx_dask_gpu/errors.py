@@ -14,6 +14,9 @@ HASH_MISMATCH = 5
 BUILD_FAILED = 6
 NO_DOCKER = 7
 ENV_MISMATCH = 8
+OUTPUT_REFUSED = 9        # a file or directory named to write to cannot be written (a directory where a file is
+                          # asked for, a missing or read-only parent, a non-empty directory that is not ours): refused
+                          # before any work starts, nothing touched
 NO_GPU = 10
 ONE_GPU = 11
 NO_NVLINK = 12
@@ -22,10 +25,11 @@ PERFTEST_FAILED = 14
 NVML_UNAVAILABLE = 15
 MISSING_CAPABILITY = 16   # a required UCX capability (--require ib,cuda) cannot be built here
 UCX_NOT_FOUND = 17        # no UCX prefix / ucx_info where one was named or expected
+RESULT_KEPT = 18          # the work finished but its output could not be written where asked; the result is kept
+                          # (beside it, in the temp directory, or on stdout) and the one line says where
 SCHEDULER_UNREACHABLE = 20  # workload or a worker's start: nothing answered at the scheduler address (refused,
                             # unknown host, unreachable)
 DATA_INVALID = 21         # workload from-map: the data directory has no usable files
-CONFIG_DEST = 22          # config install: the destination cannot be written
 WORKLOAD_FAILED = 23      # workload: the computation raised on the cluster (e.g. no GPU on a cupy worker)
 NOT_A_SCHEDULER = 24      # workload or a worker's start: what answered at the scheduler address is not a Dask
                           # scheduler, or said nothing in time

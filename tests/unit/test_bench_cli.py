@@ -3,7 +3,7 @@
 import pytest
 
 from ucx_dask_gpu import cli
-from ucx_dask_gpu.errors import BENCH_CONFIG, NO_GPU, NVML_UNAVAILABLE, USAGE
+from ucx_dask_gpu.errors import BENCH_CONFIG, NO_GPU, NVML_UNAVAILABLE, OUTPUT_REFUSED, USAGE
 
 
 def run(capsys, *argv):
@@ -45,7 +45,7 @@ def test_out_must_be_a_directory(capsys, tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
     rc, _, err = run(capsys, "transpose", "--cpu", "--out", str(f))
-    assert rc == USAGE and "not a directory" in err
+    assert rc == OUTPUT_REFUSED and "not a directory" in err
     assert f.read_text() == "x"
 
 

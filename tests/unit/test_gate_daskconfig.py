@@ -11,7 +11,7 @@ import dask.config
 import pytest
 
 from ucx_dask_gpu.gate import daskconfig
-from ucx_dask_gpu.errors import CONFIG_DEST, UserError
+from ucx_dask_gpu.errors import OUTPUT_REFUSED, UserError
 
 
 def _flat(d, prefix=""):
@@ -80,7 +80,7 @@ def test_install_onto_a_file_fails_and_writes_nothing(tmp_path):
     target.write_text("x")
     with pytest.raises(UserError) as err:
         daskconfig.install(target, "cpu")
-    assert err.value.exit_code == CONFIG_DEST
+    assert err.value.exit_code == OUTPUT_REFUSED
     assert target.read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["not-a-dir"]
 
 
@@ -89,7 +89,7 @@ def test_cli_bad_dest_is_one_line_and_its_own_exit_code(tmp_path):
     target.write_text("")
     proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "config", "install", "--dest", str(target),
                            "--transports", "cpu"], capture_output=True, text=True)
-    assert proc.returncode == CONFIG_DEST
+    assert proc.returncode == OUTPUT_REFUSED
     assert len(proc.stderr.strip().splitlines()) == 1 and str(target) in proc.stderr
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu.errors import ROOTFS_INVALID, USAGE, UserError
+from ucx_dask_gpu.errors import OUTPUT_REFUSED, ROOTFS_INVALID, USAGE, UserError
 from ucx_dask_gpu.image import chroot, rootfs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -98,10 +98,12 @@ def test_nothing_half_written_when_the_source_fails(tmp_path):
         rootfs.pack(["tar", "-c", "-C", str(tmp_path / "absent"), "-f", "-", "."], tmp_path / "export",
                     {"image": "x"}, {}, part_size=MIB, level=1)
     assert err.value.exit_code == USAGE
-    assert not (tmp_path / "export").exists() and not (tmp_path / "export.partial").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "the export or its temporary directory left behind"
     (tmp_path / "export").mkdir()
-    with pytest.raises(UserError, match="exists"):
+    (tmp_path / "export" / "mine.txt").write_text("kept")
+    with pytest.raises(UserError, match="exists") as err:
         rootfs.pack(["true"], tmp_path / "export", {}, {}, part_size=MIB)
+    assert err.value.exit_code == OUTPUT_REFUSED and (tmp_path / "export" / "mine.txt").read_text() == "kept"
 
 
 def test_damaged_missing_and_foreign_parts_are_refused(tree, tmp_path):

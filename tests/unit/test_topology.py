@@ -12,7 +12,7 @@ import pytest
 from ucx_dask_gpu import errors, nvml
 from ucx_dask_gpu.topology.machine import (PciLocation, assemble, discover_nics, materialize_sysfs, numa_cpus, pci_level,
                                            pci_location, record_sysfs)
-from ucx_dask_gpu.topology.model import NicInfo, format_cpulist, parse_cpulist
+from ucx_dask_gpu.topology.model import MAX_CPU_ID, NicInfo, format_cpulist, parse_cpulist
 from ucx_dask_gpu.topology.plan import largest_nvlink_subset, make_plan, worker_settings
 from ucx_dask_gpu.topology.topotext import parse_topo_text, read_topo_file
 from ucx_dask_gpu.cli import main
@@ -130,6 +130,33 @@ def test_cpulist_round_trip():
         assert format_cpulist(parse_cpulist(text)) == text
     with pytest.raises(ValueError):
         parse_cpulist("5-3")
+
+
+def test_cpulists_are_bounded_before_they_are_expanded():
+    assert parse_cpulist(f"0-{MAX_CPU_ID}")[-1] == MAX_CPU_ID and parse_cpulist("007") == [7]
+    for text in (f"0-{MAX_CPU_ID + 1}", "0-3000000000", "1" * 5000, "0," + "9" * 100_000, "4-" + "1" * 40):
+        with pytest.raises(ValueError, match=f"above {MAX_CPU_ID}"):
+            parse_cpulist(text)
+
+
+@pytest.mark.parametrize("column", ["CPU Affinity", "NUMA Affinity"])
+def test_a_topo_listing_with_a_huge_range_is_one_line_exit_50(column, tmp_path, capsys):
+    lines = H200.read_text().splitlines()
+    cells = lines[1].split("\t")
+    cells[3 if column == "CPU Affinity" else 4] = "0-3000000000"
+    bad = tmp_path / "topo.txt"
+    bad.write_text("\n".join([lines[0], "\t".join(cells), *lines[2:]]) + "\n")
+    assert main(["topology", "--from-topo", str(bad)]) == errors.BAD_TOPOLOGY
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "row 'GPU0'" in err[0] and f"above {MAX_CPU_ID}" in err[0]
+
+
+def test_a_sysfs_record_with_a_huge_cpulist_is_one_line_exit_51(tmp_path, capsys):
+    record = tmp_path / "record.txt"
+    record.write_text(BUILD_VM_SYSFS.read_text().replace("node0/cpulist\t0-1", "node0/cpulist\t0-3000000000"))
+    with pytest.raises(UserError) as e:
+        numa_cpus(materialize_sysfs(record.read_text(), tmp_path / "root"))
+    assert e.value.exit_code == errors.SYSFS_UNREADABLE and "node0/cpulist" in str(e.value)
 
 
 def test_nvml_affinity_mask_unpacking():

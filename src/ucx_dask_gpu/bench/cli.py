@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..cliutil import add_output
 from ..errors import BENCH_CONFIG, USAGE, UserError
 from ..report import command_line, write_report
 from . import driver, render
@@ -64,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser, w: Workload) -> None:
                    help="also run dask-cuda's local_cupy on the same sizes, per protocol, in this invocation")
     p.add_argument("--ignore-size", default="1 MiB", help="drop transfers smaller than this (default '1 MiB')")
     p.add_argument("--seed", type=_nonneg_int, default=0, help="random input seed (default 0)")
-    p.add_argument("--out", help="write <name>.json/.md/.png and command.txt into this directory")
+    add_output(p, "--out", kind="dir", help="write <name>.json/.md/.png and command.txt into this directory")
     p.add_argument("--name", help=f"report file stem (default {w.name}-<chunks> for transpose, svd for svd)")
     p.add_argument("--goal", action="append", default=[], metavar="METRIC<=VALUE",
                    help="a target to report as met / not met (never an error), e.g. wall_s<=0.1, "
@@ -133,8 +134,6 @@ def options_from_args(args) -> driver.Options:
     if "/" in name or name.startswith(".") or not name:
         raise UserError(f"--name {name!r}: expected a file stem without '/'", USAGE)
     out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a directory", USAGE)
     return driver.Options(
         workload=w, size=size, second_size=second, chunks=chunks, protocols=protocols, cpu=args.cpu,
         workers=args.workers, gpus=gpus, config=config, knobs=knobs, runs=args.runs,

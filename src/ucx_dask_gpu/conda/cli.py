@@ -10,8 +10,9 @@ import argparse
 import json
 from pathlib import Path
 
+from ..cliutil import WORK_DIR_HELP, add_output
 from ..errors import RECIPE_INVALID, UserError
-from ..fsutil import atomic_write_text
+from ..fsutil import write_output_file
 from ..stack import load
 from . import settings
 from .recipes import check_all
@@ -85,7 +86,7 @@ def _cmd_test_install(args) -> int:
     work = Path(args.work) if args.work else st.root / "build" / "conda-install-test"
     res = install_test(Path(args.channel), work=work, cuda=args.cuda or f"{st.cuda_major}.0", glibc=args.glibc)
     if args.json:
-        atomic_write_text(args.json, json.dumps(res, indent=2, sort_keys=True) + "\n")
+        write_output_file(args.json, json.dumps(res, indent=2, sort_keys=True) + "\n", what="the results")
     for fn, r in res["packages"].items():
         where = f"installed in {r['prefix']}" if "prefix" in r else "checked (conda-forge dependencies not here)"
         print(f"{fn}: {where}, recipe tests passed")
@@ -106,16 +107,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=_cmd_render)
     s.add_parser("lint", help="render with rattler-build, lint, check against stack.toml").set_defaults(func=_cmd_lint)
     c = s.add_parser("channel", help="build the local channel: check, build, index, install + test")
-    c.add_argument("--out", required=True, help="channel directory to create (replaced only when everything passed)")
+    add_output(c, "--out", kind="dir", required=True, help="channel directory to create",
+               note="new or empty, or a channel this command made before, which is replaced whole once everything "
+                    "passed; any other directory, or a file, is refused (exit 9)")
     c.add_argument("--sources", help="a source mirror directory searched first for the recipes' url sources (then "
                                      "$UCX_DASK_GPU_SOURCE_MIRROR and stack.toml [sources].mirror_dirs)")
-    c.add_argument("--work", help="work directory for builds and logs (default: <repo>/build/conda-work)")
+    add_output(c, "--work", kind="dir", help="work directory for builds and logs (default: <repo>/build/conda-work)",
+               note=WORK_DIR_HELP)
     c.add_argument("--no-install-test", action="store_true", help="skip the install test before publishing")
     c.set_defaults(func=_cmd_channel)
     t = s.add_parser("test-install", help="install the channel's packages into fresh prefixes and run their tests")
     t.add_argument("--channel", required=True)
     t.add_argument("--cuda", help="__cuda virtual package version to declare (default: <stack cuda_major>.0)")
     t.add_argument("--glibc", help="__glibc virtual package version to declare (default: this machine's)")
-    t.add_argument("--work", help="scratch directory (default: <repo>/build/conda-install-test)")
-    t.add_argument("--json", help="write the detailed results to this file")
+    add_output(t, "--work", kind="dir", help="scratch directory (default: <repo>/build/conda-install-test)",
+               note=WORK_DIR_HELP)
+    add_output(t, "--json", metavar="FILE", help="write the detailed results to this file")
     t.set_defaults(func=_cmd_test_install)

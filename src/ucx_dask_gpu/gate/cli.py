@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..cliutil import add_output
 from . import daskconfig, identity, tls
 
 
@@ -70,7 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = p.add_subparsers(dest="tls_command", metavar="ACTION", required=True)
     t = s.add_parser("init", help="create DIR with a CA and scheduler/worker/client certificates (openssl); "
                                   "add client certificates to an existing DIR with --client")
-    t.add_argument("dir")
+    add_output(t, "dir", kind="dir", help="the cluster's certificate directory",
+               note="a directory, created when missing: the CA, and each role's certificate, are written only where "
+                    "missing (a --client NAME is issued again); nothing else in it is touched; a file there is refused "
+                    "(exit 9)")
     t.add_argument("--host", action="append", default=[],
                    help="a name or address the scheduler and workers are reached by (repeatable; default localhost "
                         "and 127.0.0.1)")
@@ -87,7 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("config", help="the dask config shipped for the image (guard preloads, UCX transports)")
     s = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     i = s.add_parser("install", help="write ucx-dask-gpu.yaml + ucx-dask-gpu-transports.yaml into a dask config dir")
-    i.add_argument("--dest", required=True, help="dask config directory, e.g. /etc/dask")
+    add_output(i, "--dest", kind="dir", required=True, help="dask config directory, e.g. /etc/dask")
     i.add_argument("--transports", choices=["auto", "cpu", "gpu"], default="auto",
                    help="UCX transports: auto = UCX selects on every host (default); opt-in pins: cpu = UCX over "
                         "TCP only, gpu = NVLink + cuda_copy + TCP (no shared memory, no InfiniBand)")

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Mapping
 
-from ..errors import CONFIG_DEST, USAGE, UserError
+from ..errors import OUTPUT_REFUSED, USAGE, UserError
 from ..fsutil import atomic_write_many
 
 # The worker preload that lets a worker close without a heartbeat traceback (quietclose.py), as dask config names it.
@@ -43,11 +43,11 @@ def install(dest: str | os.PathLike, transports: str = "auto") -> list[Path]:
     files = render(transports)
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
-        raise UserError(f"{dest} exists and is not a directory", CONFIG_DEST)
+        raise UserError(f"{dest} exists and is not a directory", OUTPUT_REFUSED)
     try:
         return atomic_write_many({dest / name: text for name, text in files.items()})
     except OSError as e:
-        raise UserError(f"cannot write dask config into {dest}: {e.strerror}", CONFIG_DEST) from None
+        raise UserError(f"cannot write dask config into {dest}: {e.strerror}", OUTPUT_REFUSED) from None
 
 
 def load_installed(dest: str | os.PathLike) -> dict:

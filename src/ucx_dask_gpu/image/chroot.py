@@ -19,6 +19,7 @@ private mount namespace where one can be made: `unshare --mount --propagation pr
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ROOTFS_INVALID, UserError
-from ..fsutil import atomic_write_text
+from ..fsutil import atomic_write_text, write_output_dir
 from ..ucx.perftest import free_port, parse_proto_tables
 from ..ucx.transports import mapped_libucp
 from .cluster import parse_json_output
@@ -396,11 +397,12 @@ def run_proof(root: Path, config: dict, out: Path, proof: Proof, ucx_prefix: str
         result["proto"] = {r.name: summarise_proto(runner.text(r)) for r in runner.roles if r.name.startswith("worker")}
     result["checks"] = checks(result, proof, root, ucx_prefix)
     result["ok"] = bool(result["checks"]) and all(c["ok"] for c in result["checks"].values()) and "error" not in result
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(work / "result.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
-    atomic_write_text(out / "result.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
-    with tarfile.open(out / "image-rootfs.tgz", "w:gz") as tar:
+    text = json.dumps(result, indent=2, sort_keys=True) + "\n"
+    atomic_write_text(work / "result.json", text)
+    archive = io.BytesIO()  # role logs and result: a few MB
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
         tar.add(work, arcname="image-rootfs")
+    write_output_dir(out, {"result.json": text, "image-rootfs.tgz": archive.getvalue()}, what="the proof's result")
     return result
 
 

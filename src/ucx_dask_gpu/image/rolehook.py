@@ -21,7 +21,7 @@ import sysconfig
 from pathlib import Path
 
 from ..errors import UserError
-from ..fsutil import atomic_write_text
+from ..fsutil import write_output_dir
 from .entrypoint import DASK_KINDS, LEGACY, PYTHON_MODULES, ROLE_CHECKED_ENV, classify, run
 
 ROLE_HOOK_PTH = "ucx-dask-gpu-roles.pth"
@@ -79,8 +79,8 @@ def route() -> None:
     os._exit(code)
 
 
-def install(site: str | os.PathLike | None = None) -> Path:
-    """Write ROLE_HOOK_PTH into `site` (default: this Python's site-packages)."""
-    path = Path(site or sysconfig.get_paths()["purelib"]) / ROLE_HOOK_PTH
-    atomic_write_text(path, pth_line())
+def install(dest: str | os.PathLike | None = None) -> Path:
+    """Write ROLE_HOOK_PTH into `dest` (default: this Python's site-packages); nothing else there is touched."""
+    [path] = write_output_dir(dest or sysconfig.get_paths()["purelib"], {ROLE_HOOK_PTH: pth_line()},
+                              what="the hook line")
     return path

@@ -9,7 +9,8 @@
                              what one device call carries (its working tree takes at most 64 MiB)
 
 from `docker export` of a container created (never started) from the image, compressed (zstd -19 --long by
-default), split and hashed on the way, in DIR.partial first (nothing half-written is left under DIR).
+default), split and hashed on the way, in a temporary directory beside DIR first (nothing half-written is left under
+DIR).
 
 On the machine that runs it (as root, standard library only):
     `receive BATCH_DIR`  moves the batch's part(s) into the parts directory (stack.toml [gpu_host]), checks each against
@@ -29,11 +30,12 @@ import re
 import secrets
 import shutil
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..errors import ROOTFS_INVALID, USAGE, UserError
+from ..errors import OUTPUT_REFUSED, ROOTFS_INVALID, USAGE, UserError
 from ..fsutil import atomic_write_text, sha256_file
 from .docker import docker_bin, image_inspect
 
@@ -92,16 +94,14 @@ def export_rootfs(image: str, out: str | os.PathLike, part_size: int, level: int
 def pack(tar_command: list[str], out: str | os.PathLike, identity: dict, config: dict, part_size: int,
          level: int = 19, compression: str = "zstd") -> dict:
     """The tar that `tar_command` writes on stdout, compressed, split and hashed into `out` (batches, manifest with
-    `identity`, image config `config`); written in OUT.partial and renamed when complete."""
+    `identity`, image config `config`); written in a temporary directory beside it and renamed when complete."""
     if part_size < MIB:
         raise UserError(f"--part-size must be at least 1 MiB (got {part_size} bytes)", USAGE)
     out = Path(out)
     if out.exists():
-        raise UserError(f"{out} exists: export into a new directory", USAGE)
+        raise UserError(f"{out} exists: export into a new directory", OUTPUT_REFUSED)
     compress = _compressor(compression, level)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))  # a name nobody else uses
     try:
         source = subprocess.Popen(tar_command, stdout=subprocess.PIPE)
         compressor = subprocess.Popen(compress, stdin=subprocess.PIPE, stdout=subprocess.PIPE)

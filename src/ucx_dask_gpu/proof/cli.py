@@ -13,10 +13,11 @@ import math
 import os
 import sys
 
+from ..cliutil import add_output
 from ..errors import USAGE, VERDICT_FAILED, UserError
-from ..fsutil import atomic_write_text
-from .client import connect
+from ..fsutil import write_output_file
 from ..gate.peer import parse_address
+from .client import connect
 from .from_map import FORMATS, NUMERIC_COLUMNS, prepare_dataset, run_from_map
 from .transpose import check_transpose_args, run_transpose
 
@@ -86,8 +87,7 @@ def check_wait_args(args) -> None:
                         "on", USAGE)
     if not (0 < args.timeout < math.inf and 0 <= args.wait_workers < math.inf):
         raise UserError(f"--timeout must be a positive number of seconds and --wait-workers a number not below 0 (got "
-                        f"{args.timeout:g}, "
-                        f"{args.wait_workers:g})", USAGE)
+                        f"{args.timeout:g}, {args.wait_workers:g})", USAGE)
     if args.scheduler is None and (args.n_workers < 1 or args.threads_per_worker < 1):
         raise UserError(f"--n-workers and --threads-per-worker must be at least 1 (got {args.n_workers}, "
                         f"{args.threads_per_worker})", USAGE)
@@ -99,10 +99,10 @@ def _run(args, body) -> int:
     with connect(args.scheduler, args.protocol, args.n_workers, args.threads_per_worker, args.timeout,
                  args.min_workers, args.wait_workers) as client:
         result = body(client)
-    if args.output:
-        atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
     results.write((json.dumps(result, indent=2) if args.json else _summary(result)) + "\n")
     results.flush()
+    if args.output:  # after the answer is out: a failed write keeps the JSON and says where (exit 18)
+        write_output_file(args.output, json.dumps(result, indent=2) + "\n", stdout=results)
     return 0 if result["ok"] else VERDICT_FAILED
 
 
@@ -141,7 +141,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true",
                    help="keep distributed's INFO/DEBUG log and UCX/UCXX's own lines on stderr (also: "
                         "DASK_LOGGING__DISTRIBUTED=debug)")
-    p.add_argument("--output", metavar="FILE", help="also write the JSON result to FILE")
+    add_output(p, "--output", metavar="FILE", help="also write the JSON result to FILE")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

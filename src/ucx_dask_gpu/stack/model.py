@@ -519,13 +519,16 @@ def find_stack_file() -> Path:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}", BAD_STACK) from None
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise UserError(f"{path}: not UTF-8 (byte 0x{e.object[e.start]:02x} on line {line})", BAD_STACK) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{path.name}: not valid TOML: {e}", BAD_STACK) from None
+        raise UserError(f"{path}: not valid TOML: {e}", BAD_STACK) from None
 
 
 def load(path: str | os.PathLike | None = None) -> Stack:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from ..errors import TOPOLOGY_CLUSTER_FAILED, UserError
-from ..fsutil import atomic_write_text
+from ..fsutil import write_output_file
 from .machine import from_machine
 from .plan import Plan, WorkerSettings, make_plan, worker_settings
 
@@ -157,7 +157,7 @@ def serve(plan: Plan, settings: list[WorkerSettings], *, scheduler_file: str | N
             print(f"{len(cluster.workers)} worker(s) up in {time.monotonic() - t0:.1f} s; "
                   "SIGINT/SIGTERM stops the cluster", flush=True)
             if scheduler_file:
-                atomic_write_text(scheduler_file, json.dumps(
+                write_output_file(scheduler_file, json.dumps(
                     {"type": "Scheduler", "address": address, "workers": len(cluster.workers)}) + "\n")
             while not stop.wait(1.0):
                 if cluster.status.name in ("closed", "closing", "failed"):

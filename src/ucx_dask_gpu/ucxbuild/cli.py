@@ -8,9 +8,10 @@ import json
 import sys
 from pathlib import Path
 
-from ..cliutil import Parser, run_parsed
+from ..cliutil import WORK_DIR_HELP, Parser, add_output, run_parsed
 from ..errors import VERDICT_FAILED
 from ..stack import load
+from ..ucx.install import BUILD_INFO
 from .build import BuildOptions, build, parse_require
 from .fetch import fetch_all, local_dirs, say
 from .ucxx import UcxxOptions, build_ucxx, install_ucxx
@@ -109,15 +110,20 @@ def add_actions(p: argparse.ArgumentParser) -> None:
                 "and stack.toml [sources].mirror_dirs)")
 
     f = s.add_parser("fetch", help="download + verify the UCX archive, CUDA header wheels and link .debs into DIR")
-    f.add_argument("--dest", required=True, help="directory to fill (also reused as a cache)")
+    add_output(f, "--dest", kind="dir", required=True, help="directory to fill (also reused as a cache)")
     f.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
     f.add_argument("--offline", action="store_true", help="no network: only source mirrors and DIR itself")
     f.add_argument("--no-cuda", action="store_true", help="skip the CUDA wheels/.debs (builder has a toolkit)")
     f.set_defaults(func=_cmd_fetch)
 
     b = s.add_parser("build", help="build UCX into a relocatable prefix")
-    b.add_argument("--prefix", required=True, help="install prefix (new, an earlier build of ours, or a conda $PREFIX)")
-    b.add_argument("--work-dir", help="build directory, kept for inspection (default: a temp dir, removed on success)")
+    add_output(b, "--prefix", kind="dir", required=True,
+               help="install prefix (new, an earlier build of ours, or a conda $PREFIX)",
+               note="a directory, created when missing; an earlier build of ours (it has "
+                    f"{BUILD_INFO}) is replaced whole, into any other the files are merged; a file there is refused "
+                    "(exit 9)")
+    add_output(b, "--work-dir", kind="dir", help="build directory, kept for inspection (default: a temp dir, removed "
+                                                 "on success)", note=WORK_DIR_HELP)
     b.add_argument("--cache", help="verified download cache (default: $UCX_DASK_GPU_CACHE or <repo>/.cache/sources)")
     b.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
     b.add_argument("--offline", action="store_true", help="no network: source mirrors and the cache only")
@@ -133,8 +139,11 @@ def add_actions(p: argparse.ArgumentParser) -> None:
 
     x = s.add_parser("ucxx", help="build the UCXX wheels (libucxx, ucxx, distributed-ucxx) against a UCX prefix")
     x.add_argument("--ucx-prefix", required=True, help="a UCX prefix built by `build` (its version must be stack.toml's)")
-    x.add_argument("--out", required=True, help="directory to receive the wheels + ucxx-build-info.json (replaced)")
-    x.add_argument("--work-dir", help="build directory, kept for inspection (default: a temp dir, removed on success)")
+    add_output(x, "--out", kind="dir", required=True, help="directory to receive the wheels + ucxx-build-info.json",
+               note="new or empty, or the output of an earlier run (only its build info and wheels), which is "
+                    "replaced whole; any other directory, or a file, is refused (exit 9)")
+    add_output(x, "--work-dir", kind="dir", help="build directory, kept for inspection (default: a temp dir, removed "
+                                                 "on success)", note=WORK_DIR_HELP)
     x.add_argument("--cache", help="verified download cache (default: $UCX_DASK_GPU_CACHE or <repo>/.cache/sources); "
                                    "finished builds are kept beside it by input hash")
     x.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
