@@ -269,3 +269,41 @@ def test_a_worker_ends_quietly_soon_after_its_scheduler_stops(procs, shipped_con
     assert "Traceback" not in sched.text() and not error_lines(sched.text()), sched.text()[-4000:]
     assert "did not finish within" not in text  # no wait for a heartbeat to a scheduler that is gone
     assert after <= 15.0
+
+
+ABANDON = """
+import asyncio, sys, ucxx
+host, port = sys.argv[1].split("://")[1].rsplit(":", 1)
+
+async def main():
+    # A connection given up on mid-handshake, as a worker's connect cancelled at its close, or a process that ends.
+    for t in (0.002, 0.01, 0.05):
+        try:
+            await asyncio.wait_for(ucxx.create_endpoint(host, int(port)), t)
+        except BaseException:
+            pass
+    await asyncio.sleep(8)  # past UCXX's 5 s connect timeout on the scheduler's side
+
+asyncio.run(main())
+"""
+
+
+def test_an_abandoned_ucx_handshake_is_one_line_in_the_schedulers_log(procs, shipped_config, tmp_path):
+    """The scheduler's occasional 'UCXPY ERROR ... TimeoutError in exchange_peer_info' at shutdown, reproduced: a
+    peer that opens a UCX connection and gives up before the handshake ends. With quietclose (every role's preload)
+    it is one warning line."""
+    env = procs.env_for(tmp_path, shipped_config)
+    sched, address = procs.start_scheduler(tmp_path, env, protocol="ucx")
+    try:
+        proc = subprocess.run([sys.executable, "-c", ABANDON, address], capture_output=True, text=True, timeout=300,
+                              env={**env, "UCXX_LOG_LEVEL": "FATAL", "UCX_LOG_LEVEL": "error"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        wait_for(lambda: "UCXPY" in sched.text(), 60, "UCXX's line about the abandoned handshake")
+    finally:
+        sched.stop()
+    text = sched.text()
+    ucxpy = [ln for ln in text.splitlines() if "UCXPY" in ln]
+    print("\n".join(ucxpy))
+    assert ucxpy and all("UCXPY  WARNING a peer opened a UCX connection and did not finish its handshake" in ln
+                         for ln in ucxpy), text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
