@@ -48,7 +48,8 @@ def test_install_writes_the_line_site_runs(tmp_path):
     assert entrypoint.ROLE_CHECKED_ENV in line
 
 
-@pytest.mark.parametrize("extra, imported", [([], False), (["dask-not-a-role"], True)])
+@pytest.mark.parametrize("extra, imported", [([], False), (["dask-not-a-role"], True),
+                                             (["-m", "ucx_dask_gpu.image.entrypoint", "dask", "worker"], False)])
 def test_the_line_imports_nothing_for_other_processes_and_lets_non_roles_run(tmp_path, extra, imported):
     """A real interpreter that processes the .pth (site.addsitedir, as at start-up): no word with "dask" in its
     command line, nothing of ours is imported; one with it, but no role, goes on unchanged."""

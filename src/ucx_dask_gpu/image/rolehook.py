@@ -8,9 +8,9 @@ at every interpreter start: when this process is a Dask role (scheduler, worker,
 through the entrypoint, it hands its command to the entrypoint, which checks it and execs it as `docker run IMAGE
 <role>` would (same refusals, same preloads, same exit codes). Interpreter options before `-m` are not carried over.
 
-Every other Python process pays one look at its own command line (no word containing "dask": nothing is imported);
-a process whose command mentions dask but is no Dask role (a client script, `dask info`) imports this module and
-goes on unchanged. The entrypoint marks the process it execs (ROLE_CHECKED_ENV = its pid), so the role itself, and
+Every other Python process pays one look at its own command line (no word containing "dask", or `-m
+ucx_dask_gpu...`: nothing is imported); a process whose command mentions dask but is no Dask role (a client script,
+`dask info`) imports this module and goes on unchanged. The entrypoint marks the process it execs (ROLE_CHECKED_ENV = its pid), so the role itself, and
 nothing it starts, is routed twice.
 """
 from __future__ import annotations
@@ -31,9 +31,11 @@ _OPTIONS_WITH_VALUE = ("-X", "-W", "--check-hash-based-pycs")
 
 def pth_line() -> str:
     """The .pth line (site runs lines that start with `import`): a cheap test first, our module only when it may
-    matter."""
-    return (f"import os, sys; os.environ.get({ROLE_CHECKED_ENV!r}) != str(os.getpid()) and "
-            "any('dask' in a for a in getattr(sys, 'orig_argv', ())) and "
+    matter. Never for `python -m ucx_dask_gpu...` (the entrypoint itself among them): importing this module (and so
+    the entrypoint) before runpy runs one of ours would make runpy warn that it was imported twice."""
+    return (f"import os, sys; argv = getattr(sys, 'orig_argv', ()); "
+            f"os.environ.get({ROLE_CHECKED_ENV!r}) != str(os.getpid()) and any('dask' in a for a in argv) and "
+            "not any(a.startswith('ucx_dask_gpu') for a in argv) and "
             f"__import__({__name__!r}, fromlist=['route']).route()\n")
 
 
