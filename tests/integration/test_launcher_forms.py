@@ -48,12 +48,14 @@ from distributed import Client
 def names(dask_worker):
     return [str(dask_worker.name), [p.name for p in dask_worker.preloads]]
 
+n = int(sys.argv[2])
 with Client(sys.argv[1], timeout=60) as c:
-    c.wait_for_workers(int(sys.argv[2]), timeout=300)
+    if n:
+        c.wait_for_workers(n, timeout=300)
     print(json.dumps({"scheduler": c.run_on_scheduler(lambda dask_scheduler: [p.name for p in
                                                                                dask_scheduler.preloads]),
-                      "workers": dict(c.run(names).values()) if int(sys.argv[2]) else {},
-                      "nannies": dict(c.run(names, nanny=True).values()) if int(sys.argv[2]) else {}}))
+                      "workers": dict(c.run(names).values()) if n else {},
+                      "nannies": dict(c.run(names, nanny=True).values()) if n else {}}))
 """
 
 
