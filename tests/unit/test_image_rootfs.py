@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,13 @@ def test_sizes():
     assert rootfs.parse_size("1048576") == MIB
     with pytest.raises(ValueError):
         rootfs.parse_size("lots")
+
+
+def test_part_size_is_the_users_option_with_a_default_of_one_gib():
+    help_text = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "image", "export-rootfs", "--help"],
+                               capture_output=True, text=True, check=True).stdout
+    assert "--part-size" in help_text and "default 1GiB" in " ".join(help_text.split())
+    assert rootfs.parse_size(rootfs.DEFAULT_PART_SIZE) == 1 << 30
 
 
 LDCONFIG = """\

@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 # an option added without add_output, or one that stops writing, fails here.
 WRITING = {
     ("bench", "svd", "--out"): "dir",
+    ("bench", "transfer", "--out"): "dir",
     ("bench", "transpose", "--out"): "dir",
     ("cluster", "--scheduler-file"): "file",
     ("conda", "channel", "--out"): "dir",
@@ -308,7 +309,7 @@ def test_config_install_into_a_directory_with_other_files(tmp_path, capsys):
     rc, err = _run(["config", "install", "--dest", str(dest)], capsys)
     assert rc == 0, err
     assert sorted(p.name for p in dest.iterdir()) == ["notes.txt", "sub", "ucx-dask-gpu-transports.yaml",
-                                                       "ucx-dask-gpu.yaml"]
+                                                       "ucx-dask-gpu-tuned.yaml", "ucx-dask-gpu.yaml"]
     assert (dest / "notes.txt").read_text() == "mine" and (dest / "sub" / "data.bin").read_text() == "also mine"
 
 

@@ -152,7 +152,7 @@ def test_lock_path_stays_in_repo(raw, lock):
     assert "inside the repository" in bad(raw, lambda d: d["python"].__setitem__("lock", lock))
 
 
-@pytest.mark.parametrize("key, value, why", [("part_mib", 64, "64 MiB"), ("parts_dir", "tmp/parts", "absolute"),
+@pytest.mark.parametrize("key, value, why", [("parts_dir", "tmp/parts", "absolute"),
                                              ("root", "/tmp/../root", "absolute")])
 def test_gpu_host_values_are_checked(raw, key, value, why):
     msg = bad(raw, lambda d: d["gpu_host"].__setitem__(key, value))

@@ -1,6 +1,6 @@
 """Run the image's roles from its unpacked filesystem without Docker: what a container runtime does, by hand.
 
-For a machine with GPUs but no Docker (and no network): `ucx-dask-gpu image rootfs-run OUT` (as root, inside a
+For a machine with GPUs but no container engine: `ucx-dask-gpu image rootfs-run OUT` (as root, inside a
 private mount namespace where one can be made: `unshare --mount --propagation private`)
 - takes an unpacked root (rootfs.py `unpack`), mounts /proc, /sys and /dev (binds made slaves, a /dev/shm of its own)
   into it, writes /etc/hosts,
@@ -48,8 +48,8 @@ DRIVER_DIRS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86
 DRIVER_BINARIES = ("nvidia-smi",)
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 STOP_GRACE_S = 30
-# Variables of this machine every role keeps (the GPU hosts lent here ask that NVLink multicast stays off in every
-# program, also one started with an environment of its own).
+# Variables of the host every role keeps, although each starts with the image's environment: a site's switches for
+# NVLink multicast (NVLS), which some GPU hosts require off in every program.
 PASS_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 _LDCONFIG_RE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
 

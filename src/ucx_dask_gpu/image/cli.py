@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import (NO_GPU, NOT_REPRODUCIBLE, ROOTFS_INVALID, SBOM_INVALID, SBOM_MISMATCH, USAGE, VERDICT_FAILED,
-                      UserError)
+from ..errors import (NO_DOCKER, NO_GPU, NOT_REPRODUCIBLE, ROOTFS_INVALID, SBOM_INVALID, SBOM_MISMATCH, USAGE,
+                      VERDICT_FAILED, UserError)
 from ..cliutil import add_output
 from ..fsutil import write_output_file
 from ..oci import sbom as sbommod
@@ -25,7 +25,7 @@ from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
 from .cluster import Cluster, remove_all_clusters
 from .demo import demo_ok, render_demo, run_demo
-from .docker import docker, engine_version, ensure_engine
+from .docker import ENGINE_LOG, docker, engine_version, ensure_engine, started_engines, stop_started_engines
 from .gpuhost import parse_gpus
 from .paths import CACHE_ENV, default_cache, default_ucxx_wheels, image_ref
 from .wheelhouse import build_own_wheel, ensure_wheelhouse
@@ -42,6 +42,18 @@ def _cache(args) -> Path:
 # --- image ------------------------------------------------------------------------------------------------------------
 
 def _cmd_engine(args) -> int:
+    if args.stop:
+        for pid in stop_started_engines():
+            print(f"stopped dockerd (pid {pid})")
+        left = started_engines()
+        if left:
+            raise UserError(f"dockerd (pid {', '.join(map(str, left))}) did not stop within 60 s", NO_DOCKER)
+        return 0
+    if args.status:
+        for pid in started_engines():
+            print(f"still running: the Docker engine started for this repository's builds (dockerd pid {pid}, "
+                  f"log {ENGINE_LOG}); stop it: ci/start_dockerd.sh --stop")
+        return 0
     print(f"Docker engine {ensure_engine(allow_start=not args.no_start)}")
     return 0
 
@@ -147,7 +159,7 @@ def _cmd_compose(args) -> int:
 
 def _cmd_export_rootfs(args) -> int:
     try:
-        part = rootfs.parse_size(args.part_size) if args.part_size else _stack(args).gpu_host.part_mib * rootfs.MIB
+        part = rootfs.parse_size(args.part_size)
     except ValueError as e:
         raise UserError(str(e), USAGE) from None
     engine_version()
@@ -262,6 +274,9 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
 
     e = s.add_parser("engine", help="make sure a Docker engine answers; start Debian's dockerd when none does (root)")
     e.add_argument("--no-start", action="store_true", help="only check; never install or start an engine")
+    e.add_argument("--status", action="store_true",
+                   help="say whether an engine this command started is still running (`make` ends with it)")
+    e.add_argument("--stop", action="store_true", help="stop the engine(s) this command started")
     e.set_defaults(func=_cmd_engine)
 
     w = s.add_parser("wheelhouse", help="download + verify every wheel of the hashed lock, and build our own wheel")
@@ -319,11 +334,12 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     x.add_argument("image")
     add_output(x, "dir", kind="dir", help="where the parts go",
                note="a new directory, made whole at the end: an existing one, or a file there, is refused (exit 9)")
-    x.add_argument("--part-size", help="largest part, e.g. 40MiB (default: stack.toml [gpu_host].part_mib, so one "
-                                       "part + the repository fit a 64 MiB device call)")
+    x.add_argument("--part-size", default=rootfs.DEFAULT_PART_SIZE,
+                   help=f"largest part, e.g. 200MiB (default {rootfs.DEFAULT_PART_SIZE}): size it for how the parts "
+                        "travel (a file-size or upload limit, removable media)")
     x.add_argument("--level", type=int, default=19, help="compression level (default 19; xz: at most 9)")
     x.add_argument("--compression", choices=sorted(rootfs.COMPRESSIONS), default="xz",
-                   help="xz (default: Python's standard library decodes it, nothing to carry) or zstd (--long; the "
+                   help="xz (default: Python's standard library decodes it, nothing to install) or zstd (--long; the "
                         "host needs the zstd command or the zstandard module)")
     x.set_defaults(func=_cmd_export_rootfs)
 

@@ -113,9 +113,8 @@ class ImageSpec:
 
 @dataclass(frozen=True)
 class GpuHostSpec:
-    """[gpu_host]: how the image's filesystem travels to a GPU host without Docker: part size, where it waits there."""
+    """[gpu_host]: where the image's filesystem waits and is unpacked on a host without Docker."""
 
-    part_mib: int
     parts_dir: str
     root: str
 
@@ -363,11 +362,7 @@ def _absolute_dir(t: dict, key: str, where: str) -> str:
 
 
 def _gpu_host(t: dict, where: str) -> GpuHostSpec:
-    part = _get(t, "part_mib", where, int)
-    if not 1 <= part <= 63:
-        raise StackError(f"{where}.part_mib", f"expected 1..63 (a device call carries 64 MiB), got {part}")
-    return GpuHostSpec(part_mib=part, parts_dir=_absolute_dir(t, "parts_dir", where),
-                       root=_absolute_dir(t, "root", where))
+    return GpuHostSpec(parts_dir=_absolute_dir(t, "parts_dir", where), root=_absolute_dir(t, "root", where))
 
 
 def _http_url(t: dict, key: str, where: str) -> str:

@@ -23,8 +23,9 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", default="all", metavar="all|auto|LIST",
                    help="all GPUs (default), auto = the largest fully NVLink-connected subset, or indices 0,1,2")
     p.add_argument("--protocol", choices=("ucx", "tcp"), default="ucx", help="Dask protocol (default ucx)")
-    p.add_argument("--no-net-devices", action="store_true",
-                   help="do not set UCX_NET_DEVICES (let UCX choose the devices)")
+    p.add_argument("--net-devices", action="store_true",
+                   help="pin each worker's UCX_NET_DEVICES to its nearest NIC (default: UCX pairs GPUs and NICs "
+                        "itself, as dask-cuda recommends)")
     p.add_argument("--sysfs-root", metavar="DIR|RECORD",
                    help="read sysfs under DIR, or from a file written by --record-sysfs (default /)")
 
@@ -41,8 +42,8 @@ def register(sub) -> None:
 
     c = sub.add_parser("cluster", help="scheduler + one dask-cuda worker per GPU on this host, per the plan",
                        description="Start a LocalCUDACluster that applies the topology plan per worker "
-                                   "(affinity, UCX_NET_DEVICES, interface, UCX_TLS); print the scheduler address; "
-                                   "stop cleanly on SIGINT/SIGTERM.")
+                                   "(affinity, interface, UCX_TLS; UCX_NET_DEVICES with --net-devices); print the "
+                                   "scheduler address; stop cleanly on SIGINT/SIGTERM.")
     _plan_args(c)
     c.add_argument("--scheduler-port", type=int, default=8786, help="scheduler port (default 8786; 0 = any)")
     c.add_argument("--dashboard-address", default=":8787", help="dashboard address, or 'none' (default :8787)")
@@ -71,7 +72,7 @@ def _topology(args):
 
 
 def _plan(args):
-    return make_plan(_topology(args), gpus=args.gpus, protocol=args.protocol, net_devices=not args.no_net_devices)
+    return make_plan(_topology(args), gpus=args.gpus, protocol=args.protocol, net_devices=args.net_devices)
 
 
 def run_topology(args) -> int:

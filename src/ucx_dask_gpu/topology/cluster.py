@@ -6,8 +6,9 @@ all. `TopologyCUDACluster` keeps dask-cuda's worker (device/host spilling, RMM a
 `dask_cuda.initialize` preload) and replaces, per worker, what the plan measured:
 
 - the CPUAffinity plugin: the plan's cores (NVML, or sysfs local_cpulist), limited to what this process may use;
-- `env` (the Nanny applies it in the worker process before UCX starts): UCX_NET_DEVICES (nearest NIC), UCX_TLS,
-  CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER=PCI_BUS_ID; distributed-ucxx lets the environment win over dask config;
+- `env` (the Nanny applies it in the worker process before UCX starts): UCX_TLS, CUDA_VISIBLE_DEVICES,
+  CUDA_DEVICE_ORDER=PCI_BUS_ID, and UCX_NET_DEVICES (nearest NIC) only when asked for (`net_devices=True`);
+  distributed-ucxx lets the environment win over dask config;
 - `interface`: the nearest NIC's IP interface, when it has an IPv4 address.
 
 The scheduler listens on the first worker's interface (127.0.0.1 when that has no address), and the client/scheduler
@@ -90,7 +91,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def topology_cluster(gpus: str = "all", protocol: str = "ucx", net_devices: bool = True, topology=None,
+def topology_cluster(gpus: str = "all", protocol: str = "ucx", net_devices: bool = False, topology=None,
                      pin_cpus: bool = True, **kwargs):
     """Plan from this machine (or the given `Topology`) and start the cluster: the Python entry point."""
     topo = topology if topology is not None else from_machine()

@@ -13,7 +13,7 @@ from ..errors import VERDICT_FAILED
 from ..stack import load
 from ..ucx.install import BUILD_INFO
 from .build import BuildOptions, build, parse_require
-from .fetch import fetch_all, local_dirs, say
+from .fetch import default_cache_dir, fetch_all, local_dirs, say
 from .ucxx import UcxxOptions, build_ucxx, install_ucxx
 from .verify import verify_prefix
 
@@ -24,11 +24,13 @@ def _stack(args):
 
 def _cmd_fetch(args) -> int:
     st = _stack(args)
-    dest = Path(args.dest).resolve()
+    dest = Path(args.dest).resolve() if args.dest else default_cache_dir(st).resolve()
+    sources = st.source_archives() if args.all else (st.ucx,)
     m = fetch_all(st, dest, dirs=local_dirs(st, [Path(p) for p in args.sources]), offline=args.offline,
-                  cuda=not args.no_cuda)
+                  cuda=not args.no_cuda, sources=sources)
     say(f"{dest}: {len(m.get('files', {}))} verified files, manifest {dest / 'manifest.json'}")
-    print(dest / st.ucx.archive)
+    for src in sources:
+        print(dest / src.archive)
     return 0
 
 
@@ -109,8 +111,14 @@ def add_actions(p: argparse.ArgumentParser) -> None:
     src_help = ("a source mirror: look for inputs in DIR after their URLs (repeatable; then $UCX_DASK_GPU_SOURCE_MIRROR "
                 "and stack.toml [sources].mirror_dirs)")
 
-    f = s.add_parser("fetch", help="download + verify the UCX archive, CUDA header wheels and link .debs into DIR")
-    add_output(f, "--dest", kind="dir", required=True, help="directory to fill (also reused as a cache)")
+    f = s.add_parser("fetch", help="download + verify the UCX archive (--all: every pinned source archive), CUDA "
+                                   "header wheels and link .debs into DIR")
+    add_output(f, "--dest", kind="dir", help="directory to fill, also reused as a cache (default: the download cache, "
+                                             "$UCX_DASK_GPU_CACHE or <repo>/.cache/sources, where `build` and `ucxx` "
+                                             "look)")
+    f.add_argument("--all", action="store_true",
+                   help="every pinned source archive (UCX, UCXX, rapids-cmake, CPM.cmake), not only UCX's: all "
+                        "missing ones are named in one line")
     f.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
     f.add_argument("--offline", action="store_true", help="no network: only source mirrors and DIR itself")
     f.add_argument("--no-cuda", action="store_true", help="skip the CUDA wheels/.debs (builder has a toolkit)")

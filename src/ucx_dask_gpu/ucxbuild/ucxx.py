@@ -36,7 +36,7 @@ from ..stack import Stack
 from ..ucx.install import BUILD_INFO, PRELOAD_PTH
 from ..ucx.install import UCXX_BUILD_INFO as INSTALLED_BUILD_INFO
 from .build import _fmt_s, _print_tail, apply_patches, compiler_version, patches_for, run_logged, unpack_tree
-from .fetch import default_cache_dir, fetch_source, say
+from .fetch import default_cache_dir, fetch_sources, say
 
 UCXX_BUILD_INFO = INSTALLED_BUILD_INFO.name
 # What the build makes in a --work-dir (its own, replaced on every run: claim_work_dir refuses a directory with more).
@@ -339,7 +339,7 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
     jobs = opts.jobs or (os.cpu_count() or 1) + 1
     fetch_kw = {"cache": cache, "dirs": [p.resolve() for p in opts.sources], "offline": opts.offline}
     say(f"UCXX {u.source.version}: against UCX {ucx_info['ucx_version']} at {prefix}, work dir {work}")
-    fetched = {a.name: fetch_source(a, **fetch_kw) for a in (u.source, u.rapids_cmake, u.cpm)}
+    fetched = {f.source.name: f for f in fetch_sources((u.source, u.rapids_cmake, u.cpm), **fetch_kw)}
     trees = {name: unpack_tree(f.path, work / "src" / name) for name, f in fetched.items()}
     src, rapids_cmake, cpm = trees[u.source.name], trees[u.rapids_cmake.name], trees[u.cpm.name]
     if patches and shutil.which("patch") is None:
