@@ -28,12 +28,17 @@ UCX_NOT_FOUND = 17        # no UCX prefix / ucx_info where one was named or expe
 RESULT_KEPT = 18          # the work finished but its output could not be written where asked; the result is kept
                           # (beside it, in the temp directory, or on stdout) and the one line says where
 APT_LOCKED = 19           # ci/install_prereqs.sh: another apt/dpkg process held its lock past the wait
-SCHEDULER_UNREACHABLE = 20  # workload: nothing answered at --scheduler (refused, unknown host, unreachable)
+SCHEDULER_UNREACHABLE = 20  # workload or a worker's start: nothing answered at the scheduler address (refused,
+                            # unknown host, unreachable)
 DATA_INVALID = 21         # workload from-map: the data directory has no usable files
 WORKLOAD_FAILED = 23      # workload: the computation raised on the cluster (e.g. no GPU on a cupy worker)
-NOT_A_SCHEDULER = 24      # workload: what answered at --scheduler is not a Dask scheduler, or said nothing in --timeout
+NOT_A_SCHEDULER = 24      # workload or a worker's start: what answered at the scheduler address is not a Dask
+                          # scheduler, or said nothing in time
 NO_WORKERS = 25           # workload: fewer than --min-workers workers joined within --wait-workers
 TLS_REFUSED = 26          # workload: TLS handshake failed (no client certificate, or not one the cluster's CA signed)
+ALL_WORKERS_LOST = 27     # workload: every worker left mid-run and none joined again within --timeout
+SCHEDULER_LOST = 28       # workload: the connection to the scheduler closed mid-run (scheduler stopped or unreachable)
+BINDING_NOT_LOADABLE = 29  # workload: the UCX binding (ucxx and its libucxx/libucp) cannot be loaded in this process
 # Reproducible image + SBOM (30-39)
 NOT_REPRODUCIBLE = 30    # two builds (two clones at different paths) gave different prefixes, wheels or image ids
 BAD_ARCHIVE = 31         # an image/rootfs archive is malformed, or docker save/load disagreed with us

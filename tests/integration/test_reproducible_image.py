@@ -239,11 +239,11 @@ def test_a_build_that_records_its_own_time_is_caught_and_the_file_named(st, base
 # --- the image -------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def image(st, cache, build_image) -> dict:
-    """The suite's image (built by the cluster tests already: warm, cheap), normalised: the FIRST build."""
-    built = build_image()
-    res = normalise.finish_build(st, built["tag"], cache)
-    return {"tag": built["tag"], "result": res, "stack_id": built["stack_id"]}
+def image(st, cache, image) -> dict:
+    """The suite's image (conftest's: built by the cluster tests already, warm, cheap; under
+    $UCX_DASK_GPU_TEST_IMAGE_TAG where that is set), normalised: the FIRST build."""
+    res = normalise.finish_build(st, image["tag"], cache)
+    return {"tag": image["tag"], "result": res, "stack_id": image["stack_id"]}
 
 
 @pytest.fixture(scope="module")

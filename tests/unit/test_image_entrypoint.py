@@ -120,20 +120,6 @@ def test_gpu_worker_without_a_gpu_names_what_is_missing(tmp_path):
     entrypoint.check_gpu(entrypoint.classify(["dask", "worker", "tcp://s:8786"]), {})
 
 
-def test_workers_add_quiet_close_after_the_configured_preloads():
-    role = entrypoint.classify(["dask", "worker", "tcp://s:8786"])
-    configured = {"distributed": {"worker": {"preload": ["ucx_dask_gpu.gate.guard"]}}}
-    env = entrypoint.worker_preload_env(role, configured, {})
-    assert env == {entrypoint.WORKER_PRELOAD_ENV: repr(["ucx_dask_gpu.gate.guard", entrypoint.QUIET_CLOSE])}
-    assert entrypoint.worker_preload_env(
-        entrypoint.classify(["python", "-m", "distributed.cli.dask_worker", "x"]), configured, {}) == env
-    done = {"distributed": {"worker": {"preload": ["ucx_dask_gpu.gate.guard", entrypoint.QUIET_CLOSE]}}}
-    assert entrypoint.worker_preload_env(role, done, {}) == {}
-    # Not for other roles, and never over an explicit choice.
-    assert entrypoint.worker_preload_env(entrypoint.classify(["dask", "scheduler"]), configured, {}) == {}
-    assert entrypoint.worker_preload_env(role, configured, {entrypoint.WORKER_PRELOAD_ENV: "[]"}) == {}
-
-
 def test_legacy_commands_of_the_package_go_through_the_entrypoint(tmp_path):
     """`dask-scheduler` as installed by this package (what a launcher that bypasses the entrypoint runs)."""
     exe = Path(sys.executable).parent / "dask-scheduler"
@@ -143,20 +129,39 @@ def test_legacy_commands_of_the_package_go_through_the_entrypoint(tmp_path):
     assert proc.returncode == 0 and "Usage: dask scheduler" in proc.stdout
 
 
-def test_dask_worker_gets_the_guard_as_nanny_preload():
-    """`dask worker` ignores distributed.nanny.preload; the guard must run in the nanny to refuse in one line."""
-    got = entrypoint.nanny_preload_args(["dask", "worker", "tcp://scheduler:8786", "--nthreads", "2"])
-    assert got == ["dask", "worker", "--preload-nanny", "ucx_dask_gpu.gate.guard", "tcp://scheduler:8786",
-                   "--nthreads", "2"]
-    assert entrypoint.nanny_preload_args(got) == got
-    for other in (["dask", "cuda", "worker", "tcp://s:1"], ["dask", "scheduler"]):  # dask-cuda honours the config
-        assert entrypoint.nanny_preload_args(other) == other
+NANNY = {"distributed": {"nanny": {"preload": ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup"]}}}
 
 
-@pytest.mark.parametrize("argv", [["dask", "worker", "not-an-address"], ["dask", "cuda", "worker", "foo://s:1"]])
+@pytest.mark.parametrize("argv, n", [
+    (["dask", "worker", "tcp://scheduler:8786", "--nthreads", "2"], 2),
+    (["dask-worker", "tcp://scheduler:8786", "--nthreads", "2"], 2),
+    # dask-jobqueue's job scripts
+    (["/opt/venv/bin/python", "-m", "distributed.cli.dask_worker", "tcp://scheduler:8786", "--nthreads", "2",
+      "--nanny"], 3),
+])
+def test_dask_worker_gets_the_configured_nanny_preloads(argv, n):
+    """`dask worker` ignores distributed.nanny.preload in every spelling; the guard must run in the nanny to refuse in
+    one line, and the nanny loads what `dask cuda worker`'s reads from the config."""
+    role = entrypoint.nanny_preload_args(entrypoint.classify(argv), NANNY)
+    assert list(role.argv[n:n + 4]) == ["--preload-nanny", "ucx_dask_gpu.gate.guard",
+                                        "--preload-nanny", "ucx_dask_gpu.ucx.startup"]
+    assert role.argv[n + 4] == "tcp://scheduler:8786"
+    assert entrypoint.nanny_preload_args(role, NANNY) == role  # given already: not twice
+    # Without any config, the guard still.
+    assert entrypoint.nanny_preload_args(entrypoint.classify(argv), {}).argv[n:n + 2] == \
+        ("--preload-nanny", "ucx_dask_gpu.gate.guard")
+    for other in (["dask", "cuda", "worker", "tcp://s:1"], ["dask", "scheduler"],
+                  ["python", "-m", "dask_cuda.cli", "tcp://s:1"]):  # dask-cuda reads the config itself
+        assert entrypoint.nanny_preload_args(entrypoint.classify(other), NANNY).argv == tuple(other)
+
+
+@pytest.mark.parametrize("argv", [["dask", "worker", "not-an-address"], ["dask", "cuda", "worker", "foo://s:1"],
+                                  ["python", "-m", "distributed.cli.dask_worker", "http://s:1"],
+                                  ["dask-cuda-worker", "s"]])
 def test_a_malformed_worker_address_is_one_line_before_dask_starts(argv):
     with pytest.raises(UserError) as err:
-        entrypoint.check_worker_address(argv)
+        entrypoint.check_worker_address(entrypoint.classify(argv))
     assert err.value.exit_code == 2 and argv[-1] in str(err.value)
-    entrypoint.check_worker_address(["dask", "worker", "--nthreads", "2", "tcp://s:1"])  # options first: dask's own
-    entrypoint.check_worker_address(["dask", "worker", "ucx://scheduler:8786"])
+    for fine in (["dask", "worker", "--nthreads", "2", "tcp://s:1"],  # options first: dask's own
+                 ["dask", "worker", "ucx://scheduler:8786"], ["dask", "scheduler", "--port", "x"]):
+        entrypoint.check_worker_address(entrypoint.classify(fine))

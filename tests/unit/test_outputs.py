@@ -36,6 +36,7 @@ WRITING = {
     ("image", "compose", "--output"): "file",
     ("image", "demo", "--json"): "file",
     ("image", "export-rootfs", "dir"): "dir",
+    ("image", "role-hook", "--dest"): "dir",
     ("image", "rootfs-run", "out"): "dir",
     ("repro", "check", "--clone-dir"): "dir",
     ("repro", "check", "--json"): "file",

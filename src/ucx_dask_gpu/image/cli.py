@@ -20,7 +20,7 @@ from ..oci.layer import normalise_rootfs_tar
 from ..stack import load
 from ..stack.lock import canonical, load_lock
 from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO
-from . import chroot, compose, leftovers, normalise, reprocheck, rootfs
+from . import chroot, compose, leftovers, normalise, reprocheck, rolehook, rootfs
 from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
 from .cluster import Cluster, remove_all_clusters
@@ -261,6 +261,11 @@ def _cmd_remove_clusters(args) -> int:
     return 0
 
 
+def _cmd_role_hook(args) -> int:
+    print(f"wrote {rolehook.install(args.dest)}")
+    return 0
+
+
 def _register_image(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("image", help="build the one image for client, scheduler and workers (Docker)")
     p.add_argument("--stack-file", help="stack.toml to read (default: the repository's)")
@@ -371,6 +376,13 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     r = s.add_parser("remove-clusters", help="remove every container/volume/network left by clusters of ours "
                                             "(after an interrupted run; also ends running ones)")
     r.set_defaults(func=_cmd_remove_clusters)
+
+    h = s.add_parser("role-hook", help="install the start-up hook that sends Dask roles started without the image's "
+                                       "entrypoint (Apptainer exec, --entrypoint '', python -m ...) through it "
+                                       "(the Dockerfile runs this)")
+    add_output(h, "--dest", kind="dir", metavar="DIR",
+               help="the site-packages directory to write the hook's .pth file into (default: this Python's)")
+    h.set_defaults(func=_cmd_role_hook)
 
 
 # --- repro ------------------------------------------------------------------------------------------------------------

@@ -21,12 +21,13 @@ file or a job script must not turn into a container that runs the wrong thing or
 - transports: the image's /etc/dask leaves them to UCX on every host; settings that contradict each other (e.g.
   UCX_TLS next to distributed-ucxx flags) end with one line and TRANSPORT_CONFLICT;
 - a GPU worker needs a GPU: without one visible, one line naming what is missing and NO_GPU;
-- workers also preload `ucx_dask_gpu.gate.quietclose` (after the configured preloads), so `docker stop` shuts them
-  down without a heartbeat traceback (see that module); `dask worker` ignores distributed.nanny.preload (its own
-  --preload-nanny always wins), so the entrypoint passes the guard there: a refused worker then ends in its nanny
-  with the scheduler's one-line reason and exit code ENV_MISMATCH, before any worker process starts (gate/guard.py);
-- a malformed scheduler address right after `dask worker`/`dask cuda worker` is one line (USAGE), not dask's
-  traceback.
+- preloads come from the image's dask config (/etc/dask), which every spelling reads; `dask worker` (any spelling)
+  ignores distributed.nanny.preload (its own --preload-nanny always wins), so the entrypoint passes the guard there:
+  a refused worker then ends in its nanny with the scheduler's one-line reason and exit code ENV_MISMATCH, before any
+  worker process starts, and a worker whose scheduler does not answer ends in one line too (gate/guard.py);
+- a malformed scheduler address right after the role's words is one line (USAGE), not dask's traceback.
+A role started without this entrypoint (Apptainer `exec`, `--entrypoint ''`) comes here through the image's start-up
+hook (rolehook.py); the process exec'd carries ROLE_CHECKED_ENV = its pid, so it is checked once.
 """
 from __future__ import annotations
 
@@ -37,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import NO_GPU, TRANSPORT_CONFLICT, UNKNOWN_ROLE, UserError
-from ..gate.daskconfig import QUIET_CLOSE, collect_for
+from ..gate.daskconfig import collect_for
 from ..gate.identity import GUARD
-from ..proof.peer import parse_address
+from ..gate.peer import parse_address
 from ..ucx.transports import settings
 
 # Canonical spellings: the words that start the command -> the role's kind.
@@ -68,14 +69,17 @@ COMMANDS = ("ucx-dask-gpu", *PYTHONS, "ucx_info", "ucx_perftest", "bash", "sh")
 USAGE_LINE = ("dask scheduler | dask worker ADDRESS | dask cuda worker ADDRESS | dask cuda config | "
               "dask-scheduler | dask-worker | dask-cuda-worker | python -m distributed.cli.dask_scheduler|dask_worker "
               "| ucx-dask-gpu COMMAND | python ... | ucx_info | ucx_perftest | bash")
-WORKER_PRELOAD_ENV = "DASK_DISTRIBUTED__WORKER__PRELOAD"
 DASK_KINDS = ("scheduler", "worker", "cuda-worker")
+# Set to the pid of the process the entrypoint execs: that process is a checked role (rolehook.py). Not UCX_-prefixed
+# (UCX warns about every UCX_* variable it does not know), not DASK_-prefixed (dask reads those as config).
+ROLE_CHECKED_ENV = "UCXDASKGPU_ROLE_CHECKED_PID"
 
 
 @dataclass(frozen=True)
 class Role:
     kind: str              # scheduler | worker | cuda-worker | cuda-config | command
     argv: tuple[str, ...]  # what is exec'd
+    words: int = 1         # how many words of argv name the role (`dask cuda worker`: 3; `python -m X`: 3)
 
 
 def _is_python(word: str) -> bool:
@@ -95,16 +99,16 @@ def classify(argv: list[str]) -> Role:
     first = argv[0]
     if first in LEGACY:
         words = LEGACY[first]
-        return Role(DASK_ROLES[words], (*words, *argv[1:]))
+        return Role(DASK_ROLES[words], (*words, *argv[1:]), len(words))
     if first == "dask":
         for words, kind in DASK_ROLES.items():
             if tuple(argv[:len(words)]) == words:
-                return Role(kind, tuple(argv))
+                return Role(kind, tuple(argv), len(words))
         n = 3 if argv[1:2] == ["cuda"] else 2
         raise _unknown(argv, n)
     if _is_python(first):
         if len(argv) > 2 and argv[1] == "-m" and argv[2] in PYTHON_MODULES:
-            return Role(PYTHON_MODULES[argv[2]], tuple(argv))
+            return Role(PYTHON_MODULES[argv[2]], tuple(argv), 3)
         return Role("command", tuple(argv))
     if first in COMMANDS:
         return Role("command", tuple(argv))
@@ -152,31 +156,26 @@ def check_gpu(role: Role, environ: dict) -> None:
         raise UserError(f"{' '.join(role.argv[:3])} needs a GPU: {why}", NO_GPU)
 
 
-def worker_preload_env(role: Role, config: dict, environ: dict) -> dict:
-    """For `dask worker`: the configured worker preloads plus QUIET_CLOSE, unless the operator set them. (`dask cuda
-    worker` gives its worker processes a preload list of its own.)"""
-    if role.kind != "worker" or WORKER_PRELOAD_ENV in environ:
-        return {}
-    configured = list(config.get("distributed", {}).get("worker", {}).get("preload") or [])
-    if QUIET_CLOSE in configured:
-        return {}
-    return {WORKER_PRELOAD_ENV: repr(configured + [QUIET_CLOSE])}
+def check_worker_address(role: Role) -> None:
+    """A worker's ADDRESS right after the role's words: malformed, it is one line (USAGE) here instead of dask's
+    traceback (only there, as documented: after options it is dask's to read)."""
+    n = role.words
+    if role.kind in ("worker", "cuda-worker") and len(role.argv) > n and not role.argv[n].startswith("-"):
+        parse_address(role.argv[n], "the scheduler address")
 
 
-def check_worker_address(argv: list[str]) -> None:
-    """`dask worker ADDRESS` / `dask cuda worker ADDRESS`: a malformed ADDRESS is one line (USAGE) here instead of
-    dask's traceback (only when the address comes right after the role, as documented)."""
-    n = 3 if argv[:3] == ["dask", "cuda", "worker"] else 2 if argv[:2] == ["dask", "worker"] else 0
-    if n and len(argv) > n and not argv[n].startswith("-"):
-        parse_address(argv[n], "the scheduler address")
-
-
-def nanny_preload_args(argv: list[str]) -> list[str]:
-    """For `dask worker` (the legacy spellings are exec'd as it): the guard as a nanny preload too (see the module
-    docstring)."""
-    if argv[:2] != ["dask", "worker"] or GUARD in argv:
-        return argv
-    return argv[:2] + ["--preload-nanny", GUARD] + argv[2:]
+def nanny_preload_args(role: Role, config: dict) -> Role:
+    """`dask worker` in any spelling (`dask-worker`, `python -m distributed.cli.dask_worker`) never reads
+    distributed.nanny.preload: the configured nanny preloads (the guard first, always) as --preload-nanny options, so
+    its nanny loads what `dask cuda worker`'s reads from the config (see the module docstring)."""
+    if role.kind != "worker":
+        return role
+    configured = (config.get("distributed", {}).get("nanny", {}) or {}).get("preload") or []
+    configured = [configured] if isinstance(configured, str) else list(configured)
+    given = {role.argv[i + 1] for i, word in enumerate(role.argv[:-1]) if word == "--preload-nanny"}
+    extra = [w for m in dict.fromkeys([GUARD, *configured]) if m not in given for w in ("--preload-nanny", m)]
+    n = role.words
+    return Role(role.kind, (*role.argv[:n], *extra, *role.argv[n:]), n)
 
 
 def run(argv: list[str]) -> int:
@@ -184,12 +183,12 @@ def run(argv: list[str]) -> int:
         role = classify(argv)
         env = dict(os.environ)
         if role.kind in DASK_KINDS:
-            check_worker_address(list(role.argv))
-            role = Role(role.kind, tuple(nanny_preload_args(list(role.argv))))
+            check_worker_address(role)
             config = collect_for(env)
+            role = nanny_preload_args(role, config)
             check_transports(config, env)
             check_gpu(role, env)
-            env.update(worker_preload_env(role, config, env))
+            env[ROLE_CHECKED_ENV] = str(os.getpid())  # execvpe keeps the pid
     except UserError as e:
         print(f"ucx-dask-gpu image: {e}", file=sys.stderr)
         return e.exit_code
