@@ -159,6 +159,8 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
     proc = run_cli("--first", "some:image", "--no-image")
     assert proc.returncode == USAGE and len(proc.stderr.strip().splitlines()) == 1
     assert "--against-checkout" in proc.stderr
+    proc = run_cli("--against-checkout", "--revision", "HEAD~1", "--no-image")
+    assert proc.returncode == USAGE and "--revision" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     proc = run_cli("--clone-dir", str(tmp_path / "a"), "--clone-dir", str(tmp_path / "b"), "--clone-dir",
                    str(tmp_path / "c"))
     assert proc.returncode == USAGE and len(proc.stderr.strip().splitlines()) == 1

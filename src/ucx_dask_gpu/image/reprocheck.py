@@ -410,6 +410,8 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
                         f"--against-checkout", USAGE)
     if first_image and not against_checkout:
         raise UserError("--first IMAGE is this checkout's image: it needs --against-checkout", USAGE)
+    if against_checkout and revision != "HEAD":
+        raise UserError("--revision with --against-checkout: this checkout's own build is of its HEAD", USAGE)
     for d in clone_dirs:
         if Path(d).is_dir() and any(Path(d).iterdir()):
             raise UserError(f"--clone-dir {d}: not empty: give a new or empty directory for each clone (refused "
@@ -418,6 +420,7 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
     commit = _git(st.root, "rev-parse", "--verify", f"{revision}^{{commit}}")
     if _git(st.root, "status", "--porcelain", "--untracked-files=no"):
         say(f"{st.root} has uncommitted changes: the clones build {revision} ({commit[:12]}) as committed")
+    builds: list[Build] = [this_checkouts_build(st, first_image, image)] if against_checkout else []
     t0 = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="udg-repro-"))
     # Unless named: two depths under one new directory (the build path is what varies most between users).
@@ -425,9 +428,6 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
     labels = ["b"] if against_checkout else ["a", "b"]
     named = [Path(d).resolve() for d in clone_dirs]
     dirs = [named[i] if i < len(named) else default_dirs[label] for i, label in enumerate(labels)]
-    builds: list[Build] = []
-    if against_checkout:
-        builds.append(this_checkouts_build(st, first_image, image))
     try:
         for label, d in zip(labels, dirs):
             v = VARIATIONS[0] if label == "a" else VARIATIONS[1]
@@ -455,7 +455,8 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
             builds[0].image.update(image_id=res.image_id, out_dir=res.out_dir)
         report = compare_builds(builds[0], builds[1], work, limit)
     except BaseException:
-        say(f"kept for inspection: {work}")
+        say(f"kept for inspection: {work}" + "".join(f"; {b.checkout}, its image {b.image['tag']}" for b in builds
+                                                      if b.variation is not None and b.image.get("tag")))
         raise
     report["seconds"] = round(time.monotonic() - t0, 1)
     report["commit"] = commit
