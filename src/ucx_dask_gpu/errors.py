@@ -40,7 +40,7 @@ ALL_WORKERS_LOST = 27     # workload: every worker left mid-run and none joined 
 SCHEDULER_LOST = 28       # workload: the connection to the scheduler closed mid-run (scheduler stopped or unreachable)
 BINDING_NOT_LOADABLE = 29  # workload: the UCX binding (ucxx and its libucxx/libucp) cannot be loaded in this process
 # Reproducible image + SBOM (30-39)
-NOT_REPRODUCIBLE = 30    # two clean builds gave different image digests
+NOT_REPRODUCIBLE = 30    # two builds (two clones at different paths) gave different prefixes, wheels or image ids
 BAD_ARCHIVE = 31         # an image/rootfs archive is malformed, or docker save/load disagreed with us
 SBOM_INVALID = 32        # the SBOM fails the CycloneDX schema
 SBOM_MISMATCH = 33       # the SBOM disagrees with the lock, the build info or the image's dpkg status
