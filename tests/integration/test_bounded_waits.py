@@ -14,7 +14,6 @@ prints what it measured.
 from __future__ import annotations
 
 import http.server
-import json
 import re
 import signal
 import socket

@@ -158,3 +158,20 @@ def test_a_tls_refusal_distributed_reports_without_a_cause_is_still_found():
     else:
         pytest.fail("distributed did not raise FatalCommClosedError")
     assert _ssl_error(RuntimeError("no TLS involved")) is None
+
+
+def test_a_probe_that_raises_hands_its_error_to_the_awaiting_coroutine():
+    # the exception is delivered after the thread's except block has ended (its name is unbound by then)
+    import asyncio
+
+    from ucx_dask_gpu.gate.peer import _in_daemon_thread
+
+    def boom():
+        raise ConnectionResetError("probe failed")
+
+    async def main():
+        with pytest.raises(ConnectionResetError, match="probe failed"):
+            await _in_daemon_thread(boom)
+        return await _in_daemon_thread(lambda: 7)
+
+    assert asyncio.run(main()) == 7

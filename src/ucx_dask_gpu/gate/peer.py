@@ -352,7 +352,7 @@ async def _in_daemon_thread(fn, *args):
         try:
             out = fn(*args)
         except BaseException as e:  # handed to the awaiting coroutine
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_exception(e))
+            loop.call_soon_threadsafe(lambda err=e: done.done() or done.set_exception(err))  # `e` is gone after except
         else:
             loop.call_soon_threadsafe(lambda: done.done() or done.set_result(out))
 
