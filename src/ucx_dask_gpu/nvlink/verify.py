@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import nvml
+from ..cliutil import parse_size
 from ..errors import NO_GPU, NO_NVLINK, ONE_GPU, PERFTEST_FAILED, USAGE, UserError
 from ..ucx import perftest as pt
 from .gpuside import GpuSide
@@ -39,24 +40,15 @@ DEFAULT_SIZES = "1MiB,64MiB,256MiB"
 DEFAULT_GOALS = "256MiB=0.97,1MiB=0.50"
 # Never settable by --ucx-env/--variant: they are what makes the measurement honest.
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LD_LIBRARY_PATH"}
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
 
 # --- argument helpers (pure) ----------------------------------------------------------------------------------------
 
-def parse_size(text: str) -> int:
-    """'1MiB', '64M', '256mib', '4k', '268435456' -> bytes (binary units: perftest sizes are powers of two)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS or int(m.group(1)) <= 0:
-        raise UserError(f"not a message size: {text!r} (use e.g. 1MiB, 64MiB, 268435456)", USAGE)
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
-
-
-def parse_sizes(text: str) -> list[int]:
-    sizes = sorted({parse_size(s) for s in text.split(",") if s.strip()})
+def parse_sizes(text: str, option: str = "--sizes") -> list[int]:
+    """'1MiB,64MiB,268435456' -> the distinct message sizes in bytes, smallest first (dask's units: 64MB = 64*10^6)."""
+    sizes = sorted({parse_size(s, option) for s in text.split(",") if s.strip()})
     if not sizes:
-        raise UserError("--sizes: no size given", USAGE)
+        raise UserError(f"{option}: no size given", USAGE)
     return sizes
 
 
@@ -84,7 +76,7 @@ def parse_goals(text: str) -> dict[int, float]:
     for item in filter(None, (s.strip() for s in text.split(","))):
         k, sep, v = item.partition("=")
         try:
-            out[parse_size(k)] = float(v)
+            out[parse_size(k, "--goals")] = float(v)
         except ValueError:
             raise UserError(f"--goals: expected SIZE=RATIO, got {item!r}", USAGE) from None
         if not sep:
@@ -171,7 +163,8 @@ class Verifier:
         self.raw = Path(args.raw_dir) if args.raw_dir else None
         self.baseline: dict[tuple[str, str], dict] = {}
         self.errors: list[str] = []
-        self.variant_sizes = parse_sizes(args.variant_sizes) if getattr(args, "variant_sizes", None) else sizes
+        self.variant_sizes = parse_sizes(args.variant_sizes, "--variant-sizes") \
+            if getattr(args, "variant_sizes", None) else sizes
         live = [r for r in runs if not r.inst.preflight_error]
         n_meas = sum(len(pairs) * len(self.sizes_for(r)) for r in live)
         n_abl = sum(len(pairs) for r in live if evidence_mode(r.inst, self._env(r), args.transport_evidence) == "lanes")
