@@ -19,7 +19,7 @@ from ..oci.compare import compare, render_compare
 from ..oci.layer import normalise_rootfs_tar
 from ..stack import load
 from ..stack.lock import canonical, load_lock
-from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO
+from ..ucx.install import BUILD_INFO, INSTALLED_UCXX_BUILD_INFO
 from . import chroot, compose, leftovers, normalise, reprocheck, rolehook, rootfs
 from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
@@ -518,7 +518,7 @@ def _cmd_sbom_check(args) -> int:
         text = _read(args.sbom, "SBOM") if args.sbom else _from_image(args.image, "/" + sbommod.SBOM_IN_IMAGE)
         status = _from_image(args.image, "/var/lib/dpkg/status")
         info_text = _from_image(args.image, f"{st.image.ucx_prefix}/{BUILD_INFO}")
-        ucxx_text = _from_image(args.image, f"{st.image.venv}/{UCXX_BUILD_INFO}")
+        ucxx_text = _from_image(args.image, f"{st.image.venv}/{INSTALLED_UCXX_BUILD_INFO}")
     else:
         if not args.sbom:
             raise UserError("sbom check: give an SBOM file, --image IMAGE, or both", USAGE)

@@ -40,7 +40,8 @@ from ..report import format_table
 from ..stack import Stack, load
 from . import info as ucxinfo
 from . import transports
-from .install import BUILD_INFO, UCXX_BUILD_INFO, at, choose, prefix_of_library, read_build_info, ucxx_can_use
+from .install import (BUILD_INFO, SHARE, UCXX_BUILD_INFO, at, choose, prefix_of_library, read_build_info,
+                      read_ucxx_build_info, ucxx_can_use)
 
 
 # Runs in a child: load UCX (a path/soname, or by importing UCXX as Dask does), then report which files the loader
@@ -164,13 +165,14 @@ def _dist(*names: str):
     return None
 
 
-def ucxx_provenance(path: Path | None = None) -> dict:
+def ucxx_provenance(share: Path | None = None) -> dict:
     """Are the installed UCXX libraries the ones our build made? Compares each shared library recorded in
-    <sys.prefix>/share/ucx-dask-gpu/ucxx-build-info.json with the installed file, by sha256."""
-    path = path or Path(sys.prefix) / UCXX_BUILD_INFO
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError):
+    <sys.prefix>/share/ucx-dask-gpu/ucxx-build-info.json (or the one in `share`) with the installed file, by
+    sha256."""
+    share = share or Path(sys.prefix) / SHARE
+    path = share / UCXX_BUILD_INFO
+    info = read_ucxx_build_info(share)
+    if info is None:
         return {"from_source": False, "why": f"no {path}"}
     differing, checked = [], 0
     for pkg in info.get("packages", []):
