@@ -134,8 +134,9 @@ def test_the_venv_holds_our_wheels_and_no_libucx_wheel(info):
 def test_ucxx_imports_on_our_ucx(st):
     r = _python("""
         import ucxx
+        from ucx_dask_gpu.fsutil import mapped_library
         print(".".join(map(str, ucxx.get_ucx_version())))
-        print(next(l.split()[-1] for l in open("/proc/self/maps") if "libucp.so" in l))
+        print(mapped_library("libucp.so"))
     """)
     assert r.returncode == 0, r.stderr[-2000:]
     version, libucp = r.stdout.split()
@@ -147,9 +148,10 @@ CLUSTER = """
     import json
     import dask.array as da
     from distributed import Client, LocalCluster
+    from ucx_dask_gpu.fsutil import mapped_library
 
     def maps():
-        return next(l.split()[-1] for l in open("/proc/self/maps") if "libucp.so" in l)
+        return mapped_library("libucp.so")
 
     if __name__ == "__main__":
         with LocalCluster(protocol="ucx", n_workers=2, threads_per_worker=1, dashboard_address=None,

@@ -45,10 +45,14 @@ from .install import (BUILD_INFO, SHARE, UCXX_BUILD_INFO, at, choose, prefix_of_
 
 
 # Runs in a child: load UCX (a path/soname, or by importing UCXX as Dask does), then report which files the loader
-# mapped and the version libucp itself reports.
+# mapped and the version libucp itself reports. It finds this package at the path it is given (`-S`: no site).
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 _PROBE = r"""
-import ctypes, json, os, sys
+import ctypes, json, sys
 mode, target = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+from ucx_dask_gpu.fsutil import mapped_library
+del sys.path[0]
 out = {}
 try:
     if mode == "ucxx":
@@ -61,15 +65,8 @@ except ModuleNotFoundError as e:
     out["missing"] = str(e.name)
 except Exception as e:
     out["error"] = f"{type(e).__name__}: {e}"
-libs = {}
-with open("/proc/self/maps") as maps:
-    for line in maps:
-        parts = line.split(None, 5)
-        if len(parts) == 6 and parts[5].startswith("/"):
-            path = parts[5].strip()
-            for name in ("libucp.so", "libucs.so", "libuct.so", "libucm.so"):
-                if os.path.basename(path).startswith(name):
-                    libs.setdefault(name, path)
+libs = {name: path for name in ("libucp.so", "libucs.so", "libuct.so", "libucm.so")
+        if (path := mapped_library(name)) is not None}
 out["libraries"] = libs
 if "libucp.so" in libs:
     fn = ctypes.CDLL(libs["libucp.so"], ctypes.RTLD_LOCAL).ucp_get_version_string
@@ -82,8 +79,8 @@ print(json.dumps(out))
 def _probe(mode: str, target: str, env: dict | None = None) -> dict:
     isolated = ["-S"] if mode == "load" else []  # loading a prefix needs only ctypes; importing UCXX needs site
     try:
-        proc = subprocess.run([sys.executable, *isolated, "-c", _PROBE, mode, target], capture_output=True,
-                              text=True, timeout=120, env=env)
+        proc = subprocess.run([sys.executable, *isolated, "-c", _PROBE, mode, target, PACKAGE_PARENT],
+                              capture_output=True, text=True, timeout=120, env=env)
     except subprocess.TimeoutExpired:
         return {"error": "probe timed out"}
     try:
