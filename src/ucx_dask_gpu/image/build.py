@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cliutil import Progress
 from ..errors import BUILD_FAILED, HASH_MISMATCH, UCX_NOT_FOUND, UserError
 from ..fsutil import atomic_write_text, sha256_file
 from ..gate import identity
@@ -51,8 +52,7 @@ EXTRA_LOCK_NAME = "extra-requirements.txt"
 UCXX_LOCK_NAME = "ucxx-requirements.txt"
 
 
-def say(msg: str) -> None:
-    print(f"image: {msg}", file=sys.stderr, flush=True)
+say = Progress("image: ")
 
 
 @dataclass

@@ -27,6 +27,7 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..cliutil import Progress
 from ..errors import BUILD_FAILED, OUTPUT_REFUSED, USAGE, UserError
 from ..fsutil import sha256_file
 from ..oci.compare import compare as compare_images
@@ -49,8 +50,7 @@ _OURS = (STACK_ENV, SOURCE_CACHE_ENV, CACHE_ENV, UCXX_WHEELS_ENV, "UCX_PREFIX", 
          "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
 
 
-def say(msg: str) -> None:
-    print(f"repro: {msg}", file=sys.stderr, flush=True)
+say = Progress("repro: ")
 
 
 @dataclass(frozen=True)
