@@ -1,4 +1,4 @@
-# Two entry points for a fresh machine (see README): `make` and `make test`.
+# Two entry points for a fresh machine (README; every target: docs/building.md): `make` and `make test`.
 # Everything below reads versions from stack.toml through the package; nothing here restates one.
 SHELL := /bin/bash
 .DEFAULT_GOAL := all

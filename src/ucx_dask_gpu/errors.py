@@ -8,8 +8,8 @@ from __future__ import annotations
 # Exit codes. docs/exit-codes.md is generated from this table (`python -m ucx_dask_gpu.docmap --write`; a unit test
 # keeps them equal): each code's comment is its meaning there, and a `# ... (N-M)` line starts a group.
 # General (1-9)
-VERDICT_FAILED = 1        # ran, but the verdict or answer is negative (a pair failed, a wrong answer, a column read that
-                          # was not projected)
+VERDICT_FAILED = 1        # ran, but the verdict is negative: an NVLink pair failed or is invalid, a workload's or the
+                          # demo's answer is wrong, a UCX prefix fails `verify`, a generated file is out of date
 USAGE = 2                 # bad arguments or a malformed address: one line from the command's parser
 BAD_STACK = 3             # stack.toml unreadable, not UTF-8, not TOML, or refused by its model
 SOURCE_UNREACHABLE = 4    # a pinned source archive is neither upstream, nor in a source mirror, nor in the cache (the
@@ -42,10 +42,12 @@ WORKLOAD_FAILED = 23      # workload: the computation raised on the cluster (e.g
 NOT_A_SCHEDULER = 24      # workload or a worker's start: what answered at the scheduler address is not a Dask
                           # scheduler, or said nothing in time
 NO_WORKERS = 25           # workload: fewer than --min-workers workers joined within --wait-workers
-TLS_REFUSED = 26          # workload: TLS handshake failed (no client certificate, or not one the cluster's CA signed)
+TLS_REFUSED = 26          # workload or a worker's start: the TLS handshake failed (no client certificate, one the
+                          # cluster's CA did not sign, or a scheduler certificate this client does not trust)
 ALL_WORKERS_LOST = 27     # workload: every worker left mid-run and none joined again within --timeout
 SCHEDULER_LOST = 28       # workload: the connection to the scheduler closed mid-run (scheduler stopped or unreachable)
-BINDING_NOT_LOADABLE = 29  # workload: the UCX binding (ucxx and its libucxx/libucp) cannot be loaded in this process
+BINDING_NOT_LOADABLE = 29  # workload: the UCX binding (ucxx and its libucxx/libucp), or another library Client()
+                           # imports, cannot be loaded in this process
 # Reproducible image + SBOM (30-39)
 NOT_REPRODUCIBLE = 30    # two clean builds gave different image digests
 BAD_ARCHIVE = 31         # an image/rootfs archive is malformed, or docker save/load disagreed with us
@@ -69,7 +71,8 @@ INSTALL_FAILED = 62      # solving/installing from the channel, or the recipe's 
 # Benchmarks: bench transpose | svd | transfer (70-79)
 BENCH_CONFIG = 70        # a --variant (its config file or a KEY=VALUE) unreadable or invalid
 BENCH_DEPENDENCY = 71    # a package the requested mode needs (dask-cuda, cupy, distributed-ucxx) is missing
-BENCH_FAILED = 72        # a variant failed: its cluster did not start, workload error, wrong result, timeout
+BENCH_FAILED = 72        # a variant failed: its cluster did not start, workload error, wrong result, timeout (the
+                         # report is still written)
 REFERENCE_FAILED = 73    # dask-cuda's local_cupy failed or printed output we cannot parse
 
 

@@ -323,9 +323,9 @@ def test_the_pip_client_with_one_pin_changed_is_refused(tcp_cluster, pip_client,
 
 def test_the_pip_client_over_ucx_says_what_it_needs_and_works_once_set_up(pip_client, procs, shipped_config,
                                                                           tmp_path):
-    """README's pip recipe over ucx://, against a UCX scheduler and worker of this host's venv. With the UCXX wheels
+    """docs/environment-gate.md's pip recipe over ucx://, against a UCX scheduler and worker of this host's venv. With the UCXX wheels
     installed by plain pip, libucxx.so cannot find a libucp: one line, exit 29, naming the fix (not exit 8, as if
-    the guard had refused it). After `ucx-src-build/build.sh install-ucxx` on that venv (as README says), the same
+    the guard had refused it). After `ucx-src-build/build.sh install-ucxx` on that venv (as docs/environment-gate.md says), the same
     command computes over ucx. Last of the pip client's tests: it changes that venv."""
     env = procs.env_for(tmp_path, shipped_config)
     sched, address = procs.start_scheduler(tmp_path, env, protocol="ucx")
