@@ -114,6 +114,7 @@ check-reproducible: venv docker-engine
 regen: venv
 	$(CLI) stack env-yml
 	$(CLI) conda regen
+	$(VPY) -m ucx_dask_gpu.docmap --write
 
 # Local conda channel (README "Conda"): rattler-build renders and checks every recipe variant against stack.toml, builds
 # ucx and the metapackage from their recipes (stand-in build/host requirements), py-rattler indexes and installs,
