@@ -29,7 +29,7 @@ NO_NVLINK = 12            # no GPU pair is connected by NVLink
 PERFTEST_MISSING = 13     # ucx_perftest not found for a named UCX
 PERFTEST_FAILED = 14      # ucx_perftest ran but failed or printed nothing readable
 NVML_UNAVAILABLE = 15     # NVML (libnvidia-ml) cannot be loaded or answered with an error
-MISSING_CAPABILITY = 16   # a required UCX capability (--require ib,cuda) cannot be built here
+MISSING_CAPABILITY = 16   # a required UCX capability (--require ib,cuda) cannot be built on this host
 UCX_NOT_FOUND = 17        # no UCX prefix / ucx_info where one was named or expected
 RESULT_KEPT = 18          # the work finished but its output could not be written where asked; the result is kept
                           # (beside it, in the temp directory, or on stdout) and the one line says where
@@ -59,7 +59,8 @@ NO_SUCH_COMMAND = 40     # the image was started with a command it does not have
                          # none; any command it has runs, as in docker-library images
 CLUSTER_FAILED = 41      # a cluster container exited or a role did not come up in time
 TRANSPORT_CONFLICT = 42  # UCX transport settings contradict each other (UCX_TLS next to distributed-ucxx flags, ...)
-ROOTFS_INVALID = 43      # an exported image root filesystem: a part missing or its sha256 wrong, or unusable here
+ROOTFS_INVALID = 43      # an exported image root filesystem: a part missing or its sha256 wrong, or unusable on this
+                         # host
 # Topology + topology cluster (50-59)
 BAD_TOPOLOGY = 50        # nvidia-smi topo -m text that cannot be read
 SYSFS_UNREADABLE = 51    # sysfs (PCI devices, NICs) missing or unreadable

@@ -252,10 +252,10 @@ def test_the_check_finds_a_wrong_command(line, problem):
 
 
 def test_a_synopsis_and_other_programs_are_read_as_such():
-    line = "ucx-dask-gpu workload transpose [--scheduler ADDR | --protocol tcp|ucx] [--size 4000] | head -3 && make venv"
+    line = "ucx-dask-gpu workload transpose [--scheduler ADDR | --protocol tcp|ucx] [--json] | head -3 && make unit"
     assert commands(segments(line)[0]) == [("cli", ["workload", "transpose", "--scheduler", "ADDR", "|",
-                                                    "--protocol", "tcp|ucx", "--size", "4000"])]
-    assert commands(segments(line)[1]) == [] and commands(segments(line)[2]) == [("make", ["venv"])]
+                                                    "--protocol", "tcp|ucx", "--json"])]
+    assert commands(segments(line)[1]) == [] and commands(segments(line)[2]) == [("make", ["unit"])]
     # a package named like the command is not the command
     assert commands(shlex.split("conda install -c ourchannel ucx-dask-gpu cuda-version=13.0")) == []
 

@@ -100,8 +100,9 @@ def test_other_commands_run_with_the_environment_and_dask_config_roles_get(tmp_p
     the dask config every role reads; only Dask roles are marked as checked."""
     (tmp_path / "site.yaml").write_text("distributed:\n  comm:\n    timeouts:\n      connect: 77s\n")
     env = {**os.environ, "DASK_CONFIG": str(tmp_path), "MY_SETTING": "kept"}
-    code = ("import os, sys, dask; print(os.environ['MY_SETTING'], dask.config.get('distributed.comm.timeouts.connect'),"
-            f" {entrypoint.ROLE_CHECKED_ENV!r} in os.environ); sys.exit(3)")
+    code = ("import os, sys, dask; print(os.environ['MY_SETTING'], "
+            "dask.config.get('distributed.comm.timeouts.connect'), "
+            f"{entrypoint.ROLE_CHECKED_ENV!r} in os.environ); sys.exit(3)")
     proc = _entrypoint(sys.executable, "-c", code, env=env)
     assert proc.returncode == 3 and proc.stdout == "kept 77s False\n", proc.stderr
     proc = _entrypoint(sys.executable, "-m", "pip", "--version", env=env)
