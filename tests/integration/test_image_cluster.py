@@ -109,7 +109,8 @@ def test_any_command_runs_and_a_missing_one_is_one_line(image, st):
 
     proc = run("python", "-c", "import sys; print(sys.prefix)")
     assert proc.returncode == 0 and proc.stdout.strip() == st.image.venv, proc.stderr
-    proc = run("sh", "-c", "python -c 'import dask.config as c; print(c.get(\"distributed.scheduler.preload\"))'; exit 4")
+    code = "import dask.config as c; print(c.get('distributed.scheduler.preload'))"
+    proc = run("sh", "-c", f'python -c "{code}"; exit 4')
     assert proc.returncode == 4 and "ucx_dask_gpu.gate.guard" in proc.stdout, proc.stderr  # /etc/dask, as roles read it
     proc = run("schedular", "--port", "8786")
     assert proc.returncode == NO_SUCH_COMMAND
@@ -323,10 +324,10 @@ def test_the_pip_client_with_one_pin_changed_is_refused(tcp_cluster, pip_client,
 
 def test_the_pip_client_over_ucx_says_what_it_needs_and_works_once_set_up(pip_client, procs, shipped_config,
                                                                           tmp_path):
-    """docs/environment-gate.md's pip recipe over ucx://, against a UCX scheduler and worker of this host's venv. With the UCXX wheels
-    installed by plain pip, libucxx.so cannot find a libucp: one line, exit 29, naming the fix (not exit 8, as if
-    the guard had refused it). After `ucx-src-build/build.sh install-ucxx` on that venv (as docs/environment-gate.md says), the same
-    command computes over ucx. Last of the pip client's tests: it changes that venv."""
+    """docs/environment-gate.md's pip recipe over ucx://, against a UCX scheduler and worker of this host's venv. With
+    the UCXX wheels installed by plain pip, libucxx.so cannot find a libucp: one line, exit 29, naming the fix (not
+    exit 8, as if the guard had refused it). After `ucx-src-build/build.sh install-ucxx` on that venv (as that page
+    says), the same command computes over ucx. Last of the pip client's tests: it changes that venv."""
     env = procs.env_for(tmp_path, shipped_config)
     sched, address = procs.start_scheduler(tmp_path, env, protocol="ucx")
     worker = procs.start_worker(tmp_path, env, address, "w")

@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG_DIR = ROOT / "src" / "ucx_dask_gpu"
 PKG = "ucx_dask_gpu"
 
-# Rows of the drawing in docs/architecture.md, bottom first. A module may import its own folder and any folder on a LOWER row, never
-# one on its own row or above. The foundation modules (row 0) are single files that import only each other.
+# Rows of the drawing in docs/architecture.md, bottom first. A module may import its own folder and any folder on a
+# LOWER row, never one on its own row or above. The foundation modules (row 0) are single files that import only each
+# other.
 LAYERS = [
     {"errors", "fsutil", "cliutil", "report", "nvml"},
     {"stack"},
