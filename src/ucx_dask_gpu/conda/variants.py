@@ -144,3 +144,27 @@ def config(stack: VariantStack, platform: str, recipe_cbc: Path | None):
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise UserError(f"variant config {stack.describe()} + {recipe_cbc}: {first}", RECIPE_INVALID) from None
     return base
+
+
+def as_variants_yaml(config, stack: VariantStack, platform: str, recipe: str, cuda: str | None = None) -> str:
+    """One stacked config as a plain rattler-build variants file (`rattler-build build -m FILE`): what conda-smithy
+    hands its build jobs, so the real CLI renders exactly what the project checks. `cuda`: one CUDA job's file (its
+    entry of cuda_compiler_version and of every key zipped with it, as conda-smithy's .ci_support files hold)."""
+    import yaml  # PyYAML: not at module load (see migrator_variants)
+
+    values = config.to_dict()
+    zips = [g for g in (config.zip_keys or []) if all(k in values for k in g)]
+    if cuda is not None:
+        have = [str(v) for v in values.get("cuda_compiler_version", [])]
+        if cuda not in have:
+            raise UserError(f"CUDA {cuda} is not one of this stack's cuda_compiler_version {have}", RECIPE_INVALID)
+        i = have.index(cuda)
+        group = next((g for g in zips if "cuda_compiler_version" in g), ["cuda_compiler_version"])
+        values.update({k: [values[k][i]] for k in group})
+    data = {k: values[k] for k in sorted(values)}
+    if zips:
+        data["zip_keys"] = zips
+    head = (f"# The variant config of recipes/{recipe} for {platform}: {stack.describe()} + the recipe's own "
+            f"{CBC},\n# stacked as conda-smithy does (ucx-dask-gpu conda variants). Use: rattler-build build -m "
+            f"<this file> --ignore-recipe-variants\n")
+    return head + yaml.safe_dump(data, sort_keys=False, width=120)
