@@ -95,9 +95,11 @@ regen: venv
 	$(CLI) stack env-yml
 	$(CLI) conda regen
 
-# Local conda channel (README "Conda"): rattler-build renders and checks every recipe variant against stack.toml, builds
-# ucx and the metapackage from their recipes (stand-in build/host requirements), py-rattler indexes and installs,
-# rattler-build runs the recipes' tests; $(CHANNEL) appears only when all passed.
+# Local conda channel (docs/conda.md): rattler-build renders and checks every recipe variant under conda-forge's pinning
+# (else the recipes' fallback), builds ucx, libucxx, ucxx, distributed-ucxx and the metapackage from their recipes
+# (stand-ins for what only conda-forge/rapidsai have; packages kept by input hash in .cache/conda-builds), py-rattler
+# indexes and installs `ucx-dask-gpu cuda-version=<major>.0` into a fresh prefix, the recipes' tests run;
+# $(CHANNEL) appears only when all passed.
 .PHONY: channel
 CHANNEL ?= build/channel
 channel: prereqs venv
