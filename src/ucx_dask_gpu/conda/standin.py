@@ -69,7 +69,26 @@ SONAME_PROVIDERS: dict[str, tuple[str, ...]] = {
     "libefa.so.1": ("rdma-core",),
     "libnuma.so.1": ("libnuma",),
 }
-COMPILER_RE = re.compile(r'compiler\(\s*["\'](\w+)["\']\s*\)')
+# What `${{ compiler(...) }}` and `${{ stdlib("c") }}` render to (gcc_linux-64 15.*, sysroot_linux-aarch64 2.28.*),
+# by the requirement they stand for: per output, as rattler-build renders each output's own build requirements.
+TOOLCHAIN = {"gcc": "c_compiler", "gxx": "cxx_compiler", "cuda-nvcc": "cuda_compiler", "gfortran": "fortran_compiler",
+             "sysroot": "c_stdlib"}
+TOOLCHAIN_RE = re.compile(r"^([a-z-]+)_linux-(?:64|aarch64)$")
+
+
+def toolchain(v: Variant) -> dict[str, str]:
+    """The output's rendered compiler and sysroot packages -> the requirement each stands for."""
+    out = {}
+    for spec in v.requirements("build"):
+        m = TOOLCHAIN_RE.match(spec.split()[0])
+        if m and m.group(1) in TOOLCHAIN:
+            out[spec.split()[0]] = TOOLCHAIN[m.group(1)]
+    return out
+
+
+def glibc_floor(v: Variant) -> str | None:
+    """The sysroot's run export `__glibc >=<c_stdlib_version>`, for an output that declares `stdlib("c")`."""
+    return v.variant.get("c_stdlib_version") if "c_stdlib" in toolchain(v).values() else None
 PIN_COMPATIBLE_RE = re.compile(r'^\$\{\{\s*pin_compatible\(\s*"([^"]+)"((?:\s*,\s*\w+\s*=\s*"[^"]*")*)\s*\)\s*\}\}$')
 PIN_SUBPACKAGE_RE = re.compile(r'^\$\{\{\s*pin_subpackage\(\s*"([^"]+)"')
 LOG_TAIL = 25
@@ -146,9 +165,8 @@ def standin_inputs(st: Stack, v: Variant, work: Path, own: set[str] = frozenset(
     packages, which rattler-build installs for real)."""
     inputs = StandinInputs()
     reqs = {req_name(r) for r in v.requirements("build") + v.requirements("host")} - set(own)
-    compilers = set(COMPILER_RE.findall(v.template))
-    declared = reqs | {f"{lang}_compiler" for lang in compilers} | \
-        ({"c_stdlib"} if "stdlib(" in v.template else set())
+    tools = toolchain(v)
+    declared = reqs | set(tools.values())
     for soname, providers in SONAME_PROVIDERS.items():
         hit = [p for p in providers if p in declared]
         if hit:
@@ -196,12 +214,10 @@ def standin_inputs(st: Stack, v: Variant, work: Path, own: set[str] = frozenset(
         stood_in |= {r for r in reqs if r not in stood_in}
         inputs.notes.append(f"{', '.join(sorted(reqs))}: a venv of this machine's python {_have_python()} "
                             f"(PyPI), installing into $PREFIX (PIP_PREFIX)")
-    # The rendered compiler and sysroot packages (gcc_linux-64 15.*, sysroot_linux-64 2.28.* ...).
-    toolchain = {r for r in reqs if re.search(r"_linux-(64|aarch64)$", r)}
-    if compilers:
+    if tools:
         cc = subprocess.run(["cc", "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-        inputs.notes.append(f"{', '.join(sorted(toolchain))}: the machine's {cc[0] if cc else 'cc'} and its glibc")
-    others = sorted(reqs - stood_in - toolchain)
+        inputs.notes.append(f"{', '.join(sorted(tools))}: the machine's {cc[0] if cc else 'cc'} and its glibc")
+    others = sorted(reqs - stood_in - set(tools))
     if others:
         inputs.notes.append(f"{', '.join(others)}: the machine's packages (stack.toml [debian] ucx_build_packages)")
     return inputs
@@ -363,7 +379,7 @@ def standin_recipe(v: Variant, inputs: StandinInputs, local_sources: dict[str, P
                 sib = (siblings or {}).get(name)
                 if sib is None:
                     raise UserError(f"{v.dist}: pins {name}, which is not built with it here", BUILD_FAILED)
-                outputs.append(_standin_output(o, sib, own, glibc if "stdlib(" in sib.template else None, None))
+                outputs.append(_standin_output(o, sib, own, glibc_floor(sib), None))
         out["outputs"] = outputs
     else:
         out.update(_standin_output(raw, v, own, glibc, inputs))
@@ -440,7 +456,7 @@ def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror
                                              mirror_dirs=mirror_dirs, offline=offline)
              for s in v.sources if "url" in s}
     inputs = standin_inputs(st, v, vdir, names)
-    glibc = v.variant.get("c_stdlib_version") if "stdlib(" in v.template else None
+    glibc = glibc_floor(v)
     recipe = standin_recipe(v, inputs, local, glibc, names, siblings)
     standin_path = recipe_copy / "standin-recipe.yaml"
     # rattler-build stores the recipe it builds as info/recipe/recipe.yaml: keep the original beside it.
