@@ -11,17 +11,25 @@ export UCX_PREFIX ?= build/ucx-prefix
 export UCXX_WHEELS ?= build/ucxx-wheels
 # The hash-pinned Python locks are where stack.toml says ([python].lock, [ucxx.build].lock); `stack get` needs only the
 # standard library, so the system python3 reads them before the venv exists.
+# A stack.toml the package refuses stops make here with the package's one line (not with empty variables further on).
 STACK_GET := PYTHONPATH=src $(PY) -m ucx_dask_gpu stack get
-IMAGE_LOCK := $(shell $(STACK_GET) python.lock)
-UCXX_BUILD_LOCK := $(shell $(STACK_GET) ucxx.build.lock)
-TEST_TOOLS_LOCK := $(shell $(STACK_GET) test_tools.lock)
+STACK_GET_FAILED := stack-get-failed:
+stack_get = $(strip $(eval _stack_value := $(shell $(STACK_GET) $(1) 2>&1 || echo "$(STACK_GET_FAILED)"))$(if \
+  $(findstring $(STACK_GET_FAILED),$(_stack_value)),$(error $(strip $(subst $(STACK_GET_FAILED),,$(_stack_value)))),\
+  $(_stack_value)))
+IMAGE_LOCK := $(call stack_get,python.lock)
+UCXX_BUILD_LOCK := $(call stack_get,ucxx.build.lock)
+TEST_TOOLS_LOCK := $(call stack_get,test_tools.lock)
 
-.PHONY: all test prereqs venv regen check-generated unit ucx ucxx doctor gpu-verify lock
+.PHONY: all test prereqs sources venv regen check-generated unit ucx ucxx doctor gpu-verify lock
 
-# `make`: prerequisites, UCX and UCXX from verified source, what this machine runs on, the one image, the 3-role
-# cluster (scheduler + 2 workers + client) running the workloads over ucx and tcp with a report; on a GPU host also
-# NVLink.
-all: prereqs venv ucx ucxx doctor cluster-demo gpu-verify
+# `make`: every source archive fetched and verified first, prerequisites, UCX and UCXX from that source, what this
+# machine runs on, the one image, the 3-role cluster (scheduler + 2 workers + client) running the workloads over ucx
+# and tcp with a report; on a GPU host also NVLink. At its end it says what it leaves on the machine (an apt source,
+# a running Docker engine) and how to undo each.
+all: sources prereqs venv ucx ucxx doctor cluster-demo gpu-verify
+	@ci/apt_sources.sh --status
+	@ci/start_dockerd.sh --status
 
 doctor: venv ucx
 	$(CLI) doctor --ucx-prefix $(UCX_PREFIX)
@@ -35,6 +43,18 @@ gpu-verify: venv ucx
 
 prereqs:
 	ci/install_prereqs.sh
+
+# Every pinned source archive (UCX, UCXX, rapids-cmake, CPM.cmake) fetched and verified into the download cache before
+# anything compiles: all missing ones are named in one line at once. Upstream (GitHub) first, then a source mirror:
+# `make SOURCES=DIR` names a directory holding the archives under stack.toml's names ($UCX_DASK_GPU_SOURCE_MIRROR for
+# every step below). Verified again when stack.toml changes.
+ifdef SOURCES
+export UCX_DASK_GPU_SOURCE_MIRROR := $(abspath $(SOURCES))
+endif
+sources: build/sources.stamp
+build/sources.stamp: stack.toml
+	ucx-src-build/build.sh fetch --all --no-cuda
+	@mkdir -p $(@D) && touch $@
 
 # The venv runs on our stack: the hashed lock (no UCXX, no libucx wheel), our UCXX wheels --no-deps on top with a
 # start-up preload of our UCX's libucp (ucx-src-build/build.sh install-ucxx: UCXX loads no other UCX), this package,
@@ -55,7 +75,7 @@ $(VENV)/.installed: pyproject.toml stack.toml $(IMAGE_LOCK) $(TEST_TOOLS_LOCK) $
 # The integration tests use this prefix (UCX_PREFIX).
 # A separate stamp: the prefix's own files carry source_date_epoch mtimes (reproducible), too old for make.
 ucx: $(UCX_PREFIX).stamp
-$(UCX_PREFIX).stamp: stack.toml $(filter-out ucx-src-build/patches/ucxx-%,$(wildcard ucx-src-build/patches/*/*.patch)) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py) | prereqs
+$(UCX_PREFIX).stamp: stack.toml $(filter-out ucx-src-build/patches/ucxx-%,$(wildcard ucx-src-build/patches/*/*.patch)) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py) | sources prereqs
 	ucx-src-build/build.sh build --prefix $(UCX_PREFIX) --work-dir build/ucx-work --require ib,cuda
 	touch $@
 
@@ -63,7 +83,7 @@ $(UCX_PREFIX).stamp: stack.toml $(filter-out ucx-src-build/patches/ucxx-%,$(wild
 # a build with the same inputs (patches under ucx-src-build/patches/ucxx-<version>/ included) is taken from
 # .cache/ucxx-builds. The venv and the image install these wheels.
 ucxx: $(UCXX_WHEELS).stamp
-$(UCXX_WHEELS).stamp: $(UCX_PREFIX).stamp stack.toml $(UCXX_BUILD_LOCK) $(wildcard ucx-src-build/patches/ucxx-*/*.patch) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py)
+$(UCXX_WHEELS).stamp: $(UCX_PREFIX).stamp stack.toml $(UCXX_BUILD_LOCK) $(wildcard ucx-src-build/patches/ucxx-*/*.patch) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py) | sources
 	ucx-src-build/build.sh ucxx --ucx-prefix $(UCX_PREFIX) --out $(UCXX_WHEELS) --work-dir build/ucxx-work
 	touch $@
 
@@ -108,5 +128,5 @@ channel: prereqs venv
 unit: venv
 	$(VPY) -m pytest -q tests/unit
 
-test: prereqs venv ucx ucxx
+test: sources prereqs venv ucx ucxx
 	$(VPY) -m pytest tests

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On a GPU host, in one bounded call (~9.5 min at most): the GPU-to-GPU chunk test (bench.sh seed003), the topology
-# plan + cluster helper, bench transpose with chunks="auto", bench svd, the 128 MiB transpose with the knobs that
-# helped combined, the workloads GPU test, and (on spare cores, CPU only) the gcc 13 compile check of the UCX patches.
+# On a GPU host, in one bounded call (~9.5 min at most): the GPU-to-GPU chunk test (tests/gpu/test_bench_gpu.py), the
+# topology plan + cluster helper, bench transpose with chunks="auto", bench svd, the workloads GPU test, and (on spare
+# cores, CPU only) the gcc 13 compile check of the UCX patches.
 # usage: dask_session.sh OUTDIR   (carry .whl/, build/ucx-prefix, build/ucxx-wheels and build/gcc13-check/)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +20,7 @@ if [ -f build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz ]; then
   bash benchmarks/gpu-host/gcc13_check.sh "$W" 6 &
   gcc_pid=$!
 fi
-bench="python3 -m ucx_dask_gpu.bench"
+bench="python3 -m ucx_dask_gpu.bench"  # .transpose, .svd: each study alone (a bare host carries only what it needs)
 
 step "CuPy chunks move GPU-to-GPU over UCX"
 timeout "$(left 90)" python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_bench_gpu.py -k device_to_device \
@@ -30,21 +30,18 @@ timeout "$(left 150)" bash benchmarks/gpu-host/topology.sh "$W/topology" > "$W/t
 echo "topology rc=$?" | tee -a "$W/topology.txt"
 # a timeout above kills the script, not the cluster it started in the background: stop that before the next step
 pkill -TERM -f "ucx_dask_gpu cluster" 2>/dev/null && sleep 3; pkill -KILL -f "ucx_dask_gpu cluster" 2>/dev/null
-step "bench transpose chunks=auto"
-timeout "$(left 140)" $bench transpose --size 40000 --chunks auto --protocols ucx --reference --runs 5 \
-  --goal 'wall_s<=0.04' --knob array.chunk-size=512MiB --knob array.chunk-size=2GiB \
-  --out "$W/results" --budget 125 --run-timeout 60 > "$W/bench-auto.txt" 2>&1; echo "auto rc=$?" | tee -a "$W/bench-auto.txt"
+step "bench transpose chunks=auto: the tuned array.chunk-size against two others, interleaved on one cluster"
+timeout "$(left 170)" $bench.transpose --size 40000 --chunks auto --variant 'ucx@tuned:tuned' \
+  --variant 'ucx@c512:tuned:array.chunk-size=512MiB' --variant 'ucx@c2g:tuned:array.chunk-size=2GiB' \
+  --parity ucx/tuned --out "$W/results" --name transpose-auto --budget 155 --run-timeout 60 \
+  > "$W/bench-auto.txt" 2>&1; echo "auto rc=$?" | tee -a "$W/bench-auto.txt"
 step "bench svd"
-timeout "$(left 110)" $bench svd --protocols ucx,tcp --reference --runs 3 --out "$W/results" --budget 100 \
-  --run-timeout 50 > "$W/bench-svd.txt" 2>&1; echo "svd rc=$?" | tee -a "$W/bench-svd.txt"
-step "bench transpose 128 MiB: the knobs that helped, combined"
-timeout "$(left 80)" $bench transpose --size 40000 --chunks '128 MiB' --protocols ucx --runs 5 \
-  --knob 'UCXPY_PROGRESS_MODE=blocking;distributed.worker.transfer.message-bytes-limit=1GiB;distributed.scheduler.worker-saturation=inf;ucx-dask-gpu.cluster.rmm-pool-size=none;ucx-dask-gpu.cluster.rmm-allocator-external-lib-list=none' \
-  --out "$W/combined" --budget 70 --run-timeout 60 > "$W/bench-combined.txt" 2>&1; echo "combined rc=$?" | tee -a "$W/bench-combined.txt"
+timeout "$(left 150)" $bench.svd --variant 'ucx,tcp@tuned:tuned' --parity ucx/tuned --peer --out "$W/results" \
+  --budget 135 --run-timeout 50 > "$W/bench-svd.txt" 2>&1; echo "svd rc=$?" | tee -a "$W/bench-svd.txt"
 step "workloads GPU test"
 timeout "$(left 70)" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_workloads_gpu.py \
   > "$W/pytest-workloads-gpu.txt" 2>&1; echo "workloads rc=$?" | tee -a "$W/pytest-workloads-gpu.txt"
 if [ -n "${gcc_pid:-}" ]; then timeout "$(left 20)" tail --pid="$gcc_pid" -f /dev/null; cat "$W/gcc13.txt"; fi
 step done
-tail -n 30 "$W/bench-auto.txt" "$W/bench-svd.txt" "$W/bench-combined.txt"
+tail -n 30 "$W/bench-auto.txt" "$W/bench-svd.txt"
 tar czf "$out/dask-session.tgz" -C "$W" --exclude=./gcc13 .

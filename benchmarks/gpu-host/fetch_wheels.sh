@@ -5,7 +5,7 @@
 # usage: fetch_wheels.sh [DEST]   (default .whl)
 #   REHEARSAL=1 (default DEST build/whl-rehearsal): for THIS machine's python3 instead of the GPU host's 3.12, plus the
 #   packages the GPU host already has, so a device session can be rehearsed here, e.g.
-#   UCX_DASK_GPU_WHEELS=build/whl-rehearsal TRANSFER_MODE=cpu benchmarks/gpu-host/transfer_session.sh OUTDIR
+#   UCX_DASK_GPU_WHEELS=build/whl-rehearsal benchmarks/gpu-host/bench_session.sh --cpu OUTDIR
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${1:-.whl}
@@ -19,7 +19,7 @@ if [ "${REHEARSAL:-0}" = 1 ]; then
   pyver=$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
   missing="$missing numpy cupy-cuda13x cuda-bindings cuda-pathfinder nvidia-cuda-runtime nvidia-ml-py pandas pyarrow
            psutil msgpack click pyyaml toolz cloudpickle jinja2 markupsafe fsspec packaging python-dateutil tzdata
-           importlib-metadata zipp"
+           importlib-metadata zipp matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing"
 fi
 specs=$(PYTHONPATH=src python3 - $missing <<'PY'
 import sys

@@ -11,6 +11,15 @@
 #                                                      the answer, libucp in every role and cuda_ipc, stop everything,
 #                                                      write OUTDIR/image-rootfs.tgz, OUTDIR/result.json, OUTDIR/run.log
 # Also `image_rootfs.sh tools`: what this machine has for it (decoders, unshare, chroot, driver libraries).
+# The GPU hosts lent to this project have no Docker and no network, and a device call carries at most 64 MiB (the
+# repository included): export with parts small enough that one part and the repository fit a call, and carry one
+# batch per call, one machine kept warm (each call within 30 s of the last, or /tmp and the parts are gone):
+#   .venv/bin/ucx-dask-gpu image export-rootfs ucx-dask-gpu:0.1.0 build/rootfs-export --part-size 56MiB
+#   batch k < N:  carry build/rootfs-export/batch-0k
+#                 bash benchmarks/gpu-host/image_rootfs.sh receive build/rootfs-export/batch-0k
+#   last batch:   carry build/rootfs-export/batch-0N
+#                 bash benchmarks/gpu-host/image_rootfs.sh receive build/rootfs-export/batch-0N && \
+#                 bash benchmarks/gpu-host/image_rootfs.sh run $OUT
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0

@@ -6,11 +6,13 @@ imported where a command needs them, so `--help` is fast and `stack get` runs on
 from __future__ import annotations
 
 import argparse
+import sys
 
-from . import __version__
+from . import package_version
 from .bench import cli as bench
 from .cliutil import Parser, run_parsed
 from .conda import cli as conda
+from .errors import UserError
 from .gate import cli as gate
 from .image import cli as image
 from .nvlink import cli as nvlink
@@ -24,9 +26,24 @@ from .ucxbuild import cli as ucxbuild
 FOLDERS = (stack, conda, ucxbuild, ucx, topology, image, gate, proof, bench, nvlink)
 
 
+class _Version(argparse.Action):
+    """--version: the version is read when asked for (from stack.toml in a source tree), its failure one line."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            print(f"{parser.prog} {package_version()}")
+        except UserError as e:
+            print(f"{parser.prog}: error: {e}", file=sys.stderr)
+            parser.exit(e.exit_code)
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="ucx-dask-gpu", description="Run Dask on GPUs over UCX: build, verify, benchmark.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action=_Version, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     for folder in FOLDERS:

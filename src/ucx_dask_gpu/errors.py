@@ -14,6 +14,9 @@ HASH_MISMATCH = 5
 BUILD_FAILED = 6
 NO_DOCKER = 7
 ENV_MISMATCH = 8
+OUTPUT_REFUSED = 9        # a file or directory named to write to cannot be written (a directory where a file is
+                          # asked for, a missing or read-only parent, a non-empty directory that is not ours): refused
+                          # before any work starts, nothing touched
 NO_GPU = 10
 ONE_GPU = 11
 NO_NVLINK = 12
@@ -22,9 +25,11 @@ PERFTEST_FAILED = 14
 NVML_UNAVAILABLE = 15
 MISSING_CAPABILITY = 16   # a required UCX capability (--require ib,cuda) cannot be built here
 UCX_NOT_FOUND = 17        # no UCX prefix / ucx_info where one was named or expected
+RESULT_KEPT = 18          # the work finished but its output could not be written where asked; the result is kept
+                          # (beside it, in the temp directory, or on stdout) and the one line says where
+APT_LOCKED = 19           # ci/install_prereqs.sh: another apt/dpkg process held its lock past the wait
 SCHEDULER_UNREACHABLE = 20  # workload: nothing answered at --scheduler (refused, unknown host, unreachable)
 DATA_INVALID = 21         # workload from-map: the data directory has no usable files
-CONFIG_DEST = 22          # config install: the destination cannot be written
 WORKLOAD_FAILED = 23      # workload: the computation raised on the cluster (e.g. no GPU on a cupy worker)
 NOT_A_SCHEDULER = 24      # workload: what answered at --scheduler is not a Dask scheduler, or said nothing in --timeout
 NO_WORKERS = 25           # workload: fewer than --min-workers workers joined within --wait-workers
@@ -48,10 +53,10 @@ TOPOLOGY_CLUSTER_FAILED = 52  # the topology-aware local cluster did not start, 
 RECIPE_INVALID = 60      # a conda recipe does not render, fails lint, or disagrees with stack.toml
 PACKAGE_INVALID = 61     # a built conda package fails its checks (relocation, linkage, contents)
 INSTALL_FAILED = 62      # solving/installing from the channel, or the recipe's tests in that prefix, failed
-# Benchmarks: bench transpose / bench svd (70-79)
-BENCH_CONFIG = 70        # --config file or --knob unreadable or invalid
+# Benchmarks: bench transpose | svd | transfer (70-79)
+BENCH_CONFIG = 70        # a --variant (its config file or a KEY=VALUE) unreadable or invalid
 BENCH_DEPENDENCY = 71    # a package the requested mode needs (dask-cuda, cupy, distributed-ucxx) is missing
-BENCH_FAILED = 72        # a benchmark run failed: cluster did not start, workload error, wrong result, timeout
+BENCH_FAILED = 72        # a variant failed: its cluster did not start, workload error, wrong result, timeout
 REFERENCE_FAILED = 73    # dask-cuda's local_cupy failed or printed output we cannot parse
 
 

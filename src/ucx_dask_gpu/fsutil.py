@@ -1,14 +1,22 @@
 """Files: written so that readers never see half a file (temp path in the same directory, then rename), their sha256,
-and whether one is an ELF binary. Standard library only."""
+and whether one is an ELF binary; and the outputs a user names on a command line: checked before the work starts,
+written after it without removing or replacing anything else, and kept somewhere when that write fails.
+Standard library only."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import fnmatch
 import hashlib
 import os
 import shutil
+import stat
+import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Iterable, Iterator, Mapping
+
+from .errors import OUTPUT_REFUSED, RESULT_KEPT, UserError
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -31,10 +39,13 @@ def is_elf(path: str | os.PathLike) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(dest: str | os.PathLike, replace_dir: bool = False) -> Iterator[Path]:
     """Yield a temporary path next to `dest`; rename it over `dest` only if the block succeeds.
 
-    Works for files and directories (whatever the caller creates at the yielded path).
+    Works for files and directories (whatever the caller creates at the yielded path). A directory standing at `dest`
+    is replaced only with `replace_dir=True`, which is for directories the caller made itself (a cache entry, its own
+    earlier output, checked as such); otherwise the block's result is dropped, IsADirectoryError is raised and the
+    directory stays as it was.
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -43,7 +54,9 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     try:
         yield target
         if dest.is_dir() and not dest.is_symlink():
-            shutil.rmtree(dest)
+            if not replace_dir:
+                raise IsADirectoryError(errno.EISDIR, "is a directory, not replaced", str(dest))
+            os.replace(dest, tmp / ".replaced")  # out of the way, removed with tmp once the new one is in place
         os.replace(target, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -67,6 +80,9 @@ def atomic_write_many(files: dict[str | os.PathLike, bytes | str]) -> list[Path]
     """
     staged: list[tuple[Path, Path, Path]] = []
     try:
+        for dest in files:
+            if Path(dest).is_dir() and not Path(dest).is_symlink():  # before anything is staged or renamed
+                raise IsADirectoryError(errno.EISDIR, "is a directory, not replaced", str(dest))
         for dest, data in files.items():
             dest = Path(dest)
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -81,3 +97,203 @@ def atomic_write_many(files: dict[str | os.PathLike, bytes | str]) -> list[Path]
     finally:
         for tmpdir, _, _ in staged:
             shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+# --- outputs a user names on the command line ------------------------------------------------------------------------
+# The types argparse gives such options (cliutil.add_output): strings that remember their option, so the command's
+# code uses them as paths while cliutil.run_parsed checks every one of them before the command starts.
+
+class OutputFile(str):
+    """A file to write a result to. A directory there is refused, never replaced; a symlink is followed (the file it
+    points to is written, the link stays); a character device or FIFO (/dev/stdout) is written in place."""
+
+    option = ""
+    stdout_dash = False  # "-" means stdout, for options that say so
+
+
+class OutputDir(str):
+    """A directory to write named files into (created when missing): only those files are written there, nothing else
+    in it is touched."""
+
+    option = ""
+
+
+def _label(path: str | os.PathLike, option: str = "") -> str:
+    option = option or getattr(path, "option", "")
+    return f"{option} {path}" if option else str(path)
+
+
+def _refuse(path: str | os.PathLike, why: str, option: str = ""):
+    raise UserError(f"{_label(path, option)}: {why} (refused before anything ran; nothing written or removed)",
+                    OUTPUT_REFUSED)
+
+
+def _refuse_unless_creatable(path: str | os.PathLike, directory: Path) -> None:
+    """Refuse `path` unless a file can be created in `directory`. A real probe (a temporary file created and
+    removed), as permission bits do not tell: root passes them, read-only mounts and /proc do not show in them."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".ucx-dask-gpu-probe.", dir=directory)
+    except OSError as e:
+        _refuse(path, f"no file can be created in {directory} ({e.strerror or e})")
+    os.close(fd)
+    os.unlink(name)
+
+
+def _in_place(path: Path) -> bool:
+    """A character device or FIFO: written as it is (renaming a file over /dev/stdout would replace the device)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _file_target(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    return Path(os.path.realpath(p)) if p.is_symlink() and not _in_place(p) else p
+
+
+def check_output_file(path: str | os.PathLike) -> Path:
+    """Before the work: refuse (exit 9, one line) a file output that could not be written afterwards."""
+    if path == "-" and getattr(path, "stdout_dash", False):
+        return Path(path)
+    try:
+        target = _file_target(path)
+        if target.is_dir():
+            _refuse(path, "is a directory, name a file to write")
+        if _in_place(target):
+            if not os.access(target, os.W_OK):
+                _refuse(path, "not writable")
+            return target
+        if target.exists() and not target.is_file():
+            _refuse(path, "exists and is not a regular file")
+        parent = target.parent
+        if not parent.is_dir():
+            _refuse(path, f"no directory {parent}" if not parent.exists() else f"{parent} is not a directory")
+        _refuse_unless_creatable(path, parent)
+    except OSError as e:
+        _refuse(path, e.strerror or str(e))
+    return target
+
+
+def check_output_dir(path: str | os.PathLike) -> Path:
+    """Before the work: refuse (exit 9, one line) a directory output that could not be written afterwards: a file
+    standing there or on the way to it, or a nearest existing directory that no file can be created in (the
+    missing ones are created at the write, like mkdir -p)."""
+    p = Path(path)
+    try:
+        where = p
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        if not where.is_dir():
+            _refuse(path, "exists and is not a directory" if where == p else f"{where} is not a directory")
+        _refuse_unless_creatable(path, where)
+    except OSError as e:
+        _refuse(path, e.strerror or str(e))
+    return p
+
+
+WORK_MARK = ".ucx-dask-gpu-work"
+
+
+def claim_work_dir(path: str | os.PathLike, own: Iterable[str], option: str = "") -> Path:
+    """A work directory a command replaces its own folders in (logs, sources, stages): accepted when new, empty,
+    claimed by an earlier run (WORK_MARK), or holding only names matching the patterns `own`, and claimed then.
+    One holding anything else is refused (exit 9) before the work: `--work-dir ~` must not cost anyone ~/logs."""
+    d = Path(path)
+    try:
+        if d.is_dir() and not (d / WORK_MARK).is_file():
+            foreign = sorted(p.name for p in d.iterdir() if not any(fnmatch.fnmatch(p.name, o) for o in own))
+            if foreign:
+                _refuse(path, f"holds what this command did not make ({foreign[0]}"
+                               f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); give a new or empty "
+                               "directory, or one it worked in before", option)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / WORK_MARK).touch()
+    except OSError as e:
+        _refuse(path, e.strerror or str(e), option)
+    return d
+
+
+def keep_result(files: Mapping[str, bytes], beside: Path, stem: str, stdout: IO[str] | None = None) -> str:
+    """Put what could not be written where it survives: in directory `beside` (as STEM.kept-XXXX, a file or, for
+    several files, a directory), else in the temporary directory, else on `stdout` (text files only). Returns where,
+    as words for the one line."""
+    for directory in (beside, None):
+        kept = None
+        try:
+            directory = directory or Path(tempfile.gettempdir())  # which fails itself where no file can be made
+            if len(files) == 1:
+                fd, kept = tempfile.mkstemp(prefix=f"{stem}.kept-", dir=directory)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(next(iter(files.values())))
+                return f"at {kept}"
+            kept = tempfile.mkdtemp(prefix=f"{stem}.kept-", dir=directory)
+            for name, data in files.items():
+                (Path(kept) / name).write_bytes(data)
+            return f"in {kept}"
+        except OSError:
+            if kept and os.path.isdir(kept):  # a copy half written (full disk, size limit) is no copy
+                shutil.rmtree(kept, ignore_errors=True)
+            elif kept:
+                with contextlib.suppress(OSError):
+                    os.unlink(kept)
+    out = stdout or sys.stdout
+    texts = {}
+    for name, data in files.items():
+        with contextlib.suppress(UnicodeDecodeError):
+            texts[name] = data.decode()
+    try:
+        for name, text in texts.items():
+            if len(files) > 1:
+                out.write(f"# ---- {name}\n")
+            out.write(text if text.endswith("\n") else text + "\n")
+        out.flush()
+    except (OSError, ValueError) as e:  # stdout closed too: say so rather than claim a copy
+        return f"nowhere (stdout failed too: {getattr(e, 'strerror', None) or e})"
+    skipped = sorted(set(files) - set(texts))
+    return "on stdout" + (f" (without {', '.join(skipped)}: binary)" if skipped else "")
+
+
+def _bytes(data: bytes | str) -> bytes:
+    return data.encode() if isinstance(data, str) else data
+
+
+def write_output_file(path: str | os.PathLike, data: bytes | str, stdout: IO[str] | None = None,
+                      what: str = "the result") -> Path | None:
+    """After the work: write `path` whole (or in place for a device/FIFO), never replacing a directory. When that
+    fails, keep `data` (keep_result) and end with one line saying where (exit 18). "-" with stdout_dash: stdout."""
+    data = _bytes(data)
+    if path == "-" and getattr(path, "stdout_dash", False):
+        out = stdout or sys.stdout
+        out.write(data.decode())
+        out.flush()
+        return None
+    target = _file_target(path)
+    try:
+        if _in_place(target):
+            with open(target, "wb") as f:
+                f.write(data)
+        else:
+            atomic_write_bytes(target, data)
+        return target
+    except OSError as e:
+        where = keep_result({target.name: data}, target.parent, target.name, stdout)
+        raise UserError(f"{_label(path)}: cannot write ({e.strerror or e}); {what} is kept {where}",
+                        RESULT_KEPT) from None
+
+
+def write_output_dir(path: str | os.PathLike, files: Mapping[str, bytes | str], stdout: IO[str] | None = None,
+                     what: str = "the report") -> list[Path]:
+    """After the work: write these files into directory `path` (created with its parents when missing), all or none,
+    leaving everything else in it alone. When that fails, keep them (keep_result) and end with one line saying where
+    (exit 18)."""
+    directory = Path(path)
+    data = {name: _bytes(d) for name, d in files.items()}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return atomic_write_many({directory / name: d for name, d in data.items()})
+    except OSError as e:
+        where = keep_result(data, directory.resolve().parent, directory.resolve().name, stdout)
+        raise UserError(f"{_label(path)}: cannot write ({e.strerror or e}); {what} is kept {where}",
+                        RESULT_KEPT) from None

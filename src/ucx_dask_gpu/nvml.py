@@ -265,3 +265,37 @@ def compute_pids(gpus: list[Gpu]) -> dict[str, set[int]]:
         except n.NVMLError:
             out[g.uuid] = set()
     return out
+
+
+# --- what a benchmark result records about its GPUs -----------------------------------------------------------------
+
+def device_facts(index: int) -> dict:
+    """One GPU as a benchmark records it: model, ids, and its SM / memory clocks in MHz (now, the applications
+    setting, the maximum); what the driver does not answer is None."""
+    n = _nvml()
+    h = n.nvmlDeviceGetHandleByIndex(index)
+
+    def ask(fn, *args):
+        try:
+            v = fn(h, *args)
+        except n.NVMLError:
+            return None
+        return v.decode() if isinstance(v, bytes) else v
+
+    out = {"index": index, "name": ask(n.nvmlDeviceGetName), "uuid": ask(n.nvmlDeviceGetUUID),
+           "pci_bus_id": normalise_bus_id(n.nvmlDeviceGetPciInfo(h).busId)}
+    for kind, clock in (("sm", n.NVML_CLOCK_SM), ("mem", n.NVML_CLOCK_MEM)):
+        out[f"{kind}_clock_mhz"] = ask(n.nvmlDeviceGetClockInfo, clock)
+        out[f"{kind}_clock_applications_mhz"] = ask(n.nvmlDeviceGetApplicationsClock, clock)
+        out[f"{kind}_clock_max_mhz"] = ask(n.nvmlDeviceGetMaxClockInfo, clock)
+    return out
+
+
+def cuda_driver_version() -> str | None:
+    """The CUDA version the driver supports, e.g. '13.0' (None where NVML does not say)."""
+    n = _nvml()
+    try:
+        v = int(n.nvmlSystemGetCudaDriverVersion_v2())
+    except (n.NVMLError, AttributeError):
+        return None
+    return f"{v // 1000}.{v % 1000 // 10}"

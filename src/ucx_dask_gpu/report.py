@@ -1,6 +1,7 @@
 """Reports shared by every tool: a text table for stdout, and JSON + markdown + PNG + command.txt written together.
 
-A report set is rendered fully in memory first and then renamed into place, so a failure never leaves half a report.
+A report set is rendered fully in memory first and then renamed into place, so a failure never leaves half a report;
+when the directory cannot take it, the report is kept elsewhere and the one line says where (exit 18).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .fsutil import atomic_write_many
+from .fsutil import write_output_dir
 
 Cell = object
 
@@ -87,14 +88,14 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 
 def write_report(outdir: str | Path, stem: str, payload: dict, markdown: str, png: bytes | None = None,
                  command: str | None = None) -> list[Path]:
-    """Write <stem>.json, <stem>.md, <stem>.png (if given) and command.txt into outdir, all or nothing."""
-    outdir = Path(outdir)
-    files: dict[Path, bytes | str] = {
-        outdir / f"{stem}.json": json.dumps(payload, indent=2, sort_keys=False) + "\n",
-        outdir / f"{stem}.md": markdown.rstrip() + "\n",
+    """Write <stem>.json, <stem>.md, <stem>.png (if given) and command.txt into outdir, all or nothing; nothing else
+    in outdir is touched."""
+    files: dict[str, bytes | str] = {
+        f"{stem}.json": json.dumps(payload, indent=2, sort_keys=False) + "\n",
+        f"{stem}.md": markdown.rstrip() + "\n",
     }
     if png is not None:
-        files[outdir / f"{stem}.png"] = png
+        files[f"{stem}.png"] = png
     if command is not None:
-        files[outdir / "command.txt"] = command.rstrip() + "\n"
-    return atomic_write_many(files)
+        files["command.txt"] = command.rstrip() + "\n"
+    return write_output_dir(outdir, files, what="the report")

@@ -50,11 +50,11 @@ SCRIPT = textwrap.dedent("""
         from dask_cuda import LocalCUDACluster
         from distributed import Client, wait
         from ucx_dask_gpu import nvml
-        from ucx_dask_gpu.bench import settings as st
+        from ucx_dask_gpu.bench import config
 
         src, dst, nbytes = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
         gpus = {g.index: g for g in nvml.discover()}
-        c, _ = st.cluster_settings(st.load_config("tuned").tree, cpu=False)
+        c, _ = config.cluster_settings(config.load_config("tuned", False), cpu=False)
 
         def make(n):
             import cupy
@@ -117,12 +117,12 @@ def test_cupy_chunk_moves_device_to_device(tmp_path):
     Uses the shipped tuned-gpu.yaml (DASK_CONFIG) for the UCX options the image ships; this test sets its own
     UCXPY_PROGRESS_MODE.
     """
-    from ucx_dask_gpu.bench import settings as st
+    from ucx_dask_gpu.gate import daskconfig
 
     src, dst = PAIR
     cfg = tmp_path / "dask"
     cfg.mkdir()
-    (cfg / "tuned-gpu.yaml").write_text(st.tuned_path().read_text())
+    (cfg / "tuned-gpu.yaml").write_text(daskconfig.packaged_text("tuned-gpu.yaml"))
     (tmp_path / "seed003.py").write_text(SCRIPT)
     env = dict(os.environ, DASK_CONFIG=str(cfg), UCX_PROTO_INFO="y", PYTHONUNBUFFERED="1",
                UCXPY_PROGRESS_MODE="thread")
@@ -150,23 +150,24 @@ def test_cupy_chunk_moves_device_to_device(tmp_path):
 
 
 def test_bench_smoke(tmp_path):
-    """`bench transpose` end to end on the GPUs, small: both protocols, the reference, one knob, all ok and clean."""
+    """`bench transpose` end to end on the GPUs, small: ucx with a setting and tcp interleaved, local_cupy's parity and
+    peer runs beside them, every variant checked, every cluster closed cleanly, cuda_ipc in UCX's choices."""
     src, dst = PAIR
     proc = subprocess.run(
         [sys.executable, "-m", "ucx_dask_gpu", "bench", "transpose", "--gpus", f"{src},{dst}", "--size", "16384",
-         "--chunks", "4096", "--runs", "2", "--protocols", "ucx,tcp", "--reference",
-         "--knob", "UCXPY_PROGRESS_MODE=blocking", "--out", str(tmp_path), "--budget", "400"],
-        capture_output=True, text=True, timeout=480)
+         "--chunks", "4096", "--runs", "3", "--allow-few", "--variant", "ucx@thread:tuned:UCXPY_PROGRESS_MODE=thread",
+         "--variant", "tcp@tuned:tuned", "--parity", "ucx/thread", "--peer", "--proto-info", "--out", str(tmp_path),
+         "--budget", "400"], capture_output=True, text=True, timeout=480)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    p = json.loads((tmp_path / "transpose-4096x4096.json").read_text())
-    assert [g["index"] for g in p["gpus"]] == [src, dst]
+    p = json.loads((tmp_path / "transpose.json").read_text())
+    assert [g["index"] for g in p["gpus"]] == [src, dst] and p["provenance"]["driver"]
     for r in p["runs"]:
         assert r["status"] == "ok" and r["check"]["ok"], r.get("error")
-        assert r["shutdown"]["clean"], r["shutdown"]
-    ucx = p["runs"][0]
-    assert ucx["p2p"]["transfers"] > 0
+    ucx = p["clusters"][0]
+    assert all(c["shutdown"]["clean"] for c in p["clusters"])
     assert any("cuda_ipc" in ln for ln in ucx["ucx_proto_info"]), ucx["ucx_proto_info"][:40]
-    for applied in ucx["applied"].values():
-        assert applied["progress_mode"] == "thread" and "Pool" in applied[
-            "ucx-dask-gpu.cluster.rmm-pool-size"]
-    assert p["reference"]["status"] == "ok" and p["reference"]["array_type"] == "cupy"
+    assert all(f["progress_mode"] == "thread" for f in ucx["worker_facts"].values())
+    assert p["runs"][0]["p2p"]["transfers_per_repetition"] > 0
+    parity, peer = p["references"]
+    assert parity["status"] == "ok" and parity["array_type"] == "cupy" and parity["against"] == "ucx/thread"
+    assert peer["status"] == "ok" and peer["against"] == "its own LocalCUDACluster"

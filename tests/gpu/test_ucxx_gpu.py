@@ -3,7 +3,6 @@ through UCX's cuda_ipc transport, with every role on our libucp. One GPU is enou
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -14,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import nvml, stack
-from ucx_dask_gpu.errors import UserError
+from ucx_dask_gpu import stack
 
 pytestmark = pytest.mark.gpu
 
@@ -53,17 +51,6 @@ SCRIPT = textwrap.dedent("""
             out["incoming"] = client.run(incoming, workers=[b])[b]
         print(json.dumps(out))
 """)
-
-
-@pytest.fixture(scope="module")
-def gpu() -> None:
-    missing = [m for m in ("cupy", "ucxx", "distributed_ucxx") if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"missing packages: {', '.join(missing)}")
-    try:
-        nvml.discover()
-    except UserError as e:
-        pytest.skip(f"no GPU here: {e}")
 
 
 def test_two_workers_on_one_gpu_move_cupy_blocks_over_cuda_ipc_on_our_ucx(gpu):

@@ -13,7 +13,9 @@ No Kubernetes, SLURM, Apptainer or helm here: what they add (scheduling, DNS, GP
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import re
 import secrets
@@ -132,6 +134,40 @@ def test_kubernetes_operator_pods_form_a_cluster(image, st, proto):
         stop_clean(net)
 
 
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """What a command line's option ends up as (click and argparse: the last occurrence counts)."""
+    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+    return values[-1] if values else None
+
+
+def shm_volume(pod: dict, container: dict) -> dict:
+    """The emptyDir mounted at /dev/shm in `container` of `pod`."""
+    [mount] = [m for m in container.get("volumeMounts") or [] if m["mountPath"] == "/dev/shm"]
+    [volume] = [v for v in pod.get("volumes") or [] if v["name"] == mount["name"]]
+    return volume["emptyDir"]
+
+
+@pytest.mark.parametrize("gpus, shm_size, want", [(0, None, "1Gi"), (8, None, "8Gi"), (8, "32Gi", "32Gi")])
+def test_kubernetes_worker_pods_get_a_memory_backed_dev_shm_and_no_memory_limit_flag(gpus, shm_size, want):
+    """The pods the operator's controller makes of the recipe's spec: /dev/shm in memory (Kubernetes' own is 64
+    MiB), sized per GPU worker unless given; no --memory-limit, so dask-cuda's `auto` splits the pod's memory."""
+    from dask_kubernetes.operator.controller.controller import build_worker_deployment_spec
+
+    spec = recipe("kube_cluster").cluster_spec("udg", "img:1", n_workers=1, gpus_per_node=gpus, shm_size=shm_size)
+    dep = build_worker_deployment_spec("default", "default", "udg", "w0", spec["spec"]["worker"]["spec"], {}, {})
+    pod = dep["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert shm_volume(pod, container) == {"medium": "Memory", "sizeLimit": want}
+    assert flag_value(pod_container(container)["argv"], "--memory-limit") is None
+    assert "UCX_NET_DEVICES" not in pod_container(container)["env"]
+    if shm_size:  # the recipe's command line says the same
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            recipe("kube_cluster").main(["img:1", "--gpus-per-node", "8", "--shm-size", shm_size])
+        cli = yaml.safe_load(out.getvalue())["spec"]["worker"]["spec"]
+        assert shm_volume(cli, cli["containers"][0]) == {"medium": "Memory", "sizeLimit": want}
+
+
 def test_kubernetes_gpu_worker_pod_without_a_gpu_says_what_is_missing(image):
     spec = recipe("kube_cluster").cluster_spec("udg-gpu", image["tag"], n_workers=1, gpus_per_node=8)
     worker = spec["spec"]["worker"]["spec"]["containers"][0]
@@ -168,12 +204,23 @@ def helm_chart_args(values: dict, release: str) -> tuple[list[str], list[str]]:
     return scheduler, worker + list(w.get("extraArgs", []))
 
 
-def test_helm_chart_values_run_as_the_chart_runs_them(image):
+def test_helm_values_give_each_gpu_worker_its_share_of_memory_and_a_memory_backed_dev_shm():
     values = yaml.safe_load((RECIPES / "helm-values.yaml").read_text())
     scheduler, gpu_worker = helm_chart_args(values, "gpu")
     assert scheduler[-2:] == ["--protocol", "ucx"]
     assert gpu_worker[:2] == ["dask-cuda-worker", "ucx://gpu-dask-scheduler:8786"]
-    assert gpu_worker[2:6] == ["--nthreads", "1", "--memory-limit", "auto"]
+    # The chart passes the pod's memory limit; the values' `auto` comes last: each GPU worker gets its share.
+    assert gpu_worker[2:6] == ["--nthreads", "1", "--memory-limit", values["worker"]["resources"]["limits"]["memory"]]
+    assert flag_value(gpu_worker, "--memory-limit") == "auto"
+    assert "default_resources" not in values["worker"]  # deprecated by the chart ("use `resources`")
+    # The chart's template puts worker.mounts.volumes into the pod and .volumeMounts into the worker container.
+    mounts = values["worker"]["mounts"]
+    assert shm_volume({"volumes": mounts["volumes"]}, {"volumeMounts": mounts["volumeMounts"]}) == \
+        {"medium": "Memory", "sizeLimit": "8Gi"}
+
+
+def test_helm_chart_values_run_as_the_chart_runs_them(image):
+    values = yaml.safe_load((RECIPES / "helm-values.yaml").read_text())
     # Here, CPU workers: the same values with dask-worker and no GPU limits.
     values["worker"]["image"]["dask_worker"] = "dask-worker"
     del values["worker"]["resources"]
@@ -203,6 +250,18 @@ def test_slurm_recipe_generates_apptainer_job_scripts():
     assert "#SBATCH --gpus=4" in script
     command = script.strip().splitlines()[-1]
     assert command.startswith("apptainer exec --nv /shared/ucx-dask-gpu.sif python -m dask_cuda.cli ucx://")
+    # The job's memory for SLURM, a quarter of it for each of the job's 4 GPU workers (dask-cuda applies the limit
+    # per worker process), and RAPIDS' 64 MiB stack before Apptainer starts.
+    assert "#SBATCH --mem=64G" in script.splitlines()
+    assert flag_value(command.split(), "--memory-limit") == "16.00GiB"
+    assert script.index("ulimit -S -s 65536") < script.index("apptainer exec")
+    cpu = recipe("slurm_apptainer").slurm_cluster(None, gpus_per_job=0, memory="8GiB", python="python",
+                                                  scheduler_options={"dashboard_address": ":0"})
+    try:
+        cpu_script = cpu.job_script()
+    finally:
+        cpu.close()
+    assert flag_value(cpu_script.split(), "--memory-limit") == "8.00GiB" and "ulimit" not in cpu_script
 
 
 JOBQUEUE_CLIENT = """

@@ -70,7 +70,7 @@ def test_a_damaged_part_is_refused_in_one_line(exported, tmp_path):
     proc = session("receive", str(batch), "--parts", str(tmp_path / "parts"))
     assert proc.returncode == ROOTFS_INVALID, proc.stderr
     [line] = proc.stderr.strip().splitlines()
-    assert f"{part.name}: sha256 differs from the manifest: carry it again" in line
+    assert f"{part.name}: sha256 differs from the manifest: copy it again" in line
     assert not (tmp_path / "parts" / part.name).exists()
     proc = session("run", str(tmp_path / "out"), "--cpu", "--parts", str(tmp_path / "parts"),
                    "--root", str(tmp_path / "root"))

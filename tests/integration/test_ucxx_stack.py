@@ -8,6 +8,7 @@ are missing.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -331,3 +332,79 @@ def test_an_abandoned_exchange_leaves_no_write_into_freed_memory(upstream_exchan
     for _ in range(3):
         out = _abandoned_exchange()
         assert "FREED MEMORY WRITTEN" not in out, out
+
+
+# --- the carried UCXX patch 0009: UCX_MEMTYPE_CACHE=n where UCX reads it, no warning ---------------------------------
+
+UNUSED_WARNING = "unused environment variable"
+MEMTYPE_CACHE = """
+    def memtype_cache():
+        import ctypes, os
+        value = ctypes.create_string_buffer(32)
+        ctypes.CDLL("libucs.so.0", mode=os.RTLD_NOLOAD).ucs_global_opts_get_value(b"MEMTYPE_CACHE", value, 32)
+        return value.value.decode()
+"""
+# One UCP context and worker: where UCX reports environment variables it did not use.
+UCX_WORKER = MEMTYPE_CACHE + """
+    import os
+    import ucxx
+    from ucxx._lib import libucxx
+    worker = libucxx.UCXWorker(libucxx.UCXContext())
+    print("MEMTYPE_CACHE", memtype_cache(), os.environ.get("UCX_MEMTYPE_CACHE"))
+"""
+MEMTYPE_CLUSTER = MEMTYPE_CACHE + """
+    import json
+    from distributed import Client, LocalCluster
+
+    if __name__ == "__main__":
+        with LocalCluster(protocol="ucx", n_workers=2, threads_per_worker=1, dashboard_address=None,
+                          host="127.0.0.1") as c, Client(c) as client:
+            assert client.submit(sum, [1, 2]).result() == 3
+            print(json.dumps({"client": memtype_cache(), "scheduler": client.run_on_scheduler(memtype_cache),
+                              "workers": client.run(memtype_cache)}))
+"""
+
+
+def _without_preload(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """As in the image: no start-up preload (`python -S`), UCX found by the loader (there /etc/ld.so.conf.d), so
+    libucxx is what loads UCX."""
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    boot = f"import sys; sys.path += {site!r}; exec(compile({textwrap.dedent(code)!r}, '<probe>', 'exec'))"
+    return subprocess.run([sys.executable, "-S", "-c", boot], capture_output=True, text=True, timeout=120,
+                          env=_clean_env({"LD_LIBRARY_PATH": str(PREFIX / "lib"), **(env or {})}))
+
+
+def test_a_dask_cluster_over_ucx_prints_no_ucx_warning_and_every_process_has_the_memtype_cache_off():
+    """Client, scheduler and two nanny-started workers over UCX (our venv: UCX loaded at start-up, before UCXX)."""
+    r = _python(MEMTYPE_CLUSTER, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert UNUSED_WARNING not in r.stdout + r.stderr, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [out["client"], out["scheduler"], *out["workers"].values()] == ["n"] * 4, out
+
+
+def test_where_ucxx_loads_ucx_itself_no_warning_either():
+    r = _without_preload(UCX_WORKER)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert UNUSED_WARNING not in r.stdout + r.stderr, r.stderr[-3000:]
+    assert "MEMTYPE_CACHE n n" in r.stdout  # set before UCX loaded: in the environment, for processes it starts too
+    user = _without_preload(UCX_WORKER, {"UCX_MEMTYPE_CACHE": "y"})  # a user's own choice stays
+    assert user.returncode == 0 and "MEMTYPE_CACHE y y" in user.stdout, user.stderr[-3000:]
+
+
+def test_upstream_ucxx_sets_the_variable_too_late(st, tmp_path):
+    """UCXX's __init__.py as released, in a copy of the installed package: UCX warns and the cache stays on."""
+    assert (REPO / "ucx-src-build/patches/ucxx-0.51.01"
+            / "0009-python-memtype-cache-set-where-ucx-reads-it.patch").is_file()
+    installed = Path(importlib.util.find_spec("ucxx").submodule_search_locations[0])
+    shutil.copytree(installed, tmp_path / "ucxx", ignore=shutil.ignore_patterns("__pycache__"))
+    fetched = fetch_source(st.ucxx.source, cache=default_cache_dir(st), dirs=local_dirs(st), offline=True)
+    with tarfile.open(fetched.path) as tar:
+        name = next(n for n in tar.getnames() if n.split("/", 1)[-1] == "python/ucxx/ucxx/__init__.py")
+        (tmp_path / "ucxx" / "__init__.py").write_bytes(tar.extractfile(name).read())
+    probe = f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n" + textwrap.dedent(UCX_WORKER)
+    for how, r in (("UCX loaded at start-up", _python(probe)), ("UCX loaded by libucxx", _without_preload(probe))):
+        assert r.returncode == 0, r.stderr[-3000:]
+        # UCX logs to stdout
+        assert f"{UNUSED_WARNING}: UCX_MEMTYPE_CACHE" in r.stdout and "MEMTYPE_CACHE try n" in r.stdout, \
+            (how, r.stdout[-1000:], r.stderr[-2000:])

@@ -1,4 +1,8 @@
-"""Turning runner data (transfer logs, digests, task stream) into the report's numbers."""
+"""The numbers of a benchmark: quantiles, the bootstrap interval of a ratio of medians and its verdict, the order
+variants take turns in, per-pair bandwidth and the bytes-moved check."""
+import math
+import random
+
 import pytest
 
 from ucx_dask_gpu.bench import stats
@@ -7,83 +11,83 @@ W = ["ucx://h:1", "ucx://h:2"]
 MIB = 2 ** 20
 
 
-def t(src, dst, nbytes, seconds, start=0.0):
-    return {"src": W[src], "dst": W[dst], "bytes": nbytes, "keys": 1, "start": start, "stop": start + seconds,
-            "duration_s": seconds, "bandwidth": nbytes / seconds}
+def lognormal(rng, median, n, sigma=0.15):
+    return [median * math.exp(rng.gauss(0, sigma)) for _ in range(n)]
 
 
 def test_quantiles_match_numpy_linear():
-    vals = [4.0, 1.0, 3.0, 2.0]
-    assert stats.quantile(vals, 0.25) == pytest.approx(1.75)
-    assert stats.median(vals) == pytest.approx(2.5)
+    assert stats.quantile([4.0, 1.0, 3.0, 2.0], 0.25) == pytest.approx(1.75)
+    assert stats.median([4.0, 1.0, 3.0, 2.0]) == pytest.approx(2.5)
     assert stats.quantile([], 0.5) is None
-    assert stats.hmean([1.0, 4.0]) == pytest.approx(1.6)
+    s = stats.summary([3.0, 1.0, 2.0])
+    assert (s["n"], s["median"], s["min"], s["max"]) == (3, 2.0, 1.0, 3.0)
 
 
-def test_p2p_pairs_and_overall():
-    runs = [
-        {"start": 100.0, "transfers": [t(1, 0, 128 * MIB, 0.002, 100.01), t(1, 0, 128 * MIB, 0.004, 100.02),
-                                       t(0, 1, 8, 0.001, 100.03)]},
-        {"start": 200.0, "transfers": [t(0, 1, 128 * MIB, 0.001, 200.01), t(1, 0, 64 * MIB, 0.001, 200.02)]},
-    ]
-    p = stats.p2p(runs, W, ignore_bytes=MIB)
-    assert p["transfers"] == 4 and p["transfers_dropped_small"] == 1
-    assert p["transfers_per_run"] == 2.0
+def test_the_interval_holds_the_true_ratio_and_excludes_one_for_a_real_effect():
+    rng = random.Random(7)
+    base, faster = lognormal(rng, 100e-3, 15), lognormal(rng, 80e-3, 15)
+    r = stats.bootstrap_ratio(faster, base, seed=3)
+    assert r["ci95"][0] <= 0.8 <= r["ci95"][1]
+    assert r["ci95"][1] < 1.0 and r["verdict"] == "keeps"
+    assert r["median"] == pytest.approx(stats.median(faster) / stats.median(base), abs=1e-4)
+    assert (r["n"], r["n_baseline"], r["resamples"], r["seed"]) == (15, 15, 2000, 3)
+
+
+def test_no_effect_is_noise():
+    rng = random.Random(11)
+    r = stats.bootstrap_ratio(lognormal(rng, 0.1, 15), lognormal(rng, 0.1, 15), seed=0)
+    assert r["ci95"][0] < 1.0 < r["ci95"][1] and r["verdict"] == "noise"
+
+
+def test_same_seed_same_interval_other_seed_other_resamples():
+    rng = random.Random(1)
+    a, b = lognormal(rng, 1.0, 15), lognormal(rng, 1.1, 15)
+    assert stats.bootstrap_ratio(a, b, seed=5) == stats.bootstrap_ratio(a, b, seed=5)
+    assert stats.bootstrap_ratio(a, b, seed=5)["ci95"] != stats.bootstrap_ratio(a, b, seed=6)["ci95"]
+
+
+def test_coverage_is_near_the_level_on_synthetic_data():
+    """Over 40 synthetic experiments (fixed seed) with a true ratio of 0.9, the 95 % interval holds it in most."""
+    rng = random.Random(2024)
+    held = 0
+    for i in range(40):
+        r = stats.bootstrap_ratio(lognormal(rng, 0.9, 20), lognormal(rng, 1.0, 20), resamples=500, seed=i)
+        held += r["ci95"][0] <= 0.9 <= r["ci95"][1]
+    assert held >= 32, held
+
+
+def test_verdict_and_empty_input():
+    assert stats.verdict(1.01, 1.2) == "keeps" and stats.verdict(0.5, 0.99) == "keeps"
+    assert stats.verdict(0.9, 1.1) == "noise" and stats.verdict(1.0, 1.3) == "noise"
+    assert stats.bootstrap_ratio([], [1.0]) is None and stats.bootstrap_ratio([1.0], []) is None
+
+
+def test_rounds_alternate_direction():
+    names = ["a", "b", "c"]
+    assert [stats.round_order(names, r) for r in range(4)] == [["a", "b", "c"], ["c", "b", "a"],
+                                                               ["a", "b", "c"], ["c", "b", "a"]]
+    # over two rounds every variant runs once in each half: no variant always follows the same one
+    firsts = [stats.round_order(names, r)[0] for r in range(2)]
+    assert firsts == ["a", "c"]
+
+
+def t(src, dst, nbytes, seconds):
+    return {"src": W[src], "dst": W[dst], "bytes": nbytes, "duration": seconds}
+
+
+def test_p2p_pairs_and_small_transfers_left_out():
+    p = stats.p2p([t(1, 0, 128 * MIB, 0.002), t(1, 0, 128 * MIB, 0.004), t(0, 1, 8, 0.001), t(0, 1, 64 * MIB, 0.001)],
+                  W, repetitions=2, ignore_bytes=MIB)
     pairs = {(x["src"], x["dst"]): x for x in p["pairs"]}
-    assert set(pairs) == {(0, 1), (1, 0)}
-    gb = 128 * MIB / 1e9
-    assert pairs[(0, 1)]["q50_gbps"] == pytest.approx(gb / 0.001, abs=1e-3)
-    b10 = sorted([gb / 0.002, gb / 0.004, 64 * MIB / 1e9 / 0.001])
-    assert pairs[(1, 0)]["q50_gbps"] == pytest.approx(b10[1], abs=1e-3)
-    assert pairs[(1, 0)]["transfers"] == 3 and pairs[(1, 0)]["bytes"] == 320 * MIB
-    all_bw = sorted(b10 + [gb / 0.001])
-    assert p["gbps_median"] == pytest.approx((all_bw[1] + all_bw[2]) / 2, abs=1e-3)
-    assert p["gbps_weighted"] == pytest.approx(448 * MIB / 0.008 / 1e9, abs=1e-3)
-    m = stats.pair_matrix(p)
-    assert m[0][0] is None and m[0][1] == pairs[(0, 1)]["q50_gbps"]
+    assert set(pairs) == {(0, 1), (1, 0)} and pairs[(1, 0)]["transfers"] == 2
+    assert pairs[(0, 1)]["q50_gbps"] == pytest.approx(64 * MIB / 0.001 / 1e9, abs=1e-3)
+    assert p["transfers_per_repetition"] == 1.5
 
 
-def test_p2p_without_large_transfers():
-    p = stats.p2p([{"start": 0.0, "transfers": [t(0, 1, 100, 0.001)]}], W)
-    assert p["pairs"] == [] and p["gbps_median"] is None and p["gbps_weighted"] is None
-
-
-def test_transfer_table_and_size_classes():
-    runs = [{"start": 10.0, "transfers": [t(1, 0, 128 * MIB, 0.002, 10.5), t(0, 1, 8, 0.001, 10.25)]}]
-    rows = stats.transfer_table(runs, W)
-    assert [(r["src"], r["dst"], r["start_s"]) for r in rows] == [(1, 0, 0.5), (0, 1, 0.25)]
-    classes = stats.size_classes(rows)
-    assert [c["bytes_from"] for c in classes] == [8, 128 * MIB]
-    assert classes[1]["median_duration_s"] == pytest.approx(0.002)
-
-
-def test_digest_summary_sums_workers_per_run():
-    digests = {
-        W[0]: {"gather-dep|network|seconds": 0.4, "gather-dep|deserialize|seconds": 0.02,
-               "execute|sum|thread-cpu|seconds": 0.2, "transfer-duration": 0.4, "latency": 0.1},
-        W[1]: {"gather-dep|network|seconds": 0.2, "get-data|serialize|seconds": 0.04,
-               "execute|sum|thread-cpu|seconds": 0.1},
-    }
-    s = stats.digest_summary(digests, runs=2)
-    assert s["gather-dep"] == {"deserialize": 0.01, "network": 0.3}
-    assert s["get-data"] == {"serialize": 0.02}
-    assert s["execute"] == {"sum": {"thread-cpu": 0.15}}
-    assert s["transfer"] == {"duration_s": 0.2}
-
-
-def test_task_phases():
-    prof = {"start": 100.0, "stop": 100.5, "wall_s": 0.5, "tasks": [
-        {"prefix": "sum", "worker": W[0], "startstops": [
-            {"action": "transfer", "start": 100.05, "stop": 100.15, "source": W[1]},
-            {"action": "compute", "start": 100.15, "stop": 100.25}]},
-        {"prefix": "sum", "worker": W[1], "startstops": [{"action": "compute", "start": 100.1, "stop": 100.4}]},
-    ]}
-    ph = stats.task_phases(prof, W)
-    assert ph["start_latency_s"] == pytest.approx(0.1)
-    assert ph["active_s"] == pytest.approx(0.3)
-    assert ph["end_latency_s"] == pytest.approx(0.1)
-    assert ph["transfer_s_per_worker"] == {"0": pytest.approx(0.1)}
-    assert ph["compute_by_prefix"]["sum"]["tasks"] == 2
-    rows = stats.compact_tasks(prof, W)
-    assert rows[0][:3] == ["sum", 0, "transfer"] and rows[0][5] == 1
-    assert stats.task_phases({}, W) == {}
+def test_bytes_moved_notes():
+    assert stats.bytes_moved_notes({"a": [100, 100], "b": [100, 100]}, "a") == []
+    notes = stats.bytes_moved_notes({"a": [100e6] * 3, "b": [100e6] * 3, "c": [150e6] * 3}, "a")
+    assert notes == ["c moved 150.0 MB per repetition (median), the baseline a 100.0 MB: its ratio compares "
+                     "different work"]
+    notes = stats.bytes_moved_notes({"a": [1e6, 2e6], "b": [1.5e6, 1.5e6]}, "b")
+    assert any("varied between repetitions (a 1.0-2.0 MB)" in n for n in notes)

@@ -41,7 +41,24 @@ def report() -> dict:
 
 
 def test_sections_present(report):
-    assert set(report) >= {"host", "stack", "ucx", "ucxx", "cuda", "gpu"}
+    assert set(report) >= {"host", "stack", "ucx", "ucxx", "cuda", "gpu", "config"}
+
+
+def test_names_the_dask_config_in_force(tmp_path):
+    """With the shipped config installed where DASK_CONFIG points: its files, and every tuned setting in force."""
+    from ucx_dask_gpu.gate import daskconfig
+
+    daskconfig.install(tmp_path / "dask")
+    empty = tmp_path / "root"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
+    r = run("--json", env=env | {"DASK_CONFIG": str(tmp_path / "dask"), "DASK_ROOT_CONFIG": str(empty)})
+    config = json.loads(r.stdout)["config"]
+    assert config["differ"] == {} and config["in_force"] == config["settings"] > 0
+    assert str(tmp_path / "dask" / daskconfig.INSTALLED_TUNED) in [f["path"] for f in config["files"]]
+    table = run(env=env | {"DASK_CONFIG": str(tmp_path / "dask"), "DASK_ROOT_CONFIG": str(empty),
+                           "DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING": "false"}).stdout
+    assert "Dask config" in table and "distributed.scheduler.work-stealing=False (shipped True)" in table
 
 
 def test_no_gpu_is_said_plainly_and_exits_0(report):

@@ -136,9 +136,11 @@ def test_guard_show_and_id_print_the_computed_id():
 def test_preload_names_are_the_modules_dask_loads():
     """The shipped dask config, the refusal message and the entrypoint name the preloads by these strings."""
     from ucx_dask_gpu.gate import daskconfig, guard, quietclose
+    from ucx_dask_gpu.ucx import startup
 
     assert identity.GUARD == guard.__name__
     assert daskconfig.QUIET_CLOSE == quietclose.__name__
+    assert daskconfig.STARTUP == startup.__name__
     installed = daskconfig.render("cpu")[daskconfig.COMMON]
     assert installed.count(f"preload: [{identity.GUARD}") == 4  # first on every role
 

@@ -45,19 +45,23 @@ def test_one_worker_per_gpu_in_the_namespaces_of_the_host_holder():
     for i, gpu in enumerate(("0", "1", "3")):
         args = c.run_args(c.worker_name(i), c.worker_argv(i), host=c.host_flags(i))
         assert opt(args, "--gpus") == [f"device={gpu}"]                 # its own GPU, never `all`
+        assert opt(args, "--ulimit") == ["stack=67108864"]               # RAPIDS' stack size
         assert opt(args, "--ipc") == ["container:udg-g-gpuhost"] and opt(args, "--pid") == ["container:udg-g-gpuhost"]
         assert "--cap-add" not in args and "--device" not in args
     sched = c.run_args(c.scheduler_name, c.scheduler_argv(), host=c.host_flags())
     assert "--gpus" not in sched and "--ipc" not in sched and opt(sched, "--shm-size") == ["1g"]
+    assert "--ulimit" not in sched and "--ulimit" not in holder
 
 
 def test_infiniband_and_cma_flags():
     c = Cluster("img:1", gpu=True, gpus=("0",), infiniband=True, cma=True, name="udg-i")
     args = c.host_flags(0).docker_args()
-    assert opt(args, "--device") == ["/dev/infiniband"] and opt(args, "--ulimit") == ["memlock=-1"]
+    assert opt(args, "--device") == ["/dev/infiniband"]
+    assert opt(args, "--ulimit") == ["stack=67108864", "memlock=-1"]
     assert opt(args, "--cap-add") == ["IPC_LOCK", "SYS_PTRACE"]
     svc = c.host_flags(0, holder="gpu-host").compose()
-    assert svc["devices"] == ["/dev/infiniband:/dev/infiniband"] and svc["ulimits"] == {"memlock": -1}
+    assert svc["devices"] == ["/dev/infiniband:/dev/infiniband"]
+    assert svc["ulimits"] == {"stack": 67108864, "memlock": -1}
     assert svc["cap_add"] == ["IPC_LOCK", "SYS_PTRACE"] and svc["ipc"] == svc["pid"] == "service:gpu-host"
     assert svc["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]
@@ -86,6 +90,8 @@ def test_compose_file_is_the_cluster_as_services():
         assert s[w]["ipc"] == s[w]["pid"] == "service:gpu-host" and "gpu-host" in s[w]["depends_on"]
     assert [s[w]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for w in ("worker-0", "worker-1")] \
         == [["0"], ["1"]]
+    assert s["worker-0"]["ulimits"] == {"stack": 67108864} and "ulimits" not in s["scheduler"]
+    assert all(s[name]["shm_size"] == "1g" for name in s)
     assert s["client"]["profiles"] == ["client"] and s["client"]["command"][-2:] == ["--backend", "cupy"]
     cpu = yaml.safe_load(compose.render(Cluster("img:1", n_workers=3), "--workers 3"))["services"]
     assert list(cpu) == ["scheduler", "worker-0", "worker-1", "worker-2", "client"]

@@ -1,5 +1,6 @@
 """No Docker engine: every image/cluster entry point says so in one line and exits NO_DOCKER (7), building nothing."""
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -38,3 +39,26 @@ def test_not_root_may_not_start_an_engine(monkeypatch):
     with pytest.raises(UserError) as err:
         dockerutil.ensure_engine()
     assert err.value.exit_code == NO_DOCKER and "not allowed to start one" in str(err.value)
+
+
+def test_the_engine_make_left_running_is_named_and_only_it_is_stopped(tmp_path):
+    """What `make` says at its end (`ci/start_dockerd.sh --status`) and `--stop` undoes: the dockerd processes whose
+    output goes to the engine log ensure_engine opens. Real processes of a binary named dockerd (a copy of sleep): one
+    writing to that log, one to another."""
+    from ucx_dask_gpu.image import docker as dockerutil
+
+    dockerd = tmp_path / "dockerd"
+    shutil.copy(shutil.which("sleep"), dockerd)
+    log, elsewhere = tmp_path / "engine.log", tmp_path / "other.log"
+    with open(log, "ab") as ours_out, open(elsewhere, "ab") as other_out:
+        ours = subprocess.Popen([str(dockerd), "300"], stdout=ours_out)
+        other = subprocess.Popen([str(dockerd), "300"], stdout=other_out)
+    try:
+        assert dockerutil.started_engines(str(log)) == [ours.pid]
+        assert dockerutil.stop_started_engines(str(log), timeout=30) == [ours.pid]
+        assert ours.wait(10) == -15 and other.poll() is None
+        assert dockerutil.started_engines(str(log)) == []
+    finally:
+        for p in (ours, other):
+            p.kill()
+            p.wait()

@@ -7,11 +7,12 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu.errors import ROOTFS_INVALID, USAGE, UserError
+from ucx_dask_gpu.errors import OUTPUT_REFUSED, ROOTFS_INVALID, USAGE, UserError
 from ucx_dask_gpu.image import chroot, rootfs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -98,10 +99,12 @@ def test_nothing_half_written_when_the_source_fails(tmp_path):
         rootfs.pack(["tar", "-c", "-C", str(tmp_path / "absent"), "-f", "-", "."], tmp_path / "export",
                     {"image": "x"}, {}, part_size=MIB, level=1)
     assert err.value.exit_code == USAGE
-    assert not (tmp_path / "export").exists() and not (tmp_path / "export.partial").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "the export or its temporary directory left behind"
     (tmp_path / "export").mkdir()
-    with pytest.raises(UserError, match="exists"):
+    (tmp_path / "export" / "mine.txt").write_text("kept")
+    with pytest.raises(UserError, match="exists") as err:
         rootfs.pack(["true"], tmp_path / "export", {}, {}, part_size=MIB)
+    assert err.value.exit_code == OUTPUT_REFUSED and (tmp_path / "export" / "mine.txt").read_text() == "kept"
 
 
 def test_damaged_missing_and_foreign_parts_are_refused(tree, tmp_path):
@@ -148,6 +151,13 @@ def test_sizes():
     assert rootfs.parse_size("1048576") == MIB
     with pytest.raises(ValueError):
         rootfs.parse_size("lots")
+
+
+def test_part_size_is_the_users_option_with_a_default_of_one_gib():
+    help_text = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "image", "export-rootfs", "--help"],
+                               capture_output=True, text=True, check=True).stdout
+    assert "--part-size" in help_text and "default 1GiB" in " ".join(help_text.split())
+    assert rootfs.parse_size(rootfs.DEFAULT_PART_SIZE) == 1 << 30
 
 
 LDCONFIG = """\

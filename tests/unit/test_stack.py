@@ -152,7 +152,7 @@ def test_lock_path_stays_in_repo(raw, lock):
     assert "inside the repository" in bad(raw, lambda d: d["python"].__setitem__("lock", lock))
 
 
-@pytest.mark.parametrize("key, value, why", [("part_mib", 64, "64 MiB"), ("parts_dir", "tmp/parts", "absolute"),
+@pytest.mark.parametrize("key, value, why", [("parts_dir", "tmp/parts", "absolute"),
                                              ("root", "/tmp/../root", "absolute")])
 def test_gpu_host_values_are_checked(raw, key, value, why):
     msg = bad(raw, lambda d: d["gpu_host"].__setitem__(key, value))
@@ -189,3 +189,27 @@ def test_cli_bad_stack_is_one_line_and_exit_code(tmp_path):
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert out.returncode == BAD_STACK
     assert len(out.stderr.strip().splitlines()) == 1 and "ucx.source.tag" in out.stderr
+
+
+def test_a_byte_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    f = tmp_path / "stack.toml"
+    f.write_bytes(STACK_TOML.read_bytes().replace(b"[stack]", b"# caf\xe9\n[stack]", 1))
+    line = f.read_bytes().split(b"\n").index(b"# caf\xe9") + 1
+    with pytest.raises(UserError) as e:
+        stack.load(f)
+    assert e.value.exit_code == BAD_STACK and f"byte 0xe9 on line {line}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_stack_file_that_cannot_be_read_is_exit_3(tmp_path, monkeypatch):
+    monkeypatch.setenv(stack.model.STACK_ENV, str(tmp_path))  # a directory: read() fails, as root too
+    with pytest.raises(UserError) as e:
+        stack.load()
+    assert e.value.exit_code == BAD_STACK and "cannot read" in str(e.value)
+
+
+def test_lock_only_an_unknown_lock_is_one_line(capsys):
+    from ucx_dask_gpu.cli import main
+
+    assert main(["stack", "lock", "--only", "locks/nope.txt"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["ucx-dask-gpu stack: error: --only: not a lock of stack.toml: locks/nope.txt"]

@@ -12,7 +12,7 @@ import pytest
 from ucx_dask_gpu import errors, nvml
 from ucx_dask_gpu.topology.machine import (PciLocation, assemble, discover_nics, materialize_sysfs, numa_cpus, pci_level,
                                            pci_location, record_sysfs)
-from ucx_dask_gpu.topology.model import NicInfo, format_cpulist, parse_cpulist
+from ucx_dask_gpu.topology.model import MAX_CPU_ID, NicInfo, format_cpulist, parse_cpulist
 from ucx_dask_gpu.topology.plan import largest_nvlink_subset, make_plan, worker_settings
 from ucx_dask_gpu.topology.topotext import parse_topo_text, read_topo_file
 from ucx_dask_gpu.cli import main
@@ -89,7 +89,7 @@ def test_nic_legend_names_nic_columns():
     topo = parse_topo_text(text)
     assert [(n.name, n.kind, n.rdma_device) for n in topo.nics] == [("mlx5_0", "ib", "mlx5_0")]
     assert topo.gpu_nic == {(0, "mlx5_0"): "PIX", (1, "mlx5_0"): "NODE"}
-    plan = make_plan(topo)
+    plan = make_plan(topo, net_devices=True)
     assert [w.env.get("UCX_NET_DEVICES") for w in plan.workers] == ["mlx5_0:1", "mlx5_0:1"]
 
 
@@ -132,6 +132,33 @@ def test_cpulist_round_trip():
         parse_cpulist("5-3")
 
 
+def test_cpulists_are_bounded_before_they_are_expanded():
+    assert parse_cpulist(f"0-{MAX_CPU_ID}")[-1] == MAX_CPU_ID and parse_cpulist("007") == [7]
+    for text in (f"0-{MAX_CPU_ID + 1}", "0-3000000000", "1" * 5000, "0," + "9" * 100_000, "4-" + "1" * 40):
+        with pytest.raises(ValueError, match=f"above {MAX_CPU_ID}"):
+            parse_cpulist(text)
+
+
+@pytest.mark.parametrize("column", ["CPU Affinity", "NUMA Affinity"])
+def test_a_topo_listing_with_a_huge_range_is_one_line_exit_50(column, tmp_path, capsys):
+    lines = H200.read_text().splitlines()
+    cells = lines[1].split("\t")
+    cells[3 if column == "CPU Affinity" else 4] = "0-3000000000"
+    bad = tmp_path / "topo.txt"
+    bad.write_text("\n".join([lines[0], "\t".join(cells), *lines[2:]]) + "\n")
+    assert main(["topology", "--from-topo", str(bad)]) == errors.BAD_TOPOLOGY
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "row 'GPU0'" in err[0] and f"above {MAX_CPU_ID}" in err[0]
+
+
+def test_a_sysfs_record_with_a_huge_cpulist_is_one_line_exit_51(tmp_path, capsys):
+    record = tmp_path / "record.txt"
+    record.write_text(BUILD_VM_SYSFS.read_text().replace("node0/cpulist\t0-1", "node0/cpulist\t0-3000000000"))
+    with pytest.raises(UserError) as e:
+        numa_cpus(materialize_sysfs(record.read_text(), tmp_path / "root"))
+    assert e.value.exit_code == errors.SYSFS_UNREADABLE and "node0/cpulist" in str(e.value)
+
+
 def test_nvml_affinity_mask_unpacking():
     # word 0 holds CPUs 0..63; DGX-1 socket 1 = 20-39 and 60-79 spans two words
     words = [sum(1 << c for c in SOCKET1 if c < 64), sum(1 << (c - 64) for c in SOCKET1 if c >= 64)]
@@ -143,11 +170,13 @@ def test_nvml_affinity_mask_unpacking():
 def test_dgx1_plan_cores_and_nics_follow_the_listing():
     topo = read_topo_file(str(DGX1))
     plan = make_plan(topo, gpus="all")
+    pinned = make_plan(topo, gpus="all", net_devices=True)
     assert [w.gpu for w in plan.workers] == list(range(8))
-    for w in plan.workers:
+    for w, p in zip(plan.workers, pinned.workers):
         assert w.cpus == (SOCKET0 if w.gpu < 4 else SOCKET1)
         assert topo.gpu_nic[(w.gpu, w.nic)] == "PIX" and w.nic_distance == "PIX"   # the card on its own switch
-        assert w.env["UCX_NET_DEVICES"] == f"{w.nic}:1"
+        assert "UCX_NET_DEVICES" not in w.env                  # UCX pairs GPUs and NICs itself unless asked
+        assert p.env["UCX_NET_DEVICES"] == f"{w.nic}:1" and {**w.env, "UCX_NET_DEVICES": f"{w.nic}:1"} == p.env
         assert w.env["UCX_TLS"] == "rc,tcp,cuda_copy,cuda_ipc"
         assert w.env["CUDA_VISIBLE_DEVICES"].split(",")[0] == str(w.gpu)
         assert sorted(map(int, w.env["CUDA_VISIBLE_DEVICES"].split(","))) == list(range(8))
@@ -228,7 +257,7 @@ def test_worker_settings_limit_cores_and_check_interfaces():
     assert s0.cores == [0, 1] and s4.cores == [20, 79]
     assert s0.interface == "ib0" and s4.interface is None and "ib1 has no IPv4" in s4.notes[-1]
     # an interface without an address cannot carry UCX's tcp either
-    mlx = make_plan(read_topo_file(str(DGX1)), gpus="0")
+    mlx = make_plan(read_topo_file(str(DGX1)), gpus="0", net_devices=True)
     mlx.workers[0].interface = "ib0"
     mlx.workers[0].env["UCX_NET_DEVICES"] = "mlx5_0:1,ib0"
     (s,) = worker_settings(mlx, allowed_cpus={0}, ipv4=lambda _: None)
@@ -236,7 +265,7 @@ def test_worker_settings_limit_cores_and_check_interfaces():
     h200 = read_topo_file(str(H200))
     h200.nics = [NicInfo(name="eth0", kind="eth", netdev="eth0")]
     h200.gpu_nic = {(0, "eth0"): "PHB", (1, "eth0"): "PHB"}
-    eth = make_plan(h200)
+    eth = make_plan(h200, net_devices=True)
     assert [w.env["UCX_NET_DEVICES"] for w in eth.workers] == ["eth0", "eth0"]
     assert all("UCX_NET_DEVICES" not in s.env
                for s in worker_settings(eth, allowed_cpus={0}, ipv4=lambda _: None))
@@ -337,7 +366,7 @@ def test_h200_sysfs_record_with_recorded_gpus(tmp_path):
     topo = assemble(gpus, root)
     assert topo.gpu_links[(0, 1)] == "NV18"
     assert all(g.cpus_source == "sysfs" and g.cpus for g in topo.gpus)   # NVML gave no affinity on that VM
-    plan = make_plan(topo)
+    plan = make_plan(topo, net_devices=True)
     assert all(w.nic is None or w.env.get("UCX_NET_DEVICES") for w in plan.workers)
 
 
@@ -363,7 +392,11 @@ def test_cli_topology_text_and_json(capsys):
     assert main(["topology", "--from-topo", str(DGX1), "--gpus", "auto"]) == 0
     out = capsys.readouterr().out
     assert "GPU pairs without NVLink (12)" in out and "largest fully NVLink-connected subset: GPUs 0,1,2,3" in out
-    assert re.search(r"^\s+2\s+2\s+2,3,0,1\s+0-19,40-59\s.*mlx5_1\s+PIX.*mlx5_1:1\s", out, re.M)
+    assert re.search(r"^\s+2\s+2\s+2,3,0,1\s+0-19,40-59\s.*mlx5_1\s+PIX\s", out, re.M)
+    assert "UCX_NET_DEVICES" not in out and "mlx5_1:1" not in out
+    assert main(["topology", "--from-topo", str(DGX1), "--gpus", "auto", "--net-devices"]) == 0
+    pinned = capsys.readouterr().out
+    assert re.search(r"^\s+2\s+2\s+2,3,0,1\s+0-19,40-59\s.*mlx5_1\s+PIX.*mlx5_1:1\s", pinned, re.M)
     assert main(["topology", "--from-topo", str(DGX1), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["largest_nvlink_subset"] == [0, 1, 2, 3] and len(data["pairs_without_nvlink"]) == 12

@@ -7,6 +7,7 @@ tests/integration/test_fetch_http.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
@@ -160,6 +161,26 @@ def test_nothing_reachable_says_what_to_put_where(w):
     assert w.url("m1") in msg and str(mirror) in msg and fetch.MIRROR_ENV in msg
     assert st.ucx.tag in msg and st.ucx.commit[:12] in msg and w.archive in msg
     assert not w.cache.exists() or list(w.cache.iterdir()) == []
+
+
+def test_every_missing_archive_is_named_in_one_line(w):
+    """`build.sh fetch --all` (`make sources`): the archives found are kept, every missing one is named at once."""
+    mirror = w.mirror("local")
+    st = w.stack([w.url("nowhere")])
+    ucxx = dataclasses.replace(st.ucx, name="UCXX", archive="ucxx-9.tar.gz", tag="v9",
+                               urls=("https://example.invalid/ucxx/v9.tar.gz",))
+    cpm = dataclasses.replace(st.ucx, name="CPM.cmake", archive="CPM.cmake-1.tar.gz", tag="v1", urls=())
+    with pytest.raises(UserError) as e:
+        fetch.fetch_sources((st.ucx, ucxx, cpm), cache=w.cache, dirs=[mirror], offline=True)
+    msg = str(e.value)
+    assert e.value.exit_code == SOURCE_UNREACHABLE and "\n" not in msg
+    assert msg.startswith("2 source archives not found: ucxx-9.tar.gz (tag v9 of https://example.invalid/ucxx/v9")
+    assert "CPM.cmake-1.tar.gz (tag v1" in msg and w.archive not in msg
+    assert "SOURCES=DIR" in msg and fetch.MIRROR_ENV in msg and str(mirror) in msg
+    assert (w.cache / w.archive).is_file()  # what was found is kept, verified
+    with pytest.raises(UserError) as one:  # one missing: its own line, with where it was looked for
+        fetch.fetch_sources((st.ucx, cpm), cache=w.cache, dirs=[mirror], offline=True)
+    assert str(one.value).startswith(f"{cpm.name} {cpm.version} ({cpm.archive}) not found (")
 
 
 def test_cache_serves_when_upstream_and_mirrors_are_gone(w):

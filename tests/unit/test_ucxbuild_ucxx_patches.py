@@ -43,6 +43,7 @@ def test_patches_change_the_input_key(st, tmp_path):
 
 
 def test_carried_patches_apply_to_the_pinned_source(st, tmp_path):
+    """In order, as the build applies them (a later patch may build on an earlier one), each without fuzz."""
     patches = ucxx.ucxx_patches(st)
     assert patches, "ucx-src-build/patches/ucxx-<version>/ carries the UCXX patches"
     found = [d / st.ucxx.source.archive for d in local_dirs(st) if (d / st.ucxx.source.archive).is_file()]
@@ -53,6 +54,7 @@ def test_carried_patches_apply_to_the_pinned_source(st, tmp_path):
         tar.extractall(tmp_path, filter="data")
     [src] = [d for d in tmp_path.iterdir() if d.is_dir()]
     for p in patches:
-        proc = subprocess.run(["patch", "-p1", "--forward", "--batch", "--dry-run", "-i", str(p)], cwd=src,
+        proc = subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "-i", str(p)], cwd=src,
                               capture_output=True, text=True)
         assert proc.returncode == 0, f"{p.name}: {proc.stdout}{proc.stderr}"
+        assert "offset" not in proc.stdout and not list(src.rglob("*.rej")), f"{p.name}: {proc.stdout}"

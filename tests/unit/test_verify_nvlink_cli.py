@@ -14,8 +14,8 @@ from ucx_dask_gpu.ucx import perftest as pt
 from ucx_dask_gpu.nvlink import cli as nvlink_cli
 from ucx_dask_gpu.nvlink import report, undertest, verify
 from ucx_dask_gpu.ucx.install import pip_wheel_prefix
-from ucx_dask_gpu.errors import (NO_GPU, NO_NVLINK, NVML_UNAVAILABLE, ONE_GPU, PERFTEST_FAILED, PERFTEST_MISSING,
-                                 USAGE, UserError)
+from ucx_dask_gpu.errors import (NO_GPU, NO_NVLINK, NVML_UNAVAILABLE, ONE_GPU, OUTPUT_REFUSED, PERFTEST_FAILED,
+                                 PERFTEST_MISSING, USAGE, UserError)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,7 +125,7 @@ def test_out_must_be_a_directory(capsys, tmp_path):
     f = tmp_path / "file"
     f.write_text("keep me")
     rc, _, err = cli_inproc(capsys, "--out", str(f))
-    assert rc == USAGE and "not a directory" in _one_line(err) and f.read_text() == "keep me"
+    assert rc == OUTPUT_REFUSED and "not a directory" in _one_line(err) and f.read_text() == "keep me"
 
 
 def test_wrapper_script_passes_through(tmp_path):

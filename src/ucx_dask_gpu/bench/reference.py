@@ -1,14 +1,15 @@
-"""dask-cuda's own benchmark as the reference, run in the same invocation and read into our JSON.
+"""dask-cuda's own benchmark, `python -m dask_cuda.benchmarks.local_cupy`, beside ours: its command line and its
+output read into numbers.
 
-`python -m dask_cuda.benchmarks.local_cupy` (transpose_sum or svd) with its defaults except what must match our run:
-operation, protocol, size (and second size), chunk edge, devices, and the number of runs/warm-ups. On a GPU host it
-starts its own LocalCUDACluster (RMM pool of half the GPU, 1 thread, automatic UCX transports, no other tuning).
-Without GPUs local_cupy cannot start a cluster (it asks NVML for every device), so in CPU mode it runs with
-`-t cpu --scheduler-address` against a plain LocalCluster that the benchmark starts with dask's defaults.
-
-Its output is text (dask.utils.format_time / format_bytes: GiB/s, ms); parse_local_cupy() turns it into numbers.
-What it prints per worker pair are quartiles of per-transfer bandwidth, so its p2p median is the median of the
-per-pair medians (with 2 workers: the mean of the two), converted to GB/s (1e9 bytes/s).
+Two runs in the same invocation (common.py runs them):
+  - parity: local_cupy with OUR config (the variant's dask config and environment) against that variant's running
+    cluster (`--scheduler-address`; it keeps an external cluster's memory setup): the same cluster, the same config,
+    only the measuring loop differs, so median(local_cupy) / median(ours) should be 1.00;
+  - peer: local_cupy with its own defaults (an empty dask config): its own LocalCUDACluster with its default RMM pool
+    where it can start one (one worker per GPU, two GPUs or more); otherwise against the running cluster of a variant
+    with dask's and dask-cuda's defaults (`none`, no settings), or skipped with the reason.
+Its output is text (dask.utils.format_time / format_bytes); what it prints per worker pair are quartiles of
+per-transfer bandwidth, so its p2p median is the median of the per-pair medians, in GB/s (1e9 bytes/s).
 """
 from __future__ import annotations
 
@@ -17,37 +18,35 @@ import re
 from typing import Sequence
 
 from .stats import GB, median
-from .workloads import WORKLOADS
 
 TOOL = "dask_cuda.benchmarks.local_cupy"
-
-_BYTES = {"B": 1, "kiB": 2 ** 10, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40, "PiB": 2 ** 50,
-          "kB": 10 ** 3, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12}
+TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):")
+EXCEPTION_RE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Timeout)\w*)\b")
 _TIME = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+_RATE = r"([0-9]*\.?[0-9]+ ?[A-Za-z]+/s)"
 
 
 class ReferenceOutputError(ValueError):
     """local_cupy's output does not look like what dask-cuda prints."""
 
 
-def command(python: str, workload: str, protocol: str, size: int, chunk: int, runs: int, warmup: int,
-            gpus: Sequence[int] | None = None, second_size: int | None = None,
-            scheduler_address: str | None = None) -> list[str]:
-    w = WORKLOADS[workload]
-    cmd = [python, "-m", TOOL, "-o", w.reference_operation, "-p", protocol, "-s", str(size), "-c", str(chunk),
-           "--runs", str(runs), "--warmup-runs", str(warmup), *w.reference_args(second_size)]
-    if scheduler_address:
-        cmd += ["-t", "cpu", "--scheduler-address", scheduler_address]
-    else:
-        cmd += ["-d", ",".join(str(g) for g in (gpus or [0]))]
-    return cmd
+def command(python: str, operation: str, protocol: str, size: int, chunk: int, runs: int, warmup: int,
+            extra: Sequence[str] = (), gpus: Sequence[int] | None = None, scheduler: str | None = None,
+            cpu: bool = False) -> list[str]:
+    cmd = [python, "-m", TOOL, "-o", operation, "-p", protocol, "-s", str(size), "-c", str(chunk), "--runs", str(runs),
+           "--warmup-runs", str(warmup), *extra]
+    if cpu:
+        cmd += ["-t", "cpu"]
+    return cmd + (["--scheduler-address", scheduler] if scheduler else ["-d", ",".join(map(str, gpus or [0]))])
 
 
-def parse_bytes_text(text: str) -> float:
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]+)\s*", text)
-    if not m or m.group(2) not in _BYTES:
-        raise ReferenceOutputError(f"not a byte size: {text!r}")
-    return float(m.group(1)) * _BYTES[m.group(2)]
+def parse_bytes_text(text: str) -> int:
+    from dask.utils import parse_bytes  # dask is imported where output is read
+
+    try:
+        return parse_bytes(text.strip())
+    except (ValueError, TypeError):
+        raise ReferenceOutputError(f"not a byte size: {text!r}") from None
 
 
 def parse_rate(text: str) -> float:
@@ -55,7 +54,7 @@ def parse_rate(text: str) -> float:
     t = text.strip()
     if not t.endswith("/s"):
         raise ReferenceOutputError(f"not a rate: {text!r}")
-    return parse_bytes_text(t[:-2])
+    return float(parse_bytes_text(t[:-2]))
 
 
 def parse_time_text(text: str) -> float:
@@ -65,98 +64,9 @@ def parse_time_text(text: str) -> float:
     if m:
         return float(m.group(1)) * _TIME[m.group(2)]
     units = {"d": 86400, "hr": 3600, "m": 60, "s": 1}
-    parts = re.findall(r"(\d+)(d|hr|m|s)\b", t)
-    if parts and re.fullmatch(r"(\d+(d|hr|m|s)\s*)+", t):
-        return float(sum(int(n) * units[u] for n, u in parts))
+    if re.fullmatch(r"(\d+(d|hr|m|s)\s*)+", t):
+        return float(sum(int(n) * units[u] for n, u in re.findall(r"(\d+)(d|hr|m|s)\b", t)))
     raise ReferenceOutputError(f"not a duration: {text!r}")
-
-
-def _kv(line: str) -> tuple[str, str] | None:
-    if "|" not in line:
-        return None
-    key, _, value = line.partition("|")
-    return key.strip(), value.strip()
-
-
-def parse_local_cupy(text: str) -> dict:
-    """Numbers from local_cupy's stdout (plain or --markdown). Raises ReferenceOutputError when it is not there."""
-    lines = [ln.rstrip() for ln in text.splitlines()]
-    try:
-        start = next(i for i, ln in enumerate(lines) if ln.strip() == "Roundtrip benchmark")
-    except StopIteration:
-        raise ReferenceOutputError("no 'Roundtrip benchmark' block in the output") from None
-    lines = lines[start + 1:]
-    out: dict = {"wall_s": [], "throughput_bytes_per_s": [], "pairs": [], "worker_addresses": {}}
-    fields = {
-        "Operation": ("operation", str), "Array type": ("array_type", str), "User size": ("size", int),
-        "User second size": ("second_size", int), "Compute shape": ("compute_shape", _tuple),
-        "Compute chunk size": ("compute_chunk_size", _tuple), "Device(s)": ("devices", str),
-        "Data processed": ("data_processed_bytes", parse_bytes_text), "RMM Pool": ("rmm_pool", _bool),
-        "Protocol": ("protocol", str), "UCX transport selection": ("ucx_transport_selection", str),
-        "Worker thread(s)": ("threads_per_worker", int), "Number of workers": ("workers", int),
-    }
-    section = "header"
-    for ln in lines:
-        s = ln.strip()
-        if not s or s.startswith("```") or s.startswith("<details") or s.startswith("</details") \
-                or s.startswith("<summary"):
-            continue
-        if re.fullmatch(r"[-=]+", s):
-            if section in ("walls", "pairs", "workers") and s.startswith("="):
-                section = "after"
-            continue
-        kv = _kv(s)
-        if kv is None:
-            continue
-        key, value = kv
-        if key == "Wall clock" and value == "Throughput":
-            section = "walls"
-            continue
-        if key == "(w1,w2)":
-            section = "pairs"
-            continue
-        if key == "Worker index" and value == "Worker address":
-            section = "workers"
-            continue
-        if section == "walls":
-            out["wall_s"].append(parse_time_text(key))
-            out["throughput_bytes_per_s"].append(parse_rate(value))
-        elif section == "pairs":
-            m = re.fullmatch(r"\((\d+),\s*(\d+)\)", key)
-            rate = r"([0-9]*\.?[0-9]+ ?[A-Za-z]+/s)"
-            rates = re.fullmatch(rf"{rate}\s+{rate}\s+{rate}\s+\(([0-9]*\.?[0-9]+ ?[A-Za-z]+)\)", value)
-            if not m or not rates:
-                raise ReferenceOutputError(f"unreadable worker-pair line: {s!r}")
-            q25, q50, q75 = (parse_rate(rates.group(i)) / GB for i in (1, 2, 3))
-            out["pairs"].append({"src": int(m.group(1)), "dst": int(m.group(2)), "q25_gbps": round(q25, 4),
-                                 "q50_gbps": round(q50, 4), "q75_gbps": round(q75, 4),
-                                 "bytes": int(parse_bytes_text(rates.group(4)))})
-        elif section == "workers":
-            if key.isdigit():
-                out["worker_addresses"][int(key)] = value
-        elif key in fields:
-            name, conv = fields[key]
-            try:
-                out[name] = conv(value)
-            except (ValueError, SyntaxError):
-                raise ReferenceOutputError(f"unreadable {key!r} value: {value!r}") from None
-        elif key == "Bandwidth" and section == "after":
-            m = re.fullmatch(r"(.+?/s)\s*\+/-\s*(.+?/s)", value)
-            if m:
-                out["bandwidth_hmean_gbps"] = round(parse_rate(m.group(1)) / GB, 4)
-        elif key == "Throughput" and section == "after":
-            m = re.fullmatch(r"(.+?/s)\s*\+/-\s*(.+?/s)", value)
-            if m:
-                out["throughput_hmean_bytes_per_s"] = parse_rate(m.group(1))
-        elif key == "Wall clock" and section == "after":
-            m = re.fullmatch(r"(.+?)\s*\+/-\s*(.+)", value)
-            if m:
-                out["wall_mean_s"] = parse_time_text(m.group(1))
-    if not out["wall_s"]:
-        raise ReferenceOutputError("no wall-clock rows in the output")
-    q50s = [p["q50_gbps"] for p in out["pairs"]]
-    out["p2p_gbps_median"] = round(median(q50s), 4) if q50s else None
-    return out
 
 
 def _tuple(value: str) -> list[int]:
@@ -172,15 +82,83 @@ def _bool(value: str) -> bool:
     return value == "True"
 
 
-TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):")
-EXCEPTION_RE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Timeout)\w*)\b")
+FIELDS = {
+    "Operation": ("operation", str), "Array type": ("array_type", str), "User size": ("size", int),
+    "User second size": ("second_size", int), "Compute shape": ("compute_shape", _tuple),
+    "Compute chunk size": ("compute_chunk_size", _tuple), "Device(s)": ("devices", str),
+    "Data processed": ("data_processed_bytes", parse_bytes_text), "RMM Pool": ("rmm_pool", _bool),
+    "Protocol": ("protocol", str), "UCX transport selection": ("ucx_transport_selection", str),
+    "Worker thread(s)": ("threads_per_worker", int), "Number of workers": ("workers", int),
+}
+SECTIONS = {("Wall clock", "Throughput"): "walls", ("(w1,w2)", None): "pairs",
+            ("Worker index", "Worker address"): "workers"}
+
+
+def parse_local_cupy(text: str) -> dict:
+    """Numbers from local_cupy's stdout (plain or --markdown). Raises ReferenceOutputError when they are not there."""
+    lines = [ln.strip() for ln in text.splitlines()]
+    try:
+        start = lines.index("Roundtrip benchmark")
+    except ValueError:
+        raise ReferenceOutputError("no 'Roundtrip benchmark' block in the output") from None
+    out: dict = {"wall_s": [], "throughput_bytes_per_s": [], "pairs": [], "worker_addresses": {}}
+    section = "header"
+    for s in lines[start + 1:]:
+        if re.fullmatch(r"[-=]+", s):
+            section = "after" if section in ("walls", "pairs", "workers") and s.startswith("=") else section
+            continue
+        if "|" not in s or s.startswith(("```", "<")):
+            continue
+        key, _, value = (p.strip() for p in s.partition("|"))
+        marker = SECTIONS.get((key, value)) or SECTIONS.get((key, None))
+        if marker:
+            section = marker
+            continue
+        _parse_row(out, section, key, value, s)
+    if not out["wall_s"]:
+        raise ReferenceOutputError("no wall-clock rows in the output")
+    q50s = [p["q50_gbps"] for p in out["pairs"]]
+    out["p2p_gbps_median"] = round(median(q50s), 4) if q50s else None
+    return out
+
+
+def _parse_row(out: dict, section: str, key: str, value: str, line: str) -> None:
+    if section == "walls":
+        out["wall_s"].append(parse_time_text(key))
+        out["throughput_bytes_per_s"].append(parse_rate(value))
+    elif section == "pairs":
+        m = re.fullmatch(r"\((\d+),\s*(\d+)\)", key)
+        rates = re.fullmatch(rf"{_RATE}\s+{_RATE}\s+{_RATE}\s+\(([0-9]*\.?[0-9]+ ?[A-Za-z]+)\)", value)
+        if not m or not rates:
+            raise ReferenceOutputError(f"unreadable worker-pair line: {line!r}")
+        q25, q50, q75 = (parse_rate(rates.group(i)) / GB for i in (1, 2, 3))
+        out["pairs"].append({"src": int(m.group(1)), "dst": int(m.group(2)), "q25_gbps": round(q25, 4),
+                             "q50_gbps": round(q50, 4), "q75_gbps": round(q75, 4),
+                             "bytes": parse_bytes_text(rates.group(4))})
+    elif section == "workers":
+        if key.isdigit():
+            out["worker_addresses"][int(key)] = value
+    elif key in FIELDS:
+        name, conv = FIELDS[key]
+        try:
+            out[name] = conv(value)
+        except (ValueError, SyntaxError):
+            raise ReferenceOutputError(f"unreadable {key!r} value: {value!r}") from None
+    elif section == "after" and key in ("Bandwidth", "Wall clock"):
+        m = re.fullmatch(r"(.+?)\s*\+/-\s*(.+)", value)
+        if m and key == "Bandwidth":
+            out["bandwidth_hmean_gbps"] = round(parse_rate(m.group(1)) / GB, 4)
+        elif m:
+            out["wall_mean_s"] = parse_time_text(m.group(1))
+
+
+def printed_everything(lines: list[str]) -> bool:
+    """local_cupy's output ends with the worker table closed by a '=' rule (then it only shuts down)."""
+    starts = [n for n, ln in enumerate(lines) if ln.startswith("Worker index")]
+    return bool(starts) and any(ln.startswith("=" * 20) for ln in lines[starts[-1] + 2:])
 
 
 def exceptions_in(lines: Sequence[str]) -> list[str]:
-    """Exception class names that follow tracebacks in a log (e.g. ucxx's UCXXEndpointTimeoutError at teardown)."""
-    names = []
-    for ln in lines:
-        m = EXCEPTION_RE.match(ln.strip())
-        if m and ":" in ln:
-            names.append(m.group(1).rsplit(".", 1)[-1])
-    return sorted(set(names))
+    """Exception class names in a log (e.g. ucxx's UCXXEndpointTimeoutError at teardown)."""
+    return sorted({m.group(1).rsplit(".", 1)[-1] for m in (EXCEPTION_RE.match(ln.strip()) for ln in lines)
+                   if m and ":" in m.string})

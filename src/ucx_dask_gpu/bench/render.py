@@ -1,220 +1,283 @@
-"""The benchmark report as text: the stdout table, the markdown page, and the per-pair heatmap."""
+"""The report of a run: the JSON payload assembled from what the clusters answered, the stdout table, the markdown
+page, the PNG (every sample of every variant, per metric; matplotlib where installed, else a note says why there is
+none), and writing them together with command.txt."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 from pathlib import Path
 
-from ..report import format_table, heatmap_png, markdown_table
-from . import stats
+from ..report import format_table, markdown_table, write_report
+from . import config, stats
+
+MIB = 1 << 20
+VERSIONS_SHOWN = ("dask", "distributed", "dask-cuda", "distributed-ucxx", "ucxx", "rmm", "cupy", "numpy", "python")
 
 
-def _ms(v):
-    return None if v is None else round(v * 1e3, 2)
+def _ms(v, digits=3):
+    return None if v is None else round(v * 1e3, digits)
 
 
-def _gb(nbytes):
-    return None if nbytes is None else round(nbytes / 1e9, 3)
+def _mb(v):
+    return None if v is None else round(v / 1e6, 2)
 
 
-def _check(e) -> str:
-    c = e.get("check")
-    if not c:
-        return "-"
-    return "ok" if c.get("ok") else "MISMATCH"
+# --- the JSON -------------------------------------------------------------------------------------------------------
+
+def run_entry(opts, rec, base) -> dict:
+    v, primary = rec.variant, opts.study.primary(opts.params)
+    names = list(dict.fromkeys(m for r in rec.reps for m in r["metrics"]))
+    samples = {m: [round(x, 6) for x in rec.metric(m)] for m in names}
+    ratios = {} if rec is base else {m: stats.bootstrap_ratio(rec.metric(m), base.metric(m), opts.resamples,
+                                                              opts.seed) for m in names}
+    transfers = [t for r in rec.reps for t in r.get("transfers", [])]
+    workers = (rec.host.facts or {}).get("workers", [])
+    p2p = stats.p2p(transfers, workers, len(rec.reps), MIB) if transfers else None
+    moved = [r["bytes"] for r in rec.reps]
+    return {
+        "name": v.name, "label": v.label, "protocol": v.protocol, "config": v.config, "settings": dict(v.settings),
+        "environment": dict(v.env), "unset": list(v.unset), "client_side": rec.overlay, "cluster": rec.host.id,
+        "status": "error" if rec.error or rec.host.error and not rec.reps else
+                  "ok" if len(rec.reps) >= opts.runs else "short",
+        "error": rec.error or (rec.host.error if not rec.reps else None),
+        "wall_s": samples.get(primary, []), "wall_s_median": stats.median(samples.get(primary, [])),
+        "warmup_s": [round(r["metrics"].get(primary, 0.0), 6) for r in rec.warmup],
+        "samples": samples, "summary": {m: stats.summary(vals) for m, vals in samples.items()},
+        "bytes_moved": {"per_repetition": moved, "median": stats.median(moved),
+                        "from_1MiB_per_repetition": [sum(t["bytes"] for t in r.get("transfers", [])
+                                                         if t["bytes"] >= MIB) for r in rec.reps]},
+        "p2p_gbps_median": p2p["gbps_median"] if p2p else None, "p2p": p2p,
+        "ratio_to_baseline": ratios.get(primary), "ratios": ratios, "check": rec.check,
+        "repetition_s_median": stats.median([r["total_s"] for r in rec.reps]),
+        "chunk": next((r["chunk"] for r in rec.reps if "chunk" in r), None),
+    }
 
 
-def summary_rows(payload: dict) -> tuple[list[str], list[list]]:
-    headers = ["protocol", "config", "status", "wall med ms", "wall min ms", "p2p med GB/s", "xfers/run", "GB/run",
-               "check", "clean stop"]
+def cluster_entry(h) -> dict:
+    f = h.facts or {}
+    return {"id": h.id, "protocol": h.variants[0].protocol, "variants": [v.name for v in h.variants],
+            "config": h.tree, "environment": dict(h.variants[0].env), "status": "error" if h.error else "ok",
+            "error": h.error, "start_s": f.get("start_s"), "class": f.get("cluster_class"),
+            "scheduler": f.get("scheduler"), "workers": f.get("workers"), "worker_facts": f.get("worker_facts"),
+            "client_facts": f.get("client_facts"), "versions_identical": f.get("versions_identical"),
+            "version_differences": f.get("version_differences"), "shutdown": h.shutdown,
+            "rc": getattr(h, "rc", None), "tracebacks": h.child.tracebacks, "ucx_proto_info": h.child.proto_info,
+            **({"log_tail": list(h.child.stderr)[-60:]} if h.error or h.child.tracebacks else {})}
+
+
+def reference_ratios(refs: list[dict], records: dict, baseline: str, opts) -> None:
+    """parity: local_cupy against ours on the same cluster and config; peer: against the baseline variant."""
+    for r in refs:
+        if r.get("status") != "ok":
+            continue
+        ours = records.get(r["against"]) if r["kind"] == "parity" else records.get(baseline)
+        if ours is not None:
+            r["compared_with"] = ours.variant.name
+            r["ratio_to_ours"] = stats.bootstrap_ratio(r["wall_s"], ours.metric("wall_s"), opts.resamples, opts.seed)
+        walls = len(r["wall_s"]) + max(1, opts.warmup)
+        r["bytes_moved_from_1MiB_per_repetition"] = int(sum(p["bytes"] for p in r.get("pairs", [])) / walls)
+
+
+def assemble(opts, records: dict, hosts: list, refs: list[dict], notes: list[str], prov: dict) -> dict:
+    base = records[opts.baseline]
+    runs = [run_entry(opts, rec, base) for rec in records.values()]
+    reference_ratios(refs, records, opts.baseline, opts)
+    notes = list(notes) + stats.bytes_moved_notes(
+        {r["name"]: r["bytes_moved"]["per_repetition"] for r in runs if r["bytes_moved"]["per_repetition"]},
+        opts.baseline)
+    notes += [f"{r['name']}: {r['status']}: " + (r["error"] or f"{len(r['wall_s'])} of {opts.runs} timed repetitions")
+              for r in runs if r["status"] != "ok"]
+    notes += [f"{r['kind']} local_cupy {r['status']}: {r.get('error')}" for r in refs if r.get("status") != "ok"]
+    if opts.mode == "cpu":
+        ignored = {v.name: config.cluster_settings(v.tree, True)[1] for v in opts.variants}
+        notes += [f"{name}: ignored without GPUs: {', '.join(keys)}" for name, keys in ignored.items() if keys]
+    prov["libucp"] = {h.id: {"client": (h.facts or {}).get("client_facts", {}).get("libucp"),
+                             "workers": {a: f.get("libucp") for a, f in ((h.facts or {}).get("worker_facts")
+                                                                         or {}).items()}} for h in hosts}
+    return {
+        "workload": opts.study.name, **opts.study.describe(opts.params),
+        "gpus": prov.get("gpus", []), "mode": opts.mode, "workers": opts.workers,
+        "protocols": sorted({v.protocol for v in opts.variants}), "baseline": opts.baseline,
+        "primary_metric": opts.study.primary(opts.params),
+        "measurement": {"repetitions": opts.runs, "warmup_rounds": opts.warmup, "seed": opts.seed,
+                        "bootstrap": {"resamples": opts.resamples, "level": stats.LEVEL, "seed": opts.seed},
+                        "interleaving": "every round runs each variant once; order forwards on even rounds, "
+                                        "backwards on odd; same input seed for all variants of a round",
+                        "client_keys": list(opts.client_keys), "placement": "input block (i, j) on worker i mod n"},
+        "runs": runs, "clusters": [cluster_entry(h) for h in hosts],
+        "reference": next((r for r in refs if r.get("kind") == "parity"), None), "references": refs,
+        "notes": notes, "provenance": prov, "host": prov.get("host"),
+    }
+
+
+# --- text -----------------------------------------------------------------------------------------------------------
+
+def result_rows(payload: dict) -> tuple[list[str], list[list]]:
+    headers = ["variant", "metric", "status", "n", "median ms", "q25-q75 ms", "x baseline", "95% interval", "verdict",
+               "MB/rep"]
     rows = []
-    for e in payload["runs"]:
-        p2p = e.get("p2p") or {}
-        rows.append([e["protocol"], e["config"], e["status"], _ms(e["wall_s_median"]), _ms(e["wall_s_min"]),
-                     e["p2p_gbps_median"], p2p.get("transfers_per_run"), _gb(p2p.get("bytes_per_run")), _check(e),
-                     _yes((e.get("shutdown") or {}).get("clean"))])
-    for r in payload.get("references", []):
+    for r in payload["runs"]:
+        for m, s in r["summary"].items():
+            ratio = r["ratios"].get(m) or {}
+            rows.append([r["name"], m, r["status"], s["n"], _ms(s["median"]),
+                         f"{_ms(s['q25'], 2)}-{_ms(s['q75'], 2)}", ratio.get("median"),
+                         "-" if not ratio else f"{ratio['ci95'][0]}-{ratio['ci95'][1]}",
+                         ratio.get("verdict", "baseline" if r["name"] == payload["baseline"] else "-"),
+                         _mb(r["bytes_moved"]["median"])])
+        if not r["summary"]:
+            rows.append([r["name"], payload["primary_metric"], r["status"], 0] + [None] * 6)
+    return headers, rows
+
+
+def reference_rows(payload: dict) -> tuple[list[str], list[list]]:
+    headers = ["local_cupy", "against", "config", "status", "n", "median ms", "x ours", "95% interval", "MB/rep"]
+    rows = []
+    for r in payload["references"]:
+        ratio = r.get("ratio_to_ours") or {}
         walls = r.get("wall_s") or []
-        rows.append([r["protocol"], "local_cupy (reference)", r.get("status"), _ms(stats.median(walls)),
-                     _ms(min(walls) if walls else None), r.get("p2p_gbps_median"), None, None, "-",
-                     _yes(not r.get("process", {}).get("tracebacks")) if r.get("process") else None])
+        rows.append([r["kind"], r.get("against", "-"), r.get("config", "-"), r.get("status"), len(walls),
+                     _ms(stats.median(walls)), ratio.get("median"),
+                     "-" if not ratio else f"{ratio['ci95'][0]}-{ratio['ci95'][1]}",
+                     _mb(r.get("bytes_moved_from_1MiB_per_repetition"))])
     return headers, rows
 
 
-def _yes(v):
-    return None if v is None else ("yes" if v else "NO")
+def title(payload: dict) -> str:
+    where = {"cpu": f"{payload['workers']} CPU workers", "shared": f"{payload['workers']} workers sharing one GPU",
+             "gpu": f"{payload['workers']} GPUs"}[payload["mode"]]
+    gpus = sorted({g.get("name") or "?" for g in payload["gpus"]})
+    return f"{payload['workload']}: {payload.get('expression', '')} ({where}{', ' + ', '.join(gpus) if gpus else ''})"
 
 
-def summary_lines(payload: dict) -> list[str]:
-    s = payload["summary"]
-    out = []
-    if s.get("ucx_tcp_wall_ratio") is not None:
-        out.append(f"UCX/TCP wall ratio: {s['ucx_tcp_wall_ratio']}x"
-                   + (f" (reference: {s['reference_ucx_tcp_wall_ratio']}x)"
-                      if s.get("reference_ucx_tcp_wall_ratio") is not None else ""))
-    sp = s["metrics"].get("speedup_vs_reference")
-    if sp is not None:
-        out.append(f"{s['headline']} vs local_cupy ({payload['protocols'][0]}): {sp}x faster wall time")
-    for g in s.get("goals", []):
-        verdict = {True: "met", False: "NOT met", None: "no value"}[g["met"]]
-        out.append(f"goal {g['goal']}: {verdict} (value {g['value']})")
-    return out
+def text(payload: dict) -> str:
+    out = [title(payload), format_table(*result_rows(payload))]
+    if payload["references"]:
+        out += ["", format_table(*reference_rows(payload))]
+    return "\n".join(out + ([""] + [f"note: {n}" for n in payload["notes"]] if payload["notes"] else []))
 
 
-def stdout_text(payload: dict) -> str:
-    headers, rows = summary_rows(payload)
-    text = [_title(payload), format_table(headers, rows)]
-    if payload.get("sweep"):
-        text.append("")
-        text.append(format_table(*sweep_table(payload)))
-    lines = summary_lines(payload)
-    if lines:
-        text += [""] + lines
-    return "\n".join(text)
+# --- markdown -------------------------------------------------------------------------------------------------------
 
-
-def _title(payload: dict) -> str:
-    shape = "x".join(str(s) for s in payload["shape"])
-    chunk = "x".join(str(c) for c in payload["chunk"])
-    where = (f"{payload['workers']} CPU workers" if payload["mode"] == "cpu"
-             else f"{payload['workers']} GPUs ({', '.join(sorted({g['name'] for g in payload['gpus']}))})")
-    return (f"{payload['workload']} {payload['expression']}: {shape} {payload['dtype']} in {chunk} chunks "
-            f"(--chunks {payload['chunks_requested']}), {where}")
-
-
-def sweep_table(payload: dict) -> tuple[list[str], list[list]]:
-    headers = ["knob (one change vs base)", "status", "wall med ms", "x base", "p2p med GB/s", "xfers/run"]
-    rows = [[r["knob"], r["status"], _ms(r["wall_s_median"]), r["wall_vs_base"], r["p2p_gbps_median"],
-             r["transfers_per_run"]] for r in payload["sweep"]]
-    return headers, rows
-
-
-def headline(payload: dict) -> dict | None:
-    p0 = payload["protocols"][0]
-    return next((e for e in payload["runs"] if e["kind"] == "base" and e["protocol"] == p0), None)
-
-
-def _labels(payload: dict, run: dict) -> list[str]:
-    devs = run.get("worker_devices") or {}
-    out = []
-    for i, w in enumerate(run.get("workers") or []):
-        d = devs.get(w)
-        out.append(f"GPU{d}" if d not in (None, "") and payload["mode"] == "gpu" else f"w{i}")
-    return out
-
-
-def heatmap(payload: dict) -> bytes | None:
-    """The headline run's per-pair median as PNG; None without pairs, or without matplotlib (the report says so)."""
-    run = headline(payload)
-    if not run or not run.get("p2p") or not run["p2p"]["pairs"]:
-        return None
-    if importlib.util.find_spec("matplotlib") is None:
-        payload.setdefault("notes", []).append("no PNG heatmap: matplotlib is not installed")
-        return None
-    labels = _labels(payload, run)
-    title = (f"{payload['workload']} {payload['chunks_requested']}, {run['protocol']}\n"
-             f"median GB/s per transfer")
-    return heatmap_png(stats.pair_matrix(run["p2p"]), labels, labels, title, "GB/s")
+def provenance_lines(payload: dict) -> list[str]:
+    p = payload["provenance"]
+    git = p.get("git") or {}
+    dirty = {True: " (with uncommitted changes)", False: "", None: ""}[git.get("dirty")]
+    lines = [f"- host `{p.get('host')}`, {p.get('cpu_count')} CPUs, {payload.get('date')}, "
+             f"{payload.get('duration_s')} s; commit `{git.get('commit')}`{dirty}",
+             "- " + ", ".join(f"{k} {v}" for k, v in p.get("versions", {}).items()
+                              if k.split("-cu")[0] in VERSIONS_SHOWN)]
+    if p.get("driver") or p.get("error"):
+        lines.append(f"- driver {p.get('driver')}, CUDA {p.get('cuda')}" + (f" ({p['error']})" if p.get("error") else ""))
+    for g in p.get("gpus", []):
+        lines.append(f"- GPU {g['index']} {g['name']}: SM {g.get('sm_clock_mhz')} MHz (applications "
+                     f"{g.get('sm_clock_applications_mhz')}, max {g.get('sm_clock_max_mhz')}), memory "
+                     f"{g.get('mem_clock_mhz')} MHz")
+    for cid, lib in (p.get("libucp") or {}).items():
+        ws = sorted({str(v) for v in lib["workers"].values()})
+        lines.append(f"- {cid} libucp: client `{lib['client']}`, workers `{', '.join(ws) or '-'}`")
+    return lines
 
 
 def markdown(payload: dict) -> str:
-    md = [f"# {_title(payload)}", ""]
-    md.append(f"Host `{payload['host']}`, {payload['date']}, {payload['duration_s']} s. "
-              f"Command: `{payload['command']}`")
-    head = headline(payload)
-    if head and head.get("versions"):
-        md.append("")
-        md.append("Versions: " + ", ".join(f"{k} {v}" for k, v in head["versions"].items()))
-    md += ["", "## Results", "", markdown_table(*summary_rows(payload)), ""]
-    md += ["Wall time: `wait(client.persist(result))` plus a device synchronisation on every worker, per "
-           "repetition, as local_cupy measures it. p2p: per-transfer bandwidth from each worker's "
-           "`transfer_incoming_log` over the timed repetitions (transfers < "
-           f"{payload['measurement']['ignore_bytes']} B dropped), GB/s = 1e9 B/s; the reference's p2p is the median "
-           "of its per-pair medians. distributed floors a transfer's duration at 1 ms, which caps what a 128 MiB "
-           "transfer can show at 134 GB/s.", ""]
-    lines = summary_lines(payload)
-    if lines:
-        md += [f"- {ln}" for ln in lines] + [""]
-    if payload.get("sweep"):
-        base = headline(payload)
-        md += ["## Knob sweep", "",
-               f"Each row changes one thing against `{base['config'] if base else '?'}` ({payload['protocols'][0]}); "
-               "`x base` < 1 is faster. The `applied` field of each run in the JSON shows what the workers really "
-               "ran with.", "", markdown_table(*sweep_table(payload)), ""]
-    if head and head.get("p2p"):
-        p = head["p2p"]
-        md += [f"## Per-pair bandwidth ({head['protocol']} {head['config']})", ""]
-        labels = _labels(payload, head)
-        rows = [[f"{_lab(labels, x['src'])} -> {_lab(labels, x['dst'])}", x["transfers"], _gb(x["bytes"]),
-                 x["q25_gbps"], x["q50_gbps"], x["q75_gbps"], x["bytes_per_second_gbps"]] for x in p["pairs"]]
-        md += [markdown_table(["pair", "transfers", "GB", "q25 GB/s", "median GB/s", "q75 GB/s",
-                               "GB/s (bytes / summed durations)"], rows), ""]
-        arr = head.get("array") or {}
-        if arr.get("offdiagonal_pairs"):
-            md += [f"Input placement: {arr.get('placement')}; {arr.get('split_pairs')} of "
-                   f"{arr.get('offdiagonal_pairs')} block pairs (i,j)/(j,i) live on different workers, so at least "
-                   f"that many blocks must move per repetition.", ""]
-        md += where_time_goes(head)
-    for r in payload.get("references", []):
-        md += [f"## Reference ({r['protocol']}): {r['tool']}", ""]
-        if r.get("status") != "ok":
-            md += [f"Failed: {r.get('error')}", ""]
+    md = [f"# {title(payload)}", "", *provenance_lines(payload), "", f"```\n{payload['command']}\n```", "",
+          f"## Results (baseline {payload['baseline']})", "", markdown_table(*result_rows(payload)), "",
+          payload.get("measured", ""), "",
+          f"Each variant: {payload['measurement']['repetitions']} timed repetitions asked, after "
+          f"{payload['measurement']['warmup_rounds']} untimed rounds; {payload['measurement']['interleaving']}. "
+          "`x baseline` is the ratio of medians (< 1: faster), its interval a percentile bootstrap "
+          f"({payload['measurement']['bootstrap']['resamples']} resamples, seed "
+          f"{payload['measurement']['bootstrap']['seed']}); verdict `keeps` where the interval excludes 1.0. "
+          f"Input: {payload['measurement']['placement']}; MB/rep: bytes moved between workers per repetition "
+          "(transfer logs).", ""]
+    if payload["references"]:
+        md += ["## dask-cuda's local_cupy beside it", "", markdown_table(*reference_rows(payload)), "",
+               "parity: local_cupy with the variant's config on that variant's running cluster (`x ours` should be "
+               "1.00 +- 0.05); peer: local_cupy with its own defaults, against the baseline. local_cupy places "
+               "its input where the scheduler puts it; MB/rep counts its transfers >= 1 MiB.", ""]
+    md += phase_lines(payload)
+    md += ["## Clusters", "", markdown_table(
+        ["cluster", "protocol", "variants", "start s", "workers", "clean stop", "tracebacks"],
+        [[c["id"], c["protocol"], ", ".join(c["variants"]), c["start_s"], len(c["workers"] or []),
+          (c["shutdown"] or {}).get("clean"), c["tracebacks"]] for c in payload["clusters"]]), ""]
+    md += [f"- note: {n}" for n in payload["notes"]]
+    return "\n".join(md) + "\n"
+
+
+def phase_lines(payload: dict) -> list[str]:
+    """The traced rounds (transfer --trace): each segment's median ms per block size, per variant."""
+    md = []
+    for r in payload["runs"]:
+        phases = (r.get("check") or {}).get("phases")
+        if not phases:
             continue
-        md += [f"`{r.get('command')}`", "",
-               f"Wall: {', '.join(f'{_ms(w)} ms' for w in r['wall_s'])}; p2p per pair (median GB/s): "
-               + ", ".join(f"({p['src']},{p['dst']}) {p['q50_gbps']}" for p in r.get("pairs", [])),
-               "", f"Teardown: {r.get('teardown')}; {r['process']['tracebacks']} traceback(s) "
-               f"{('(' + ', '.join(r['teardown_exceptions']) + ')') if r.get('teardown_exceptions') else ''}", ""]
-    for note in payload.get("notes", []):
-        md += [f"Note: {note}", ""]
-    md += ["## Configuration", "", f"`--config {payload['config']['path'] or 'none'}` ({payload['config']['name']}):",
-           "", "```json", json.dumps(payload["config"]["tree"], indent=2), "```", ""]
-    return "\n".join(md)
-
-
-def _lab(labels, i):
-    return labels[i] if 0 <= i < len(labels) else str(i)
-
-
-def where_time_goes(run: dict) -> list[str]:
-    b = run.get("breakdown") or {}
-    md = [f"## Where the time goes ({run['protocol']} {run['config']})", ""]
-    ph = b.get("phases") or {}
-    if ph:
-        md += [f"One extra, untimed repetition with the scheduler's task stream: wall {_ms(ph.get('wall_s'))} ms = "
-               f"{_ms(ph.get('start_latency_s'))} ms until the first task starts (submit + scheduling) + "
-               f"{_ms(ph.get('active_s'))} ms of tasks + {_ms(ph.get('end_latency_s'))} ms after the last one "
-               f"(result notification, device sync). {ph.get('tasks')} tasks; compute seconds per worker "
-               f"{ph.get('compute_s_per_worker')}, transfer seconds per worker {ph.get('transfer_s_per_worker')}.",
+        whats = list(dict.fromkeys(s["what"] for ph in phases for s in ph["segments"]))
+        cell = {(ph["bytes"], s["what"]): s["ms_median"] for ph in phases for s in ph["segments"]}
+        md += [f"## Where one transfer's time goes: {r['name']} ({phases[0]['samples']} traced, untimed transfers "
+               "per size)", "", markdown_table(["phase"] + [f"{ph['bytes']} B, ms" for ph in phases],
+                                                [[w] + [cell.get((ph["bytes"], w)) for ph in phases] for w in whats]
+                                                + [["gather_dep (all)"] + [ph["gather_ms_median"] for ph in phases],
+                                                   ["submit -> result (all)"] + [ph["e2e_ms_median"] for ph in phases]]),
                ""]
-    dg = b.get("digests") or {}
-    rows = []
-    for side in ("gather-dep", "get-data"):
-        for k, v in sorted((dg.get(side) or {}).items()):
-            rows.append([side, k, _ms(v)])
-    for prefix, acts in sorted((dg.get("execute") or {}).items()):
-        rows.append(["execute", f"{prefix}: " + ", ".join(f"{a} {_ms(s)}" for a, s in sorted(acts.items())), None])
-    if rows:
-        md += ["distributed's fine performance metrics per timed repetition, summed over workers (ms): "
-               "gather-dep = receiving, get-data = sending.", "",
-               markdown_table(["activity", "part", "ms per repetition"], rows), ""]
-    sc = b.get("size_classes") or []
-    if sc:
-        md += ["Transfers by size (all sizes; duration vs bytes shows the fixed cost per message):", "",
-               markdown_table(["bytes from", "below", "transfers", "median bytes", "median ms", "median GB/s"],
-                              [[r["bytes_from"], r["bytes_below"], r["transfers"], r["median_bytes"],
-                                _ms(r["median_duration_s"]), r["median_gbps"]] for r in sc]), ""]
+        md += [f"- {ph['bytes']} B, operations during gather_dep (median count): "
+               + (", ".join(f"{k} {v:g}" for k, v in ph["ops_median"].items()) or "none traced (TCP)")
+               for ph in phases] + [""]
     return md
 
 
-def merged_command_txt(outdir: Path | None, command: str) -> str:
-    """command.txt keeps one line per command that wrote into this directory (several reports share it)."""
-    lines = []
-    if outdir is not None:
-        try:
-            lines = [ln for ln in (Path(outdir) / "command.txt").read_text().splitlines() if ln.strip()]
-        except OSError:
-            lines = []
-    if command not in lines:
-        lines.append(command)
-    return "\n".join(lines) + "\n"
+# --- the picture ----------------------------------------------------------------------------------------------------
+
+def png(payload: dict) -> bytes | None:
+    """Every timed sample of every variant, one panel per metric (ms); None without matplotlib (noted)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        payload["notes"].append("no PNG: matplotlib is not installed (`ucx-dask-gpu bench render NAME.json` "
+                                "draws it where it is)")
+        return None
+    import matplotlib  # heavy: only where a picture is drawn
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = list(dict.fromkeys(m for r in payload["runs"] for m in r["samples"]))
+    if not metrics:
+        payload["notes"].append("no PNG: no timed sample")
+        return None
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics) + 1, 4), dpi=110, squeeze=False)
+    for ax, m in zip(axes[0], metrics):
+        runs = [r for r in payload["runs"] if r["samples"].get(m)]
+        for i, r in enumerate(runs):
+            ys = [v * 1e3 for v in r["samples"][m]]
+            ax.scatter([i + (k % 7 - 3) * 0.03 for k in range(len(ys))], ys, s=10, alpha=0.6)
+            ax.hlines(stats.median(ys), i - 0.3, i + 0.3, color="black")
+        ax.set_xticks(range(len(runs)), [r["name"] for r in runs], rotation=30, ha="right", fontsize=7)
+        ax.set_title(m, fontsize=9)
+        ax.set_ylabel("ms")
+        ax.set_ylim(bottom=0)
+    fig.suptitle(title(payload), fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def merged_command_txt(outdir: Path, command: str) -> str:
+    """command.txt keeps one line per command that wrote into this directory (several studies share it)."""
+    try:
+        lines = [ln for ln in (outdir / "command.txt").read_text().splitlines() if ln.strip()]
+    except OSError:
+        lines = []
+    return "\n".join(lines + ([command] if command not in lines else [])) + "\n"
+
+
+def write(payload: dict, out: str | Path, name: str, command: str | None) -> list[Path]:
+    picture = png(payload)  # first: it may add a note
+    return write_report(out, name, payload, markdown(payload), picture,
+                        command=merged_command_txt(Path(out), command) if command else None)
+
+
+def rerender(path: Path) -> list[Path]:
+    """NAME.md and NAME.png again from NAME.json (e.g. where matplotlib is)."""
+    payload = json.loads(path.read_text())
+    payload["notes"] = [n for n in payload.get("notes", []) if not n.startswith("no PNG")]
+    return write(payload, path.parent, path.stem, None)

@@ -1,19 +1,20 @@
-"""Numbers from a runner's raw result: wall times, per-pair transfer bandwidth, and where the time went.
+"""Numbers from measurements: quantiles, the ratio of medians against a baseline with a seeded bootstrap interval and
+its verdict, the order variants take turns in, per-pair transfer bandwidth, bytes moved.
 
-Pure functions over plain data (no dask import), so tests can feed them recorded or synthetic logs.
-Bandwidths are GB/s = 1e9 bytes/s. Per-transfer bandwidth is distributed's own figure from
-`Worker.transfer_incoming_log` (bytes / duration of one get_data message); distributed floors a transfer's duration
-at 1 ms, so a 128 MiB message can never show more than 134 GB/s.
+Pure Python over plain data (no dask, no numpy): tests feed it synthetic samples. Times are seconds; bandwidths GB/s
+(1e9 bytes/s).
 """
 from __future__ import annotations
 
 import math
+import random
 from collections import defaultdict
-from typing import Iterable, Sequence
+from typing import Sequence
 
 GB = 1e9
-MIB = 1 << 20
-DEFAULT_IGNORE_BYTES = MIB  # local_cupy's --ignore-size default ("1 MiB")
+RESAMPLES = 2000
+LEVEL = 0.95
+BYTES_TOLERANCE = 0.01  # variants whose median bytes moved per repetition differ by more are flagged
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:
@@ -31,182 +32,73 @@ def median(values: Sequence[float]) -> float | None:
     return quantile(values, 0.5)
 
 
-def hmean(values: Sequence[float]) -> float | None:
-    vals = [v for v in values if v > 0]
-    return len(vals) / sum(1 / v for v in vals) if vals else None
-
-
-def _r(v, digits=4):
+def _r(v, digits=6):
     return None if v is None else round(v, digits)
 
 
-def worker_index(workers: Sequence[str]) -> dict[str, int]:
-    return {w: i for i, w in enumerate(workers)}
+def summary(values: Sequence[float]) -> dict:
+    return {"n": len(values), "median": _r(median(values)), "q25": _r(quantile(values, 0.25)),
+            "q75": _r(quantile(values, 0.75)), "min": _r(min(values, default=None)),
+            "max": _r(max(values, default=None))}
 
 
-def p2p(runs: Sequence[dict], workers: Sequence[str], ignore_bytes: int = DEFAULT_IGNORE_BYTES) -> dict:
-    """Per ordered worker pair (src -> dst): count, bytes, bandwidth quantiles; and overall figures.
-
-    `runs` are the runner's timed repetitions, each with its `transfers` (src, dst, bytes, duration_s, bandwidth).
-    Transfers smaller than `ignore_bytes` are dropped, as local_cupy does.
-    """
-    index = worker_index(workers)
-    by_pair: dict[tuple[int, int], list[dict]] = defaultdict(list)
-    kept = []
-    dropped = 0
-    for run in runs:
-        for t in run.get("transfers", []):
-            if t["bytes"] < ignore_bytes:
-                dropped += 1
-                continue
-            src, dst = index.get(t["src"], -1), index.get(t["dst"], -1)
-            by_pair[(src, dst)].append(t)
-            kept.append(t)
-    pairs = []
-    for (src, dst), ts in sorted(by_pair.items()):
-        bws = [t["bandwidth"] / GB for t in ts]
-        seconds = sum(t["duration_s"] for t in ts)
-        nbytes = sum(t["bytes"] for t in ts)
-        pairs.append({
-            "src": src, "dst": dst, "transfers": len(ts), "bytes": nbytes,
-            "q25_gbps": _r(quantile(bws, 0.25)), "q50_gbps": _r(quantile(bws, 0.5)),
-            "q75_gbps": _r(quantile(bws, 0.75)), "min_gbps": _r(min(bws)), "max_gbps": _r(max(bws)),
-            "hmean_gbps": _r(hmean(bws)), "seconds": _r(seconds, 6),
-            "bytes_per_second_gbps": _r(nbytes / seconds / GB) if seconds > 0 else None,
-        })
-    all_bws = [t["bandwidth"] / GB for t in kept]
-    total_s = sum(t["duration_s"] for t in kept)
-    total_b = sum(t["bytes"] for t in kept)
-    n_runs = max(1, len(runs))
-    return {
-        "ignore_bytes": ignore_bytes,
-        "workers": list(workers),
-        "pairs": pairs,
-        "transfers": len(kept),
-        "transfers_dropped_small": dropped,
-        "bytes": total_b,
-        "transfers_per_run": _r(len(kept) / n_runs, 2),
-        "bytes_per_run": int(total_b / n_runs),
-        "gbps_median": _r(median(all_bws)),
-        "gbps_q25": _r(quantile(all_bws, 0.25)),
-        "gbps_q75": _r(quantile(all_bws, 0.75)),
-        "gbps_weighted": _r(total_b / total_s / GB) if total_s > 0 else None,
-    }
+def verdict(lo: float, hi: float) -> str:
+    """'keeps' when the interval excludes 1.0 (the effect is real at this level), else 'noise'."""
+    return "keeps" if lo > 1.0 or hi < 1.0 else "noise"
 
 
-def pair_matrix(p2p_stats: dict, field: str = "q50_gbps") -> list[list[float | None]]:
-    n = len(p2p_stats["workers"])
-    m: list[list[float | None]] = [[None] * n for _ in range(n)]
-    for p in p2p_stats["pairs"]:
-        if 0 <= p["src"] < n and 0 <= p["dst"] < n:
-            m[p["src"]][p["dst"]] = p[field]
-    return m
+def bootstrap_ratio(samples: Sequence[float], baseline: Sequence[float], resamples: int = RESAMPLES, seed: int = 0,
+                    level: float = LEVEL) -> dict | None:
+    """median(samples) / median(baseline) with a percentile bootstrap interval: both groups resampled with
+    replacement, independently, `resamples` times, from a seeded generator (the same data give the same interval)."""
+    if not samples or not baseline or not median(baseline):
+        return None
+    rng = random.Random(seed)
+    n, m = len(samples), len(baseline)
+    ratios = []
+    for _ in range(resamples):
+        b = median([baseline[rng.randrange(m)] for _ in range(m)])
+        a = median([samples[rng.randrange(n)] for _ in range(n)])
+        ratios.append(a / b if b else math.inf)
+    tail = (1.0 - level) / 2
+    lo, hi = quantile(ratios, tail), quantile(ratios, 1.0 - tail)
+    return {"median": _r(median(samples) / median(baseline), 4), "ci95": [_r(lo, 4), _r(hi, 4)],
+            "verdict": verdict(lo, hi), "n": n, "n_baseline": m, "resamples": resamples, "seed": seed}
 
 
-def transfer_table(runs: Sequence[dict], workers: Sequence[str], ignore_bytes: int = 0) -> list[dict]:
-    """Every transfer of the timed runs: run, src, dst (worker indices), bytes, start (s after the run started),
-    duration and bandwidth: the raw material for 'duration vs bytes' plots."""
-    index = worker_index(workers)
-    out = []
-    for i, run in enumerate(runs):
-        for t in run.get("transfers", []):
-            if t["bytes"] < ignore_bytes:
-                continue
-            out.append({"run": i, "src": index.get(t["src"], -1), "dst": index.get(t["dst"], -1),
-                        "bytes": t["bytes"], "keys": t.get("keys"),
-                        "start_s": _r(t["start"] - run["start"], 6), "duration_s": _r(t["duration_s"], 6),
-                        "gbps": _r(t["bandwidth"] / GB)})
-    return out
+def round_order(names: Sequence[str], round_index: int) -> list[str]:
+    """Variants take turns within every round, forwards on even rounds and backwards on odd ones (ABC CBA ABC ...):
+    a drift of the machine hits every variant alike and no variant always runs right after the same other one."""
+    return list(names) if round_index % 2 == 0 else list(reversed(names))
 
 
-def size_classes(transfers: Iterable[dict]) -> list[dict]:
-    """Transfers grouped by size (powers of two): how duration grows with bytes, i.e. fixed cost vs bandwidth."""
-    groups: dict[int, list[dict]] = defaultdict(list)
+def p2p(transfers: Sequence[dict], workers: Sequence[str], repetitions: int, ignore_bytes: int) -> dict:
+    """Per ordered worker pair: quartiles of per-transfer bandwidth (bytes / distributed's duration, as local_cupy
+    reads it); overall median and the transfers per repetition. Transfers below `ignore_bytes` are left out."""
+    index = {w: i for i, w in enumerate(workers)}
+    by_pair: dict[tuple[int, int], list[float]] = defaultdict(list)
     for t in transfers:
-        if t["bytes"] > 0:
-            groups[1 << max(0, int(math.log2(t["bytes"])))].append(t)
-    rows = []
-    for lo, ts in sorted(groups.items()):
-        durs = [t["duration_s"] for t in ts]
-        rows.append({"bytes_from": lo, "bytes_below": lo * 2, "transfers": len(ts),
-                     "median_bytes": int(median([t["bytes"] for t in ts])),
-                     "median_duration_s": _r(median(durs), 6), "median_gbps": _r(median([t["gbps"] for t in ts]))})
-    return rows
+        if t["bytes"] >= ignore_bytes and t["duration"] > 0:
+            by_pair[(index.get(t["src"], -1), index.get(t["dst"], -1))].append(t["bytes"] / t["duration"] / GB)
+    pairs = [{"src": s, "dst": d, "transfers": len(v), "q25_gbps": _r(quantile(v, 0.25), 3),
+              "q50_gbps": _r(median(v), 3), "q75_gbps": _r(quantile(v, 0.75), 3)}
+             for (s, d), v in sorted(by_pair.items())]
+    every = [g for v in by_pair.values() for g in v]
+    return {"ignore_bytes": ignore_bytes, "pairs": pairs, "gbps_median": _r(median(every), 3),
+            "transfers_per_repetition": _r(len(every) / max(1, repetitions), 2)}
 
 
-def digest_summary(digests: dict[str, dict[str, float]], runs: int) -> dict:
-    """distributed's fine performance metrics over the timed runs, summed over workers, per run.
-
-    {"gather-dep": {"network": s, "deserialize": s, ...},      receiving side of transfers
-     "get-data":   {"serialize": s, "network": s, ...},        sending side
-     "execute":    {"<task prefix>": {"thread-cpu": s, "thread-noncpu": s, "executor": s, "other": s}},
-     "transfer":   {"duration_s": s, "count": n}}
-    Seconds are sums over workers (two workers busy for 10 ms each = 20 ms).
-    """
-    runs = max(1, runs)
-    total: dict[str, float] = defaultdict(float)
-    for per_worker in digests.values():
-        for k, v in per_worker.items():
-            total[k] += v
-    out: dict = {"gather-dep": {}, "get-data": {}, "execute": {}, "transfer": {}}
-    for k, v in sorted(total.items()):
-        parts = k.split("|")
-        if parts[0] in ("gather-dep", "get-data") and len(parts) == 3 and parts[2] == "seconds":
-            out[parts[0]][parts[1]] = _r(v / runs, 6)
-        elif parts[0] == "execute" and len(parts) == 4 and parts[3] == "seconds":
-            out["execute"].setdefault(parts[1], {})[parts[2]] = _r(v / runs, 6)
-        elif k == "transfer-duration":
-            out["transfer"]["duration_s"] = _r(v / runs, 6)
-    return out
-
-
-def task_phases(profiled: dict, workers: Sequence[str]) -> dict:
-    """From the untimed, profiled repetition's task stream: when tasks ran relative to the submit, and how busy each
-    worker was computing vs receiving.
-
-    wall = start_latency (submit, scheduling, first task starts) + active span + end_latency (last task done -> the
-    client knows, plus the device sync)."""
-    tasks = profiled.get("tasks") or []
-    start, stop = profiled.get("start"), profiled.get("stop")
-    if not tasks or start is None:
-        return {}
-    index = worker_index(workers)
-    compute: dict[int, float] = defaultdict(float)
-    transfer: dict[int, float] = defaultdict(float)
-    per_prefix: dict[str, list[float]] = defaultdict(list)
-    first, last = math.inf, -math.inf
-    for t in tasks:
-        w = index.get(t.get("worker"), -1)
-        for s in t.get("startstops", []):
-            d = (s["stop"] or 0) - (s["start"] or 0)
-            if s["action"] == "compute":
-                compute[w] += d
-                per_prefix[t["prefix"]].append(d)
-                first, last = min(first, s["start"]), max(last, s["stop"])
-            elif s["action"] == "transfer":
-                transfer[w] += d
-    if first is math.inf:
-        return {}
-    return {
-        "wall_s": _r(profiled.get("wall_s"), 6),
-        "start_latency_s": _r(first - start, 6),
-        "active_s": _r(last - first, 6),
-        "end_latency_s": _r(stop - last, 6) if stop is not None else None,
-        "tasks": len(tasks),
-        "compute_s_per_worker": {str(k): _r(v, 6) for k, v in sorted(compute.items())},
-        "transfer_s_per_worker": {str(k): _r(v, 6) for k, v in sorted(transfer.items())},
-        "compute_by_prefix": {p: {"tasks": len(d), "total_s": _r(sum(d), 6), "median_s": _r(median(d), 6)}
-                              for p, d in sorted(per_prefix.items())},
-    }
-
-
-def compact_tasks(profiled: dict, workers: Sequence[str]) -> list[list]:
-    """The profiled repetition's task stream, compact: [prefix, worker, action, start_s, stop_s, source]."""
-    index = worker_index(workers)
-    start = profiled.get("start") or 0.0
-    rows = []
-    for t in profiled.get("tasks") or []:
-        for s in t.get("startstops", []):
-            rows.append([t["prefix"], index.get(t.get("worker"), -1), s["action"], _r(s["start"] - start, 6),
-                         _r(s["stop"] - start, 6), index.get(s.get("source"), None) if s.get("source") else None])
-    return sorted(rows, key=lambda r: (r[3], r[1]))
+def bytes_moved_notes(per_variant: dict[str, Sequence[int]], baseline: str,
+                      tolerance: float = BYTES_TOLERANCE) -> list[str]:
+    """Variants whose median bytes moved per repetition differ from the baseline's: they did not run the same work."""
+    medians = {k: median(v) for k, v in per_variant.items() if v}
+    ref = medians.get(baseline)
+    notes = [f"{name} moved {m / 1e6:.1f} MB per repetition (median), the baseline {baseline} {ref / 1e6:.1f} MB: "
+             "its ratio compares different work" for name, m in medians.items()
+             if ref is not None and name != baseline and abs(m - ref) > tolerance * max(ref, 1)]
+    spread = [f"{k} {min(v) / 1e6:.1f}-{max(v) / 1e6:.1f}" for k, v in per_variant.items()
+              if v and max(v) - min(v) > tolerance * max(max(v), 1)]
+    if spread:
+        notes.append(f"bytes moved varied between repetitions ({', '.join(spread)} MB): the scheduler ran some "
+                     "tasks whose inputs live on different workers on one worker or the other")
+    return notes

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import INSTALL_FAILED, RECIPE_INVALID, UserError
-from ..fsutil import atomic_path
+from ..errors import INSTALL_FAILED, OUTPUT_REFUSED, RECIPE_INVALID, UserError
+from ..fsutil import atomic_path, claim_work_dir
 from ..stack import Stack
 from ..ucxbuild.fetch import local_dirs
 from . import placeholders, recipes, standin
@@ -48,6 +48,10 @@ SUBDIRS = (BUILD_PLATFORM, "noarch")
 # Loaded only where a GPU is: a CPU-only host (and this machine) has none of them; the recipe allows them absent.
 GPU_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1", "libcudart.so.12", "libcudart.so.13")
 ELF_MAGIC = b"\x7fELF"
+# What the channel build and the install test make in a --work directory (their own, replaced on every run:
+# claim_work_dir refuses a directory holding more).
+WORK_NAMES = ("logs", "standin", "rattler-build", "recipes", "placeholders", "install-test", "install-check.json",
+              "empty-channel", "pkgs", "info-*", "tests-*", "env", "env-*", "test-*.sh")
 
 
 @dataclass
@@ -335,7 +339,7 @@ def install_test(st: Stack, channel: Path, *, work: Path, cuda: str, glibc: str 
     for sub in SUBDIRS:
         if not (channel / sub / "repodata.json").is_file():
             raise UserError(f"{channel} is not a channel: {sub}/repodata.json missing", INSTALL_FAILED)
-    work.mkdir(parents=True, exist_ok=True)
+    claim_work_dir(work, WORK_NAMES, "--work")
     made = placeholders.write(st, channel, work / "placeholders", cuda)
     channels = [channel, work / "placeholders"]
     vps = virtual_packages(glibc or host_glibc(), cuda)
@@ -396,10 +400,18 @@ def _output_index(v: Variant) -> int:
     return names.index(v.name) if v.name in names else 0
 
 
+def is_channel_or_empty(path: Path) -> bool:
+    """An empty directory, or one that holds only conda subdirs, each with the repodata.json index_channel writes."""
+    return path.is_dir() and all(p.is_dir() and (p / "repodata.json").is_file() for p in path.iterdir())
+
+
 def build_channel(st: Stack, *, out: Path, recipes_dir: Path | None = None, mirror: list[Path] | None = None,
                   work: Path | None = None, run_install_test: bool = True, mode: str = "auto") -> ChannelResult:
     out = out.resolve()
-    work = (work or st.root / "build" / "conda-work").resolve()
+    if out.exists() and not is_channel_or_empty(out):  # replaced whole at the end: only what this command made
+        raise UserError(f"--out {out}: not empty and not a channel this command made; give a new or empty directory",
+                        OUTPUT_REFUSED)
+    work = claim_work_dir((work or st.root / "build" / "conda-work").resolve(), WORK_NAMES, "--work")
     mirror = local_dirs(st, [p.resolve() for p in mirror or []])
     t0 = time.monotonic()
     problems, variants = recipes.check_all(st, recipes_dir, mode=mode, packed=work / "recipes")
@@ -416,7 +428,7 @@ def build_channel(st: Stack, *, out: Path, recipes_dir: Path | None = None, mirr
     shutil.rmtree(build_out, ignore_errors=True)
     cuda = f"{st.cuda_major}.0"
     try:
-        with atomic_path(out) as staging:
+        with atomic_path(out, replace_dir=True) as staging:
             staging.mkdir()
             index_channel(staging)
             own: dict[str, Path] = {}

@@ -1,4 +1,4 @@
-"""`ucx-dask-gpu conda regen|pack|render|lint|channel|test-install`: the conda recipes and the local channel.
+"""`ucx-dask-gpu conda regen|pack|variants|render|lint|channel|test-install`: the conda recipes and the local channel.
 
 The channel module imports PyYAML when it is loaded, and every `ucx-dask-gpu` command must start with the standard
 library alone (a fresh machine runs `stack get` before any package is installed): so `channel` and `test-install`
@@ -10,13 +10,18 @@ import argparse
 import json
 from pathlib import Path
 
+from ..cliutil import WORK_DIR_HELP, add_output
 from ..errors import RECIPE_INVALID, UserError
-from ..fsutil import atomic_write_text
+from ..fsutil import write_output_file
 from ..stack import load
 from . import settings
 from .recipes import check_all
 from . import variants as vstack
 from .variants import MODES, choose
+
+
+PACKED_HELP = ("new or empty, or recipes this command packed before, which are replaced whole; any other directory, or "
+               "a file, is refused (exit 9)")
 
 
 def _recipes(args, st) -> Path:
@@ -53,7 +58,8 @@ def _cmd_variants(args) -> int:
     recipes_dir = _recipes(args, st)
     stack = choose(st, recipes_dir, args.variants)
     config = vstack.config(stack, args.platform, recipes_dir / args.recipe / vstack.CBC)
-    atomic_write_text(args.out, vstack.as_variants_yaml(config, stack, args.platform, args.recipe, args.cuda))
+    write_output_file(args.out, vstack.as_variants_yaml(config, stack, args.platform, args.recipe, args.cuda),
+                      what="the variants")
     print(f"wrote {args.out}: recipes/{args.recipe} on {args.platform} under {stack.describe()}")
     return 0
 
@@ -124,7 +130,7 @@ def _cmd_test_install(args) -> int:
     work = Path(args.work) if args.work else st.root / "build" / "conda-install-test"
     res = install_test(st, Path(args.channel), work=work, cuda=args.cuda or f"{st.cuda_major}.0", glibc=args.glibc)
     if args.json:
-        atomic_write_text(args.json, json.dumps(res, indent=2, sort_keys=True) + "\n")
+        write_output_file(args.json, json.dumps(res, indent=2, sort_keys=True) + "\n", what="the results")
     _print_install(res)
     return 0
 
@@ -139,7 +145,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.set_defaults(func=_cmd_regen)
     k = s.add_parser("pack", help="the recipes as a build or a feedstock takes them: the carried patches copied in "
                                   "and listed")
-    k.add_argument("--out", required=True, help="directory to write (replaced whole)")
+    add_output(k, "--out", kind="dir", required=True, help="directory to write", note=PACKED_HELP)
     k.set_defaults(func=_cmd_pack)
     variants_help = ("variant config: conda-forge (its global pinning + stack.toml [conda].migrations, from "
                      "$UCX_DASK_GPU_CONDA_PINNING or stack.toml [conda].pinning), fallback "
@@ -148,7 +154,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--recipe", required=True, choices=settings.RECIPES)
     w.add_argument("--platform", default="linux-64", help="target platform (default: linux-64)")
     w.add_argument("--cuda", help="only this CUDA version's job (cuda_compiler_version and the keys zipped with it)")
-    w.add_argument("--out", required=True, help="the variants file to write")
+    add_output(w, "--out", required=True, help="the variants file to write")
     w.set_defaults(func=_cmd_variants)
     r = s.add_parser("render", help="print every output rattler-build renders, every variant and platform")
     r.add_argument("--recipe", help="only this recipe (directory name)")
@@ -157,19 +163,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     for sp in (w, r, l_, c):
         sp.add_argument("--variants", choices=MODES, default="auto", help=variants_help)
     for sp in (r, l_):
-        sp.add_argument("--packed", help="where the packed recipes go (default: <repo>/build/conda-recipes)")
+        add_output(sp, "--packed", kind="dir", help="where the packed recipes go (default: <repo>/build/conda-recipes)",
+                   note=PACKED_HELP)
     r.set_defaults(func=_cmd_render)
     l_.set_defaults(func=_cmd_lint)
-    c.add_argument("--out", required=True, help="channel directory to create (replaced only when everything passed)")
+    add_output(c, "--out", kind="dir", required=True, help="channel directory to create",
+               note="new or empty, or a channel this command made before, which is replaced whole once everything "
+                    "passed; any other directory, or a file, is refused (exit 9)")
     c.add_argument("--sources", help="a source mirror directory searched first for the recipes' url sources (then "
                                      "$UCX_DASK_GPU_SOURCE_MIRROR and stack.toml [sources].mirror_dirs)")
-    c.add_argument("--work", help="work directory for builds and logs (default: <repo>/build/conda-work)")
+    add_output(c, "--work", kind="dir", help="work directory for builds and logs (default: <repo>/build/conda-work)",
+               note=WORK_DIR_HELP)
     c.add_argument("--no-install-test", action="store_true", help="skip the install test before publishing")
     c.set_defaults(func=_cmd_channel)
     t = s.add_parser("test-install", help="install the channel's packages into fresh prefixes and run their tests")
     t.add_argument("--channel", required=True)
     t.add_argument("--cuda", help="__cuda and cuda-version to install for (default: <stack cuda_major>.0)")
     t.add_argument("--glibc", help="__glibc virtual package version to declare (default: this machine's)")
-    t.add_argument("--work", help="scratch directory (default: <repo>/build/conda-install-test)")
-    t.add_argument("--json", help="write the detailed results to this file")
+    add_output(t, "--work", kind="dir", help="scratch directory (default: <repo>/build/conda-install-test)",
+               note=WORK_DIR_HELP)
+    add_output(t, "--json", metavar="FILE", help="write the detailed results to this file")
     t.set_defaults(func=_cmd_test_install)

@@ -497,7 +497,7 @@ def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror
             from None
     pkg = Path(result.packages[0])
     if keep:
-        with atomic_path(kept) as tmp:
+        with atomic_path(kept, replace_dir=True) as tmp:  # a cache entry of ours
             tmp.mkdir(parents=True)
             shutil.copy2(pkg, tmp / pkg.name)
     return pkg

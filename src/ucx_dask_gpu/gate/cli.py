@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..cliutil import add_output
 from . import daskconfig, identity, tls
 
 
@@ -46,13 +47,16 @@ def _cmd_tls_env(args) -> int:
 
 
 def _cmd_config_install(args) -> int:
-    for path in daskconfig.install(args.dest, args.transports):
+    for path in daskconfig.install(args.dest, args.transports, tuned=not args.no_tuned):
         print(f"wrote {path}")
+    earlier = Path(args.dest) / daskconfig.INSTALLED_TUNED
+    if args.no_tuned and earlier.exists():
+        print(f"kept {earlier} (an earlier install): remove it to run without the tuned settings", file=sys.stderr)
     return 0
 
 
 def _cmd_config_show(args) -> int:
-    for name, text in daskconfig.render(args.transports).items():
+    for name, text in daskconfig.render(args.transports, tuned=not args.no_tuned).items():
         sys.stdout.write(f"# ---- {name}\n{text}")
     return 0
 
@@ -70,7 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = p.add_subparsers(dest="tls_command", metavar="ACTION", required=True)
     t = s.add_parser("init", help="create DIR with a CA and scheduler/worker/client certificates (openssl); "
                                   "add client certificates to an existing DIR with --client")
-    t.add_argument("dir")
+    add_output(t, "dir", kind="dir", help="the cluster's certificate directory",
+               note="a directory, created when missing: the CA, and each role's certificate, are written only where "
+                    "missing (a --client NAME is issued again); nothing else in it is touched; a file there is refused "
+                    "(exit 9)")
     t.add_argument("--host", action="append", default=[],
                    help="a name or address the scheduler and workers are reached by (repeatable; default localhost "
                         "and 127.0.0.1)")
@@ -84,14 +91,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--name", help="certificate name in DIR (default: the role's own; a --client NAME of init)")
     e.set_defaults(func=_cmd_tls_env)
 
-    p = sub.add_parser("config", help="the dask config shipped for the image (guard preloads, UCX transports)")
+    p = sub.add_parser("config", help="the dask config shipped for the image and the conda package (guard preloads, "
+                                      "UCX transports, the measured settings)")
     s = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
-    i = s.add_parser("install", help="write ucx-dask-gpu.yaml + ucx-dask-gpu-transports.yaml into a dask config dir")
-    i.add_argument("--dest", required=True, help="dask config directory, e.g. /etc/dask")
+    i = s.add_parser("install", help="write ucx-dask-gpu.yaml, ucx-dask-gpu-transports.yaml and ucx-dask-gpu-tuned.yaml "
+                                     "into a dask config dir")
+    add_output(i, "--dest", kind="dir", required=True, help="dask config directory, e.g. /etc/dask")
     i.add_argument("--transports", choices=["auto", "cpu", "gpu"], default="auto",
                    help="UCX transports: auto = UCX selects on every host (default); opt-in pins: cpu = UCX over "
                         "TCP only, gpu = NVLink + cuda_copy + TCP (no shared memory, no InfiniBand)")
-    i.set_defaults(func=_cmd_config_install)
     sh = s.add_parser("show", help="print the files `install` would write")
     sh.add_argument("--transports", choices=["auto", "cpu", "gpu"], default="auto")
+    for a in (i, sh):
+        a.add_argument("--no-tuned", action="store_true",
+                       help="leave out ucx-dask-gpu-tuned.yaml (the measured settings of tuned-gpu.yaml): dask's and "
+                            "distributed's own defaults")
+    i.set_defaults(func=_cmd_config_install)
     sh.set_defaults(func=_cmd_config_show)

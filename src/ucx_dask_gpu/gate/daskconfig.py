@@ -1,53 +1,73 @@
-"""The dask config the image ships: guard preloads, timeouts, shutdown, and the UCX transports.
+"""The dask config the image and the conda package ship: guard preloads, timeouts, shutdown, the UCX transports and
+the measured settings; and which of it a process has in force.
 
-`ucx-dask-gpu config install --dest /etc/dask [--transports auto|cpu|gpu]` writes two files into a dask config
-directory, both or neither:
+`ucx-dask-gpu config install --dest /etc/dask [--transports auto|cpu|gpu] [--no-tuned]` writes these files into a
+dask config directory, all or none:
   ucx-dask-gpu.yaml             common to every host (src/ucx_dask_gpu/config/ucx-dask-gpu.yaml)
   ucx-dask-gpu-transports.yaml  transports-auto.yaml (default), transports-cpu.yaml or transports-gpu.yaml
+  ucx-dask-gpu-tuned.yaml       tuned-gpu.yaml: the settings the benchmarks measured (each line says its evidence);
+                                harmless on hosts without GPUs; left out with --no-tuned
 `auto` leaves the transports to UCX on every host (GPU or not), so a process that reads only /etc/dask (Apptainer
 `exec`, a Kubernetes `command:`, a user's own DASK_CONFIG next to it) gets what the entrypoint would give it; `cpu`
-and `gpu` pin UCX_TLS and are opt-in. Other YAML files in the package's config folder (e.g. tuned-gpu.yaml, owned by
-the benchmarks) are not installed by this command.
+and `gpu` pin UCX_TLS and are opt-in.
+
+`in_force` says which YAML files a process's dask reads and how many of the shipped tuned settings its config holds
+(the worker's start-up line and `ucx-dask-gpu doctor` print it).
+
+Only the standard library at import and in `install`: the conda package's build script runs `config install`.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
-from ..errors import CONFIG_DEST, USAGE, UserError
+from ..errors import OUTPUT_REFUSED, USAGE, UserError
 from ..fsutil import atomic_write_many
 
 # The worker preload that lets a worker close without a heartbeat traceback (quietclose.py), as dask config names it.
 QUIET_CLOSE = "ucx_dask_gpu.gate.quietclose"
+# The preload that says a role's transports and config in force and applies our settings (ucx/startup.py).
+STARTUP = "ucx_dask_gpu.ucx.startup"
 COMMON = "ucx-dask-gpu.yaml"
 TRANSPORTS = {"auto": "transports-auto.yaml", "cpu": "transports-cpu.yaml", "gpu": "transports-gpu.yaml"}
 INSTALLED_TRANSPORTS = "ucx-dask-gpu-transports.yaml"
+TUNED = "tuned-gpu.yaml"
+INSTALLED_TUNED = "ucx-dask-gpu-tuned.yaml"
 
 
 def packaged_text(name: str) -> str:
     return resources.files("ucx_dask_gpu").joinpath("config", name).read_text()
 
 
-def render(transports: str) -> dict[str, str]:
-    """Installed file name -> text, for a transports kind (auto|cpu|gpu)."""
+def short_sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:8]
+
+
+def render(transports: str, tuned: bool = True) -> dict[str, str]:
+    """Installed file name -> text, for a transports kind (auto|cpu|gpu), with or without the tuned settings."""
     if transports not in TRANSPORTS:
         raise UserError(f"unknown transports {transports!r} (expected auto, cpu or gpu)", USAGE)
-    body = packaged_text(TRANSPORTS[transports])
-    header = f"# Installed by `ucx-dask-gpu config install` from {TRANSPORTS[transports]}.\n"
-    return {COMMON: packaged_text(COMMON), INSTALLED_TRANSPORTS: header + body}
+    out = {COMMON: packaged_text(COMMON)}
+    for installed, name in ((INSTALLED_TRANSPORTS, TRANSPORTS[transports]), (INSTALLED_TUNED, TUNED if tuned else None)):
+        if name:
+            body = packaged_text(name)
+            out[installed] = f"# Installed by `ucx-dask-gpu config install` from {name}.\n" + body
+    return out
 
 
-def install(dest: str | os.PathLike, transports: str = "auto") -> list[Path]:
-    files = render(transports)
+def install(dest: str | os.PathLike, transports: str = "auto", tuned: bool = True) -> list[Path]:
+    files = render(transports, tuned)
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
-        raise UserError(f"{dest} exists and is not a directory", CONFIG_DEST)
+        raise UserError(f"{dest} exists and is not a directory", OUTPUT_REFUSED)
     try:
         return atomic_write_many({dest / name: text for name, text in files.items()})
     except OSError as e:
-        raise UserError(f"cannot write dask config into {dest}: {e.strerror}", CONFIG_DEST) from None
+        raise UserError(f"cannot write dask config into {dest}: {e.strerror}", OUTPUT_REFUSED) from None
 
 
 def load_installed(dest: str | os.PathLike) -> dict:
@@ -57,16 +77,84 @@ def load_installed(dest: str | os.PathLike) -> dict:
     return dask.config.collect(paths=[str(dest)], env={})
 
 
-def collect_for(environ: Mapping[str, str]) -> dict:
-    """The dask config a process started with `environ` will read: the YAML files of dask's search path (with
-    environ's DASK_CONFIG instead of this process's) and environ's DASK_* variables."""
+def search_path_for(environ: Mapping[str, str]) -> list[str]:
+    """dask's config search path in a process started with `environ` (its DASK_CONFIG instead of this process's)."""
     import dask.config  # heavy: only where another process's config is computed (entrypoint, doctor)
 
     own = os.environ.get("DASK_CONFIG")
     paths = [p for p in dask.config.paths if own is None or p != own]
     if environ.get("DASK_CONFIG"):
         paths.append(environ["DASK_CONFIG"])
-    return dask.config.collect(paths=paths, env=dict(environ))
+    return paths
+
+
+def collect_for(environ: Mapping[str, str]) -> dict:
+    """The dask config a process started with `environ` will read: the YAML files of dask's search path (with
+    environ's DASK_CONFIG instead of this process's) and environ's DASK_* variables."""
+    import dask.config
+
+    return dask.config.collect(paths=search_path_for(environ), env=dict(environ))
+
+
+def flatten(tree: Mapping, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """(dotted key, value) for every leaf of a nested config (an empty mapping is a leaf)."""
+    for k, v in tree.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            yield from flatten(v, key)
+        else:
+            yield key, v
+
+
+def shipped_settings() -> dict[str, object]:
+    """The shipped tuned settings (tuned-gpu.yaml), dotted key -> value."""
+    import yaml  # with dask: only where a config is compared
+
+    return dict(flatten(yaml.safe_load(packaged_text(TUNED)) or {}))
+
+
+@dataclass
+class InForce:
+    files: list[tuple[str, str]]      # (path, short sha256) of each YAML file dask reads, in the order it reads them
+    env: list[str]                    # DASK_* variables
+    tuned: str                        # the shipped tuned file and its short sha256: "tuned-gpu.yaml@1a2b3c4d"
+    settings: int                     # how many settings it has
+    differ: dict[str, tuple] = field(default_factory=dict)   # key -> (shipped value, value in force)
+
+    def line(self) -> str:
+        """One line: the tuned settings in force (or which are not) and the files they come from."""
+        held = self.settings - len(self.differ)
+        if not self.differ:
+            head = f"{self.tuned} in force ({held} settings)"
+        else:
+            shown = [f"{k}={v!r} (shipped {s!r})" for k, (s, v) in list(self.differ.items())[:3]]
+            more = f", +{len(self.differ) - 3} more" if len(self.differ) > 3 else ""
+            head = f"{self.tuned}: {held} of {self.settings} settings in force; differs: {', '.join(shown)}{more}"
+        files = ", ".join(f"{p}@{h}" for p, h in self.files) or "none"
+        env = f"; {len(self.env)} DASK_* variable(s)" if self.env else ""
+        return f"dask config {head}; files {files}{env}"
+
+    def as_dict(self) -> dict:
+        return {"tuned": self.tuned, "settings": self.settings, "in_force": self.settings - len(self.differ),
+                "differ": {k: {"shipped": s, "in_force": v} for k, (s, v) in self.differ.items()},
+                "files": [{"path": p, "sha256": h} for p, h in self.files], "env": self.env}
+
+
+def in_force(config: Mapping, paths: list[str], environ: Mapping[str, str]) -> InForce:
+    """Which YAML files of `paths` dask reads and how `config` (what a process has in force) holds the shipped tuned
+    settings."""
+    import dask.config
+
+    files = [(str(p), short_sha(Path(p).read_bytes())) for p, _ in dask.config.collect_yaml(paths, return_paths=True)]
+    missing = object()
+    differ = {}
+    shipped = shipped_settings()
+    for key, value in shipped.items():
+        have = dask.config.get(key, None if value is None else missing, config=config)  # unset reads as null
+        if have is missing or have != value:
+            differ[key] = (value, None if have is missing else have)
+    tuned = f"{TUNED}@{short_sha(packaged_text(TUNED).encode())}"
+    return InForce(files, sorted(k for k in environ if k.startswith("DASK_")), tuned, len(shipped), differ)
 
 
 def add_worker_preload(nanny, module: str) -> None:

@@ -20,9 +20,10 @@ import ipaddress
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
-from ..errors import USAGE, UserError
+from ..errors import OUTPUT_REFUSED, USAGE, UserError
 
 ROLES = ("scheduler", "worker", "client")
 CA_CERT, CA_KEY = "ca.pem", "ca.key"
@@ -53,37 +54,43 @@ def _san(hosts: list[str]) -> str:
 def init(directory: Path, hosts: list[str], clients: list[str] = (), days: int = 365,
          cluster: str = "ucx-dask-gpu") -> list[Path]:
     """Create (or extend) DIR: the CA when missing, then a certificate for each role missing there and each named
-    client. Returns the files written. Keys are 0600, certificates 0644."""
+    client. Returns the files written. Keys are 0600, certificates 0644. Everything is made in a temporary
+    directory first and moved in at the end: a failure adds nothing to DIR, and no other file there is touched."""
     if not shutil.which("openssl"):
         raise UserError("tls init needs the openssl command (apt-get install openssl)", USAGE)
     if days < 1:
         raise UserError(f"--days must be at least 1 (got {days})", USAGE)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
     ca_pem, ca_key = directory / CA_CERT, directory / CA_KEY
-    if not ca_pem.exists():
-        _openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", str(days), "-subj",
-                  f"/CN={cluster} cluster CA", "-keyout", CA_KEY, "-out", CA_CERT], directory)
-        written += [ca_pem, ca_key]
-    elif not ca_key.exists():
+    if ca_pem.exists() and not ca_key.exists():
         raise UserError(f"{directory} has {CA_CERT} but not {CA_KEY}: new certificates need the CA's key", USAGE)
-    ext = directory / "san.cnf"
-    ext.write_text(_san(hosts or ["localhost", "127.0.0.1"]) + "\n")
     try:
+        directory.mkdir(parents=True, exist_ok=True)
+        scratch = tempfile.TemporaryDirectory(prefix=".tls-init.", dir=directory)
+    except OSError as e:
+        raise UserError(f"cannot create files in {directory}: {e.strerror}", OUTPUT_REFUSED) from None
+    with scratch as tmp_name:
+        tmp = Path(tmp_name)
+        made: list[str] = []
+        if not ca_pem.exists():
+            _openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", str(days), "-subj",
+                      f"/CN={cluster} cluster CA", "-keyout", CA_KEY, "-out", CA_CERT], tmp)
+            ca_pem, ca_key = tmp / CA_CERT, tmp / CA_KEY
+            made += [CA_CERT, CA_KEY]
+        (tmp / "san.cnf").write_text(_san(hosts or ["localhost", "127.0.0.1"]) + "\n")
         for name in [r for r in ROLES if not cert_files(directory, r)[0].exists()] + list(clients):
-            pem, key = cert_files(directory, name)
+            pem, key = cert_files(tmp, name)
             _openssl(["req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", key.name,
-                      "-out", f"{name}.csr"], directory)
-            _openssl(["x509", "-req", "-in", f"{name}.csr", "-CA", CA_CERT, "-CAkey", CA_KEY, "-CAcreateserial",
-                      "-days", str(days), "-extfile", ext.name, "-out", pem.name], directory)
-            (directory / f"{name}.csr").unlink()
-            written += [pem, key]
-    finally:
-        ext.unlink(missing_ok=True)
-        (directory / "ca.srl").unlink(missing_ok=True)
-    for path in written:
-        os.chmod(path, 0o600 if path.suffix == ".key" else 0o644)
+                      "-out", f"{name}.csr"], tmp)
+            _openssl(["x509", "-req", "-in", f"{name}.csr", "-CA", str(ca_pem), "-CAkey", str(ca_key),
+                      "-CAserial", "ca.srl", "-CAcreateserial", "-days", str(days), "-extfile", "san.cnf",
+                      "-out", pem.name], tmp)
+            made += [pem.name, key.name]
+        written = []
+        for name in made:
+            os.chmod(tmp / name, 0o600 if name.endswith(".key") else 0o644)
+            os.replace(tmp / name, directory / name)
+            written.append(directory / name)
     return written
 
 

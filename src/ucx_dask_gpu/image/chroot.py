@@ -1,6 +1,6 @@
 """Run the image's roles from its unpacked filesystem without Docker: what a container runtime does, by hand.
 
-For a machine with GPUs but no Docker (and no network): `ucx-dask-gpu image rootfs-run OUT` (as root, inside a
+For a machine with GPUs but no container engine: `ucx-dask-gpu image rootfs-run OUT` (as root, inside a
 private mount namespace where one can be made: `unshare --mount --propagation private`)
 - takes an unpacked root (rootfs.py `unpack`), mounts /proc, /sys and /dev (binds made slaves, a /dev/shm of its own)
   into it, writes /etc/hosts,
@@ -19,6 +19,7 @@ private mount namespace where one can be made: `unshare --mount --propagation pr
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ROOTFS_INVALID, UserError
-from ..fsutil import atomic_write_text
+from ..fsutil import atomic_write_text, write_output_dir
 from ..ucx.perftest import free_port, parse_proto_tables
 from ..ucx.transports import mapped_libucp
 from .cluster import parse_json_output
@@ -47,8 +48,8 @@ DRIVER_DIRS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86
 DRIVER_BINARIES = ("nvidia-smi",)
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 STOP_GRACE_S = 30
-# Variables of this machine every role keeps (the GPU hosts lent here ask that NVLink multicast stays off in every
-# program, also one started with an environment of its own).
+# Variables of the host every role keeps, although each starts with the image's environment: a site's switches for
+# NVLink multicast (NVLS), which some GPU hosts require off in every program.
 PASS_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 _LDCONFIG_RE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
 
@@ -396,11 +397,12 @@ def run_proof(root: Path, config: dict, out: Path, proof: Proof, ucx_prefix: str
         result["proto"] = {r.name: summarise_proto(runner.text(r)) for r in runner.roles if r.name.startswith("worker")}
     result["checks"] = checks(result, proof, root, ucx_prefix)
     result["ok"] = bool(result["checks"]) and all(c["ok"] for c in result["checks"].values()) and "error" not in result
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(work / "result.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
-    atomic_write_text(out / "result.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
-    with tarfile.open(out / "image-rootfs.tgz", "w:gz") as tar:
+    text = json.dumps(result, indent=2, sort_keys=True) + "\n"
+    atomic_write_text(work / "result.json", text)
+    archive = io.BytesIO()  # role logs and result: a few MB
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
         tar.add(work, arcname="image-rootfs")
+    write_output_dir(out, {"result.json": text, "image-rootfs.tgz": archive.getvalue()}, what="the proof's result")
     return result
 
 

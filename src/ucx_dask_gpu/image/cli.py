@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import (NO_GPU, NOT_REPRODUCIBLE, ROOTFS_INVALID, SBOM_INVALID, SBOM_MISMATCH, USAGE, VERDICT_FAILED,
-                      UserError)
-from ..fsutil import atomic_write_text
+from ..errors import (NO_DOCKER, NO_GPU, NOT_REPRODUCIBLE, ROOTFS_INVALID, SBOM_INVALID, SBOM_MISMATCH, USAGE,
+                      VERDICT_FAILED, UserError)
+from ..cliutil import add_output
+from ..fsutil import write_output_file
 from ..oci import sbom as sbommod
 from ..oci.compare import compare, render_compare
 from ..oci.layer import normalise_rootfs_tar
@@ -24,7 +25,7 @@ from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
 from .cluster import Cluster, remove_all_clusters
 from .demo import demo_ok, render_demo, run_demo
-from .docker import docker, engine_version, ensure_engine
+from .docker import ENGINE_LOG, docker, engine_version, ensure_engine, started_engines, stop_started_engines
 from .gpuhost import parse_gpus
 from .paths import CACHE_ENV, default_cache, default_ucxx_wheels, image_ref
 from .wheelhouse import build_own_wheel, ensure_wheelhouse
@@ -41,6 +42,18 @@ def _cache(args) -> Path:
 # --- image ------------------------------------------------------------------------------------------------------------
 
 def _cmd_engine(args) -> int:
+    if args.stop:
+        for pid in stop_started_engines():
+            print(f"stopped dockerd (pid {pid})")
+        left = started_engines()
+        if left:
+            raise UserError(f"dockerd (pid {', '.join(map(str, left))}) did not stop within 60 s", NO_DOCKER)
+        return 0
+    if args.status:
+        for pid in started_engines():
+            print(f"still running: the Docker engine started for this repository's builds (dockerd pid {pid}, "
+                  f"log {ENGINE_LOG}); stop it: ci/start_dockerd.sh --stop")
+        return 0
     print(f"Docker engine {ensure_engine(allow_start=not args.no_start)}")
     return 0
 
@@ -116,7 +129,7 @@ def _cmd_demo(args) -> int:
         if r["logs"]:
             print(f"{r['protocol']}: container logs kept in {r['logs']}")
     if args.json:
-        atomic_write_text(args.json, json.dumps(rows, indent=2, sort_keys=True) + "\n")
+        write_output_file(args.json, json.dumps(rows, indent=2, sort_keys=True) + "\n", what="the results")
     return 0 if demo_ok(rows) else VERDICT_FAILED
 
 
@@ -137,7 +150,7 @@ def _cmd_compose(args) -> int:
                             "regenerate it", VERDICT_FAILED)
         print(f"{args.check}: up to date")
     elif args.output:
-        atomic_write_text(args.output, text)
+        write_output_file(args.output, text, what="the compose file")
         print(f"wrote {args.output}")
     else:
         sys.stdout.write(text)
@@ -146,7 +159,7 @@ def _cmd_compose(args) -> int:
 
 def _cmd_export_rootfs(args) -> int:
     try:
-        part = rootfs.parse_size(args.part_size) if args.part_size else _stack(args).gpu_host.part_mib * rootfs.MIB
+        part = rootfs.parse_size(args.part_size)
     except ValueError as e:
         raise UserError(str(e), USAGE) from None
     engine_version()
@@ -256,6 +269,9 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
 
     e = s.add_parser("engine", help="make sure a Docker engine answers; start Debian's dockerd when none does (root)")
     e.add_argument("--no-start", action="store_true", help="only check; never install or start an engine")
+    e.add_argument("--status", action="store_true",
+                   help="say whether an engine this command started is still running (`make` ends with it)")
+    e.add_argument("--stop", action="store_true", help="stop the engine(s) this command started")
     e.set_defaults(func=_cmd_engine)
 
     w = s.add_parser("wheelhouse", help="download + verify every wheel of the hashed lock, and build our own wheel")
@@ -295,7 +311,7 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--protocol", action="append", choices=["ucx", "tcp", "tls"],
                    help="protocol(s) to run (default: ucx and tcp)")
     d.add_argument("--workers", type=int, default=2)
-    d.add_argument("--json", metavar="FILE", help="also write the full results to FILE")
+    add_output(d, "--json", metavar="FILE", help="also write the full results to FILE")
     _add_host_settings(d)
     d.set_defaults(func=_cmd_demo)
 
@@ -304,19 +320,21 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--protocol", choices=["ucx", "tcp"], default="ucx")
     c.add_argument("--workers", type=int, default=2, help="CPU workers (without --gpus)")
     _add_host_settings(c)
-    c.add_argument("-o", "--output", metavar="FILE", help="write the compose file here (default: stdout)")
+    add_output(c, "-o", "--output", metavar="FILE", help="write the compose file here (default: stdout)")
     c.add_argument("--check", metavar="FILE", help="exit 1 unless FILE is exactly what this would write")
     c.set_defaults(func=_cmd_compose)
 
     x = s.add_parser("export-rootfs", help="the image's filesystem as verified, compressed parts (+ its Config) for "
                                            "a machine without Docker; one batch directory per part")
     x.add_argument("image")
-    x.add_argument("dir", help="a new directory")
-    x.add_argument("--part-size", help="largest part, e.g. 40MiB (default: stack.toml [gpu_host].part_mib, so one "
-                                       "part + the repository fit a 64 MiB device call)")
+    add_output(x, "dir", kind="dir", help="where the parts go",
+               note="a new directory, made whole at the end: an existing one, or a file there, is refused (exit 9)")
+    x.add_argument("--part-size", default=rootfs.DEFAULT_PART_SIZE,
+                   help=f"largest part, e.g. 200MiB (default {rootfs.DEFAULT_PART_SIZE}): size it for how the parts "
+                        "travel (a file-size or upload limit, removable media)")
     x.add_argument("--level", type=int, default=19, help="compression level (default 19; xz: at most 9)")
     x.add_argument("--compression", choices=sorted(rootfs.COMPRESSIONS), default="xz",
-                   help="xz (default: Python's standard library decodes it, nothing to carry) or zstd (--long; the "
+                   help="xz (default: Python's standard library decodes it, nothing to install) or zstd (--long; the "
                         "host needs the zstd command or the zstandard module)")
     x.set_defaults(func=_cmd_export_rootfs)
 
@@ -330,7 +348,7 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     rr = s.add_parser("rootfs-run", help="as root, without Docker: unpack the received parts, mount /proc /sys /dev, "
                                          "add the host's NVIDIA driver, run scheduler + 2 workers + transpose client "
                                          "chrooted as the image's user, check, stop, write OUT/image-rootfs.tgz")
-    rr.add_argument("out", help="directory for result.json and image-rootfs.tgz")
+    add_output(rr, "out", kind="dir", help="directory for result.json and image-rootfs.tgz")
     rr.add_argument("--parts", help=parts_help)
     rr.add_argument("--root", help="where to unpack (default: stack.toml [gpu_host].root; reused when it holds this "
                                    "export)")
@@ -383,7 +401,7 @@ def _report_compare(r: dict, json_path: str | None) -> int:
     """Print the comparison, write it as JSON when asked, and fail (exit 30) unless the two builds are identical."""
     print(render_compare(r))
     if json_path:
-        atomic_write_text(json_path, json.dumps(r, indent=2, sort_keys=True) + "\n")
+        write_output_file(json_path, json.dumps(r, indent=2, sort_keys=True) + "\n", what="the comparison")
     if not r["identical"]:
         raise UserError(f"not reproducible: {r['a']['image_id']} != {r['b']['image_id']} (first differences above)",
                         NOT_REPRODUCIBLE)
@@ -411,7 +429,7 @@ def _register_repro(sub: argparse._SubParsersAction) -> None:
     n = s.add_parser("normalise", help="docker save IMAGE, normalise layers + config, add the SBOM, docker load")
     n.add_argument("image")
     n.add_argument("--tag", help="tag the normalised image (default: IMAGE)")
-    n.add_argument("--out", help="output directory (default: <build cache>/image/out/<tag>)")
+    add_output(n, "--out", kind="dir", help="output directory (default: <build cache>/image/out/<tag>)")
     n.add_argument("--wheels", action="append", default=[], metavar="PATH",
                    help="wheels / wheelhouse directories the image was installed from (exact hashes in the SBOM)")
     n.add_argument("--keep-archive", action="store_true",
@@ -422,20 +440,20 @@ def _register_repro(sub: argparse._SubParsersAction) -> None:
     r = s.add_parser("rootfs", help="normalise a root filesystem tar (debootstrap): order, mtimes, owners, litter, "
                                     ".pyc headers, shadow dates")
     r.add_argument("src")
-    r.add_argument("dest")
+    add_output(r, "dest", help="the normalised tar to write")
     r.set_defaults(func=_cmd_rootfs)
     k = s.add_parser("check", help="two clean builds (bases bootstrapped again, no Docker cache), same image id?")
     k.add_argument("--first", metavar="TAG", help="use this built image as the first build (e.g. the one the test "
                                                    "suite built); only one clean build then")
     k.add_argument("--cache", help="build cache directory (default: as `image build`)")
     k.add_argument("--limit", type=int, default=10, help="differences listed per layer and kind")
-    k.add_argument("--json", help="also write the report as JSON")
+    add_output(k, "--json", metavar="FILE", help="also write the report as JSON")
     k.set_defaults(func=_cmd_check)
     c = s.add_parser("compare", help="compare two normalised build outputs; name the first differing files")
     c.add_argument("a")
     c.add_argument("b")
     c.add_argument("--limit", type=int, default=10, help="differences listed per layer and kind")
-    c.add_argument("--json", help="also write the comparison as JSON")
+    add_output(c, "--json", metavar="FILE", help="also write the comparison as JSON")
     c.set_defaults(func=_cmd_compare)
 
 
@@ -505,10 +523,7 @@ def _cmd_sbom_generate(args) -> int:
         build_info=json.loads(info_text) if info_text else None,
         build_info_sha256=hashlib.sha256(info_text.encode()).hexdigest() if info_text else None,
         ucx_repository=st.conda.about.ucx_dev_url, tools={gen: gen_version, st.name: st.version})
-    if args.output == "-":
-        sys.stdout.write(data.decode())
-    else:
-        atomic_write_text(args.output, data.decode())
+    if write_output_file(args.output, data, what="the SBOM"):
         print(f"wrote {args.output}")
     return 0
 
@@ -533,7 +548,8 @@ def _register_sbom(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--os-release", default="/usr/lib/os-release")
     g.add_argument("--build-info", help="the UCX prefix's share/ucx-dask-gpu/build-info.json")
     g.add_argument("--site-packages", action="append", default=[], metavar="DIR")
-    g.add_argument("-o", "--output", default="-")
+    add_output(g, "-o", "--output", default="-", stdout_dash=True, metavar="FILE",
+               help="where to write the SBOM ('-', the default: stdout)")
     g.set_defaults(func=_cmd_sbom_generate)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -103,6 +104,32 @@ def ensure_engine(allow_start: bool = True, timeout: float = 90) -> str:
 
 
 ENGINE_LOG = "/var/log/ucx-dask-gpu-dockerd.log"
+
+
+def started_engines(log: str = ENGINE_LOG) -> list[int]:
+    """The dockerd processes ensure_engine started (their stdout is `log`), by pid: what `make` leaves running."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "comm").read_text().strip() == "dockerd" and \
+                    os.readlink(d / "fd" / "1") == log:
+                pids.append(int(d.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return sorted(pids)
+
+
+def stop_started_engines(log: str = ENGINE_LOG, timeout: float = 60) -> list[int]:
+    """SIGTERM the dockerd processes ensure_engine started and wait for them to end (dockerd stops its containers
+    first); those still running after `timeout` stay. Returns the pids that ended."""
+    pids = started_engines(log)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    wait_until(lambda: not set(pids) & set(started_engines(log)), timeout)
+    return sorted(set(pids) - set(started_engines(log)))
 
 
 def _installed(pkg: str) -> bool:

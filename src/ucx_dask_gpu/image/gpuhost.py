@@ -8,15 +8,17 @@ On one host, one worker container per GPU:
   path. A small holder container per host owns them (`--ipc shareable`; it only sleeps, like a Kubernetes pod's
   pause container) and every worker joins it (`--ipc container:HOLDER --pid container:HOLDER`), so stopping any
   one worker leaves the others alone (the holder goes last: its PID namespace ends with it);
+- `--ulimit stack=67108864` on every GPU container: the 64 MiB stack RAPIDS' own `docker run` lines give;
 - InfiniBand, on hosts that have it: `--device /dev/infiniband`, `--cap-add IPC_LOCK`, `--ulimit memlock=-1` (RDMA
   registers memory); cma (shared-memory copies between processes) needs `--cap-add SYS_PTRACE`;
-- `--shm-size`: UCX's posix shared memory transport lives in /dev/shm.
+- `--shm-size`: UCX's posix shared memory transport lives in /dev/shm (Docker gives 64 MiB otherwise).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 SHM_SIZE = "1g"
+STACK_BYTES = 64 << 20               # RAPIDS' `--ulimit stack=67108864`
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class HostFlags:
     def docker_args(self) -> list[str]:
         args = ["--shm-size", SHM_SIZE]
         if self.gpu is not None:
-            args += ["--gpus", f"device={self.gpu}"]
+            args += ["--gpus", f"device={self.gpu}", "--ulimit", f"stack={STACK_BYTES}"]
         if self.ipc:
             args += ["--ipc", self.ipc]
         if self.pid:
@@ -44,21 +46,25 @@ class HostFlags:
     def compose(self) -> dict:
         """The same, as keys of a compose service (names of other containers are service names there)."""
         svc: dict = {"shm_size": SHM_SIZE}
+        ulimits = {}
         if self.gpu is not None:
             svc["deploy"] = {"resources": {"reservations": {"devices": [
                 {"driver": "nvidia", "device_ids": [str(self.gpu)], "capabilities": ["gpu"]}]}}}
+            ulimits["stack"] = STACK_BYTES
         for key, value in (("ipc", self.ipc), ("pid", self.pid)):
             if value:
                 svc[key] = value.replace("container:", "service:")
         caps = []
         if self.infiniband:
             svc["devices"] = ["/dev/infiniband:/dev/infiniband"]
-            svc["ulimits"] = {"memlock": -1}
+            ulimits["memlock"] = -1
             caps.append("IPC_LOCK")
         if self.cma:
             caps.append("SYS_PTRACE")
         if caps:
             svc["cap_add"] = caps
+        if ulimits:
+            svc["ulimits"] = ulimits
         return svc
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BAD_ARCHIVE, USAGE, UserError
-from ..fsutil import atomic_write_text, sha256_file
+from ..fsutil import sha256_file, write_output_dir
 from ..oci import sbom as sbommod
 from ..oci.archive import LABEL_PREFIX, NullWriter, canonical_json, iso, normalise_config, write_archive
 from ..oci.compare import IMAGE_JSON, LAYERS_JSON
@@ -206,8 +206,7 @@ def normalise_image(st: Stack, ref: str, out_dir: Path, *, tag: str | None = Non
                              pyc_fixed=sum(1 for r in results for p in r.rewritten if p.endswith(".pyc")),
                              seconds=secs)
         files[IMAGE_JSON] = json.dumps(result.__dict__, indent=2, sort_keys=True) + "\n"
-        for name, text in files.items():
-            atomic_write_text(out_dir / name, text)
+        write_output_dir(out_dir, files, what="the normalised image's records")
     return result
 
 

@@ -1,15 +1,17 @@
-"""The image's own bits, carried to a machine without Docker: its filesystem in verified parts, and back in one piece.
+"""The image's own bits, taken to a machine without Docker: its filesystem in verified parts, and back in one piece.
 
 `ucx-dask-gpu image export-rootfs IMAGE DIR` writes
 
     DIR/manifest.json        image, image id, stack id, compression, sha256 + size of the rootfs tar, of the compressed
                              archive and of every part, and the batches
     DIR/image-config.json    the image's Config: Env, User, WorkingDir, Entrypoint, Cmd, Labels
-    DIR/batch-NN/            one part (`rootfs.tar.<zst|xz>.NNN`, at most --part-size) + both JSON files:
-                             what one device call carries (its working tree takes at most 64 MiB)
+    DIR/batch-NN/            one part (`rootfs.tar.<zst|xz>.NNN`, at most --part-size) + both JSON files, so
+                             the parts can travel one at a time (a file-size or transfer limit, removable media)
+                             and each is checked on arrival
 
 from `docker export` of a container created (never started) from the image, compressed (zstd -19 --long by
-default), split and hashed on the way, in DIR.partial first (nothing half-written is left under DIR).
+default), split and hashed on the way, in a temporary directory beside DIR first (nothing half-written is left under
+DIR).
 
 On the machine that runs it (as root, standard library only):
     `receive BATCH_DIR`  moves the batch's part(s) into the parts directory (stack.toml [gpu_host]), checks each against
@@ -29,11 +31,12 @@ import re
 import secrets
 import shutil
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..errors import ROOTFS_INVALID, USAGE, UserError
+from ..errors import OUTPUT_REFUSED, ROOTFS_INVALID, USAGE, UserError
 from ..fsutil import atomic_write_text, sha256_file
 from .docker import docker_bin, image_inspect
 
@@ -41,6 +44,7 @@ MANIFEST = "manifest.json"
 CONFIG = "image-config.json"
 MARK = ".ucx-dask-gpu-rootfs"
 MIB = 1 << 20
+DEFAULT_PART_SIZE = "1GiB"    # export-rootfs --part-size: smaller where a file-size or transfer limit applies
 CHUNK = 4 * MIB
 ZSTD_WINDOW_LOG = 27          # --long: a 128 MiB window; the decoder needs the same (--long=27)
 COMPRESSIONS = {"zstd": "zst", "xz": "xz"}
@@ -92,16 +96,14 @@ def export_rootfs(image: str, out: str | os.PathLike, part_size: int, level: int
 def pack(tar_command: list[str], out: str | os.PathLike, identity: dict, config: dict, part_size: int,
          level: int = 19, compression: str = "zstd") -> dict:
     """The tar that `tar_command` writes on stdout, compressed, split and hashed into `out` (batches, manifest with
-    `identity`, image config `config`); written in OUT.partial and renamed when complete."""
+    `identity`, image config `config`); written in a temporary directory beside it and renamed when complete."""
     if part_size < MIB:
         raise UserError(f"--part-size must be at least 1 MiB (got {part_size} bytes)", USAGE)
     out = Path(out)
     if out.exists():
-        raise UserError(f"{out} exists: export into a new directory", USAGE)
+        raise UserError(f"{out} exists: export into a new directory", OUTPUT_REFUSED)
     compress = _compressor(compression, level)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))  # a name nobody else uses
     try:
         source = subprocess.Popen(tar_command, stdout=subprocess.PIPE)
         compressor = subprocess.Popen(compress, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -230,7 +232,7 @@ def receive(batch: str | os.PathLike, parts_dir: str | os.PathLike) -> dict:
             problem = _check_part(dest, known[f.name])
             if problem:
                 dest.unlink()
-                raise UserError(f"{f.name}: {problem}: carry it again", ROOTFS_INVALID)
+                raise UserError(f"{f.name}: {problem}: copy it again", ROOTFS_INVALID)
             moved.append(f.name)
     missing = [p["name"] for p in manifest["parts"] if not (parts_dir / p["name"]).is_file()]
     return {"moved": moved, "missing": missing, "parts": len(manifest["parts"]), "image": manifest["image"]}
@@ -256,7 +258,7 @@ def _decoder(compression: str) -> tuple[list[str] | None, object]:
         try:
             import zstandard  # optional: only where no zstd command exists
         except ImportError:
-            raise UserError("no zstd decoder here (no zstd command, no Python zstandard): carry the zstandard wheel, "
+            raise UserError("no zstd decoder here (no zstd command, no Python zstandard): install one of them, "
                             "or export with --compression xz", ROOTFS_INVALID) from None
         return None, zstandard.ZstdDecompressor(max_window_size=1 << ZSTD_WINDOW_LOG).decompressobj()
     if compression == "xz":
@@ -341,7 +343,7 @@ def read_image_config(d: str | os.PathLike) -> dict:
 
 
 def parse_size(text: str) -> int:
-    """'56MiB', '58M', '1048576' -> bytes."""
+    """'1GiB', '200M', '1048576' -> bytes (K, M, G: powers of 1024)."""
     m = re.fullmatch(r"\s*(\d+)\s*(|[KMG]i?B?)\s*", text, re.I)
     if not m:
         raise ValueError(f"not a size: {text!r}")

@@ -128,7 +128,7 @@ def ensure_wheelhouse(st: Stack, cache: Path, lock_path: Path | None = None, fin
                 say(f"{dest}: {len(files)} wheels, verified against {lock_path.name} (cached)")
                 return dest
     platforms = pip_platforms(st.python.platform)
-    with atomic_path(dest) as tmp:
+    with atomic_path(dest, replace_dir=True) as tmp:  # the cache's own wheelhouse (stale or failed verification)
         tmp.mkdir()
         cmd = [python or sys.executable, "-m", "pip", "download", "--require-hashes", "--no-deps",
                "--only-binary=:all:", "--python-version", st.python.version, "--implementation", "cp",
@@ -170,7 +170,7 @@ def build_own_wheel(st: Stack, dest_dir: Path) -> Path:
         if proc.returncode != 0 or len(built) != 1:
             tail = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()][-1:] or ["no wheel"]
             raise UserError(f"building the ucx-dask-gpu wheel failed: {tail[0].strip()}", BUILD_FAILED)
-        with atomic_path(dest_dir) as out:
+        with atomic_path(dest_dir, replace_dir=True) as out:  # the cache's own folder for this wheel
             out.mkdir()
             shutil.copy2(built[0], out / built[0].name)
     return dest_dir / built[0].name

@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 
 from .. import nvml
-from ..cliutil import standalone_main
+from ..cliutil import add_output, standalone_main
 from ..errors import PERFTEST_FAILED, USAGE, UserError
 from ..report import command_line, format_table, write_report
 from . import verify
@@ -55,8 +55,9 @@ def register(subparsers) -> None:
                    help="TRAP: give both processes every GPU (as a careless run would); must come out invalid")
     p.add_argument("--keep-going", action="store_true",
                    help="when one UCX's perftest fails, record it and go on with the others (exit 14 at the end)")
-    p.add_argument("--raw-dir", help="keep every perftest server/client output here (for fixtures / debugging)")
-    p.add_argument("--out", help="write verify-nvlink.{json,md,png} + command.txt here (all or nothing)")
+    add_output(p, "--raw-dir", kind="dir", help="keep every perftest server/client output here (for fixtures / "
+                                                "debugging)")
+    add_output(p, "--out", kind="dir", help="write verify-nvlink.{json,md,png} + command.txt here (all or nothing)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.add_argument("--memory-type", default="cuda", choices=("cuda", "host"), help=argparse.SUPPRESS)
     p.set_defaults(func=run)
@@ -78,8 +79,6 @@ def run(args) -> int:
     for name in ("min_ratio", "counter_fraction", "ablation_factor"):
         if not 0 < getattr(args, name) <= 10:
             raise UserError(f"--{name.replace('_', '-')}: out of range", USAGE)
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise UserError(f"--out {args.out}: exists and is not a directory", USAGE)
     if args.iters is not None and args.iters < 10:
         raise UserError("--iters: at least 10", USAGE)
 

@@ -12,8 +12,9 @@ import json
 import os
 import sys
 
+from ..cliutil import add_output
 from ..errors import VERDICT_FAILED
-from ..fsutil import atomic_write_text
+from ..fsutil import write_output_file
 from .client import connect
 from .peer import parse_address
 from .from_map import FORMATS, NUMERIC_COLUMNS, prepare_dataset, run_from_map
@@ -84,10 +85,10 @@ def _run(args, body) -> int:
     with connect(args.scheduler, args.protocol, args.n_workers, args.threads_per_worker, args.timeout,
                  args.min_workers, args.wait_workers) as client:
         result = body(client)
-    if args.output:
-        atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
     results.write((json.dumps(result, indent=2) if args.json else _summary(result)) + "\n")
     results.flush()
+    if args.output:  # after the answer is out: a failed write keeps the JSON and says where (exit 18)
+        write_output_file(args.output, json.dumps(result, indent=2) + "\n", stdout=results)
     return 0 if result["ok"] else VERDICT_FAILED
 
 
@@ -121,7 +122,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true",
                    help="keep distributed's INFO/DEBUG log and UCX/UCXX's own lines on stderr (also: "
                         "DASK_LOGGING__DISTRIBUTED=debug)")
-    p.add_argument("--output", metavar="FILE", help="also write the JSON result to FILE")
+    add_output(p, "--output", metavar="FILE", help="also write the JSON result to FILE")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 
 from ..errors import ENV_MISMATCH, NO_WORKERS, NOT_A_SCHEDULER, SCHEDULER_UNREACHABLE, WORKLOAD_FAILED, UserError
 from ..gate.identity import GUARD
+from ..gate.daskconfig import STARTUP
 from ..ucx.transports import mapped_libucp
 from .peer import DIAGNOSIS_S, check_scheduler, parse_address, what_answers
 
@@ -36,11 +37,13 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, th
 
     # The guard as a client preload: Client(...) imports it before connecting, so this client sends its environment
     # when it registers (gate/guard.py) and a scheduler that checks the contract can accept it, with or without a
-    # dask config that says so.
+    # dask config that says so; and the start-up preload, which applies the client's side of our settings
+    # (ucx-dask-gpu.batched-send.client-interval) when the config has them.
     preload = dask.config.get("distributed.client.preload", None) or []
     preload = [preload] if isinstance(preload, str) else list(preload)
-    if GUARD not in preload:
-        dask.config.set({"distributed.client.preload": preload + [GUARD]})
+    missing = [m for m in (GUARD, STARTUP) if m not in preload]
+    if missing:
+        dask.config.set({"distributed.client.preload": preload + missing})
 
     cluster = None
     try:

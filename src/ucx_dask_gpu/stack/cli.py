@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from ..errors import USAGE, UserError
 from ..fsutil import atomic_write_text
 from . import generate
 from .model import load, value

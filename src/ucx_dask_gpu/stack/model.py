@@ -113,9 +113,8 @@ class ImageSpec:
 
 @dataclass(frozen=True)
 class GpuHostSpec:
-    """[gpu_host]: how the image's filesystem travels to a GPU host without Docker: part size, where it waits there."""
+    """[gpu_host]: where the image's filesystem waits and is unpacked on a host without Docker."""
 
-    part_mib: int
     parts_dir: str
     root: str
 
@@ -371,11 +370,7 @@ def _absolute_dir(t: dict, key: str, where: str) -> str:
 
 
 def _gpu_host(t: dict, where: str) -> GpuHostSpec:
-    part = _get(t, "part_mib", where, int)
-    if not 1 <= part <= 63:
-        raise StackError(f"{where}.part_mib", f"expected 1..63 (a device call carries 64 MiB), got {part}")
-    return GpuHostSpec(part_mib=part, parts_dir=_absolute_dir(t, "parts_dir", where),
-                       root=_absolute_dir(t, "root", where))
+    return GpuHostSpec(parts_dir=_absolute_dir(t, "parts_dir", where), root=_absolute_dir(t, "root", where))
 
 
 def _http_url(t: dict, key: str, where: str) -> str:
@@ -541,13 +536,16 @@ def find_stack_file() -> Path:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}", BAD_STACK) from None
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise UserError(f"{path}: not UTF-8 (byte 0x{e.object[e.start]:02x} on line {line})", BAD_STACK) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{path.name}: not valid TOML: {e}", BAD_STACK) from None
+        raise UserError(f"{path}: not valid TOML: {e}", BAD_STACK) from None
 
 
 def load(path: str | os.PathLike | None = None) -> Stack:

@@ -8,8 +8,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..cliutil import add_output
 from ..errors import SYSFS_UNREADABLE, UserError
-from ..fsutil import atomic_write_text
+from ..fsutil import write_output_file
 from . import cluster
 from .machine import from_machine, materialize_sysfs, record_sysfs
 from .plan import make_plan, render_plan, render_settings, worker_settings
@@ -22,8 +23,9 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", default="all", metavar="all|auto|LIST",
                    help="all GPUs (default), auto = the largest fully NVLink-connected subset, or indices 0,1,2")
     p.add_argument("--protocol", choices=("ucx", "tcp"), default="ucx", help="Dask protocol (default ucx)")
-    p.add_argument("--no-net-devices", action="store_true",
-                   help="do not set UCX_NET_DEVICES (let UCX choose the devices)")
+    p.add_argument("--net-devices", action="store_true",
+                   help="pin each worker's UCX_NET_DEVICES to its nearest NIC (default: UCX pairs GPUs and NICs "
+                        "itself, as dask-cuda recommends)")
     p.add_argument("--sysfs-root", metavar="DIR|RECORD",
                    help="read sysfs under DIR, or from a file written by --record-sysfs (default /)")
 
@@ -34,19 +36,19 @@ def register(sub) -> None:
                                    "or `nvidia-smi topo -m` text, and print one Dask worker per GPU.")
     _plan_args(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--record-sysfs", metavar="FILE",
-                   help="also write the sysfs entries read here to FILE (a fixture for tests elsewhere)")
+    add_output(p, "--record-sysfs", metavar="FILE",
+               help="also write the sysfs entries read here to FILE (a fixture for tests elsewhere)")
     p.set_defaults(func=run_topology)
 
     c = sub.add_parser("cluster", help="scheduler + one dask-cuda worker per GPU on this host, per the plan",
                        description="Start a LocalCUDACluster that applies the topology plan per worker "
-                                   "(affinity, UCX_NET_DEVICES, interface, UCX_TLS); print the scheduler address; "
-                                   "stop cleanly on SIGINT/SIGTERM.")
+                                   "(affinity, interface, UCX_TLS; UCX_NET_DEVICES with --net-devices); print the "
+                                   "scheduler address; stop cleanly on SIGINT/SIGTERM.")
     _plan_args(c)
     c.add_argument("--scheduler-port", type=int, default=8786, help="scheduler port (default 8786; 0 = any)")
     c.add_argument("--dashboard-address", default=":8787", help="dashboard address, or 'none' (default :8787)")
-    c.add_argument("--scheduler-file", metavar="FILE",
-                   help="write {address} here once the cluster is up (Client(scheduler_file=FILE)); removed at stop")
+    add_output(c, "--scheduler-file", metavar="FILE",
+               help="write {address} here once the cluster is up (Client(scheduler_file=FILE)); removed at stop")
     c.add_argument("--rmm-pool-size", default=None, help="RMM pool per worker (e.g. 0.8 or 20GB); needs rmm")
     c.add_argument("--device-memory-limit", default="default",
                    help="dask-cuda's device spill threshold per worker (default: dask-cuda's; 0 = no spilling)")
@@ -70,7 +72,7 @@ def _topology(args):
 
 
 def _plan(args):
-    return make_plan(_topology(args), gpus=args.gpus, protocol=args.protocol, net_devices=not args.no_net_devices)
+    return make_plan(_topology(args), gpus=args.gpus, protocol=args.protocol, net_devices=args.net_devices)
 
 
 def run_topology(args) -> int:
@@ -78,7 +80,7 @@ def run_topology(args) -> int:
     if args.record_sysfs:
         if args.from_topo:
             raise UserError("--record-sysfs reads this machine's sysfs; it does not combine with --from-topo")
-        atomic_write_text(args.record_sysfs, record_sysfs(args.sysfs_root or "/"))
+        write_output_file(args.record_sysfs, record_sysfs(args.sysfs_root or "/"), what="the record")
         print(f"sysfs record written to {args.record_sysfs}", file=sys.stderr)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))

@@ -6,8 +6,9 @@ all. `TopologyCUDACluster` keeps dask-cuda's worker (device/host spilling, RMM a
 `dask_cuda.initialize` preload) and replaces, per worker, what the plan measured:
 
 - the CPUAffinity plugin: the plan's cores (NVML, or sysfs local_cpulist), limited to what this process may use;
-- `env` (the Nanny applies it in the worker process before UCX starts): UCX_NET_DEVICES (nearest NIC), UCX_TLS,
-  CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER=PCI_BUS_ID; distributed-ucxx lets the environment win over dask config;
+- `env` (the Nanny applies it in the worker process before UCX starts): UCX_TLS, CUDA_VISIBLE_DEVICES,
+  CUDA_DEVICE_ORDER=PCI_BUS_ID, and UCX_NET_DEVICES (nearest NIC) only when asked for (`net_devices=True`);
+  distributed-ucxx lets the environment win over dask config;
 - `interface`: the nearest NIC's IP interface, when it has an IPv4 address.
 
 The scheduler listens on the first worker's interface (127.0.0.1 when that has no address), and the client/scheduler
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 
 from ..errors import TOPOLOGY_CLUSTER_FAILED, UserError
-from ..fsutil import atomic_write_text
+from ..fsutil import write_output_file
 from .machine import from_machine
 from .plan import Plan, WorkerSettings, make_plan, worker_settings
 
@@ -90,7 +91,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def topology_cluster(gpus: str = "all", protocol: str = "ucx", net_devices: bool = True, topology=None,
+def topology_cluster(gpus: str = "all", protocol: str = "ucx", net_devices: bool = False, topology=None,
                      pin_cpus: bool = True, **kwargs):
     """Plan from this machine (or the given `Topology`) and start the cluster: the Python entry point."""
     topo = topology if topology is not None else from_machine()
@@ -157,7 +158,7 @@ def serve(plan: Plan, settings: list[WorkerSettings], *, scheduler_file: str | N
             print(f"{len(cluster.workers)} worker(s) up in {time.monotonic() - t0:.1f} s; "
                   "SIGINT/SIGTERM stops the cluster", flush=True)
             if scheduler_file:
-                atomic_write_text(scheduler_file, json.dumps(
+                write_output_file(scheduler_file, json.dumps(
                     {"type": "Scheduler", "address": address, "workers": len(cluster.workers)}) + "\n")
             while not stop.wait(1.0):
                 if cluster.status.name in ("closed", "closing", "failed"):

@@ -99,6 +99,13 @@ def pci_level(a: PciLocation | None, b: PciLocation | None, numa_a: int | None, 
     return "PIX" if hops <= 2 else "PXB"
 
 
+def _cpulist(path: Path, text: str) -> list[int]:
+    try:
+        return parse_cpulist(text)
+    except ValueError as e:
+        raise UserError(f"{path}: {e}", SYSFS_UNREADABLE) from None
+
+
 def numa_cpus(root: Path) -> dict[int, list[int]]:
     node_dir = root / "sys" / "devices" / "system" / "node"
     out: dict[int, list[int]] = {}
@@ -107,7 +114,7 @@ def numa_cpus(root: Path) -> dict[int, list[int]]:
     for d in sorted(node_dir.glob("node[0-9]*")):
         text = _read_optional(d / "cpulist")
         if text is not None:
-            out[int(d.name[4:])] = parse_cpulist(text)
+            out[int(d.name[4:])] = _cpulist(d / "cpulist", text)
     return out
 
 
@@ -196,7 +203,7 @@ def assemble(found, root: str | os.PathLike = "/") -> Topology:
         else:
             text = _read_optional(dev / "local_cpulist")
             if text:
-                info.cpus, info.cpus_source = parse_cpulist(text), "sysfs"
+                info.cpus, info.cpus_source = _cpulist(dev / "local_cpulist", text), "sysfs"
         if g.numa_nodes:
             info.numa_nodes, info.numa_source = list(g.numa_nodes), "nvml"
         else:

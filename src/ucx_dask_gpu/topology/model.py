@@ -102,21 +102,29 @@ class Topology:
 
 # --- CPU lists ---------------------------------------------------------------------------------------------------
 
+# The largest CPU (or NUMA node) number a list may name: far above any kernel's NR_CPUS (8192 at most on x86-64 and
+# arm64 today), so every real host passes, while a corrupt or hostile `0-3000000000` is refused before it is expanded.
+MAX_CPU_ID = 65535
+
+
 def parse_cpulist(text: str) -> list[int]:
-    """'0-19,40-59' -> [0..19, 40..59] (kernel cpulist format). Raises ValueError on anything else."""
-    out: list[int] = []
+    """'0-19,40-59' -> [0..19, 40..59] (kernel cpulist format). Raises ValueError on anything else, and on a number
+    above MAX_CPU_ID (checked before any range is expanded: the result has at most MAX_CPU_ID + 1 entries)."""
+    out: set[int] = set()
     text = text.strip()
     if not text:
-        return out
+        return []
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"not a CPU list: {text!r}")
+            raise ValueError(f"not a CPU list: {text[:80]!r}")
+        if any(len(n.lstrip("0")) > len(str(MAX_CPU_ID)) or int(n) > MAX_CPU_ID for n in (lo, hi) if n):
+            raise ValueError(f"CPU number above {MAX_CPU_ID} in {text[:80]!r} (no host has that many)")
         a, b = int(lo), int(hi) if sep else int(lo)
         if b < a:
-            raise ValueError(f"not a CPU list: {text!r}")
-        out.extend(range(a, b + 1))
-    return sorted(set(out))
+            raise ValueError(f"not a CPU list: {text[:80]!r}")
+        out.update(range(a, b + 1))
+    return sorted(out)
 
 
 def format_cpulist(cpus: list[int] | None) -> str | None:

@@ -1,6 +1,11 @@
 """The Dask worker plan made from a Topology: one worker per GPU with its cores, NUMA node, nearest NIC, Dask
-interface, `UCX_NET_DEVICES` and `UCX_TLS`; the GPU pairs without NVLink and the largest fully NVLink-connected
-subset (`gpus="auto"` keeps to it, so Dask avoids the slow pairs); and what this host lets each worker apply.
+interface and `UCX_TLS` (and, asked for, `UCX_NET_DEVICES`); the GPU pairs without NVLink and the largest fully
+NVLink-connected subset (`gpus="auto"` keeps to it, so Dask avoids the slow pairs); and what this host lets each
+worker apply.
+
+`UCX_NET_DEVICES` is left to UCX unless `net_devices=True` (`--net-devices`): UCX >= 1.11 pairs each GPU with its
+nearest NIC itself, and dask-cuda deprecated setting the variable per worker (`ucx_net_devices="auto"`: it "can cause
+hangs"). CPU affinity and the Dask interface stay in the plan.
 """
 from __future__ import annotations
 
@@ -121,7 +126,7 @@ def _nearest_nic(topo: Topology, gpu: int) -> tuple[NicInfo | None, str | None]:
     return best, topo.gpu_nic.get((gpu, best.name))
 
 
-def make_plan(topo: Topology, gpus: str = "all", protocol: str = "ucx", net_devices: bool = True) -> Plan:
+def make_plan(topo: Topology, gpus: str = "all", protocol: str = "ucx", net_devices: bool = False) -> Plan:
     if protocol not in ("ucx", "ucxx", "tcp"):
         raise UserError(f"protocol {protocol!r}: expected ucx or tcp", USAGE)
     mode, chosen = parse_gpu_selection(gpus, topo)
@@ -161,12 +166,10 @@ def make_plan(topo: Topology, gpus: str = "all", protocol: str = "ucx", net_devi
             name=gi, gpu=gi, cuda_visible_devices=env["CUDA_VISIBLE_DEVICES"], cpus=g.cpus,
             cpus_source=g.cpus_source, numa_nodes=g.numa_nodes, nic=nic.name if nic else None, nic_distance=dist,
             interface=nic.netdev if nic else None, env=env))
-    if protocol in ("ucx", "ucxx"):
+    if protocol in ("ucx", "ucxx") and net_devices:
         if any(n.kind == "ib" and n.rdma_device is None for n in topo.nics if n.name in {w.nic for w in workers}):
             notes.append("the RDMA device behind an IPoIB interface is not named in the input: "
                          "UCX_NET_DEVICES left to UCX for those workers")
-        if not net_devices:
-            notes.append("UCX_NET_DEVICES not set (--no-net-devices): UCX picks devices itself")
     if not topo.nics:
         notes.append("no NIC found: workers use UCX's default devices and Dask's default interface")
     return Plan(topology=topo, protocol=protocol, selection=mode if mode != "list" else gpus, selected=selected,
@@ -266,16 +269,13 @@ def render_plan(plan: Plan) -> str:
                f"protocol {plan.protocol}")
     out.append("")
     heads = ["worker", "GPU", "CUDA_VISIBLE_DEVICES", "cores", "from", "NUMA", "NIC", "dist", "interface"]
-    ucx = plan.protocol in ("ucx", "ucxx")
-    if ucx:
-        heads += ["UCX_NET_DEVICES", "UCX_TLS"]
+    ucx_vars = [v for v in ("UCX_NET_DEVICES", "UCX_TLS") if any(v in w.env for w in plan.workers)]
+    heads += ucx_vars
     rows = []
     for w in plan.workers:
         row = [w.name, w.gpu, w.cuda_visible_devices, format_cpulist(w.cpus) or "-", w.cpus_source or "-",
                format_cpulist(w.numa_nodes) or "-", w.nic or "-", w.nic_distance or "-", w.interface or "-"]
-        if ucx:
-            row += [w.env.get("UCX_NET_DEVICES", "-"), w.env.get("UCX_TLS", "-")]
-        rows.append(row)
+        rows.append(row + [w.env.get(v, "-") for v in ucx_vars])
     out.append(format_table(heads, rows))
     for note in plan.notes:
         out.append(f"note: {note}")

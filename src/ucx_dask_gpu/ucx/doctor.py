@@ -13,6 +13,8 @@
   will really use for GPU peers on this host, processes on this host and other hosts; conflicting settings; and
   warnings: cuda_ipc from a container with private IPC/PID namespaces, InfiniBand devices not mapped, memlock too
   low, transports left out by UCX_TLS.
+- Dask config: the YAML files a Dask process started here reads (path + short sha256) and whether the shipped tuned
+  settings (tuned-gpu.yaml) are in force, or which of them differ (gate/daskconfig.py `in_force`).
 
 Library probes run in child processes: loading two UCX builds into one process would let the first libucs.so.0
 satisfy the second's dependency and report a mix. The probe of a prefix runs without site initialisation (`-S`), so a
@@ -33,7 +35,7 @@ from .. import nvml
 from ..errors import UserError
 from ..fsutil import sha256_file
 from ..gate import identity
-from ..gate.daskconfig import collect_for
+from ..gate.daskconfig import collect_for, in_force, search_path_for
 from ..report import format_table
 from ..stack import Stack, load
 from . import info as ucxinfo
@@ -302,11 +304,21 @@ def transports_section(ucx: dict) -> dict:
     return out
 
 
+def config_section() -> dict:
+    """The dask config a Dask process started here will have: its files and the shipped tuned settings in it."""
+    try:
+        report = in_force(collect_for(os.environ), search_path_for(os.environ), os.environ)
+    except ImportError:  # no dask here
+        return {"line": "- (dask is not installed here)"}
+    return report.as_dict() | {"line": report.line()}
+
+
 def collect(prefix_arg: str | None) -> dict:
     st = _stack()[0]
     ucx = ucx_section(prefix_arg, st)
     return {"host": socket.gethostname(), "stack": stack_id(), "ucx": ucx, "ucxx": ucxx_section(ucx, st),
-            "cuda": cuda_section(), "gpu": gpu_section(), "transports": transports_section(ucx)}
+            "cuda": cuda_section(), "gpu": gpu_section(), "transports": transports_section(ucx),
+            "config": config_section()}
 
 
 # --- output --------------------------------------------------------------------------------------------------------
@@ -349,6 +361,7 @@ def render(r: dict) -> str:
                                              f"({peers})"))
     tls = "automatic (UCX selects)" if t["automatic"] else f"UCX_TLS={t['ucx_tls']}"
     rows += [
+        ("Dask config", r["config"]["line"]),
         ("Dask transports", f"{tls}; {t['source']}"),
         ("  GPU peers, this host", (", ".join(t["gpu_peers"]) or "none") if t["gpu"] else "- (UCX sees no GPU)"),
         ("  this host", ", ".join(t["same_host"]) or "none"),

@@ -1,12 +1,14 @@
 """Dask preload: every worker says at start-up, in one log line, which UCX transports it will use (and warns about
-what keeps it from better ones); the scheduler warns when two GPU workers of one kernel cannot use cuda_ipc between
-them because their containers do not share IPC/PID namespaces.
+what keeps it from better ones) and which dask config is in force; the scheduler warns when two GPU workers of one
+kernel cannot use cuda_ipc between them because their containers do not share IPC/PID namespaces; on every role it
+applies our settings distributed has no config key for (gate/tuning.py: BatchedSend intervals, a worker's RMM pool).
 
 The image's dask config loads it on every role, next to the guard:
 
     distributed.scheduler.preload: [..., ucx_dask_gpu.ucx.startup]
     distributed.worker.preload:    [..., ucx_dask_gpu.ucx.startup]
     distributed.nanny.preload:     [..., ucx_dask_gpu.ucx.startup]
+    distributed.client.preload:    [..., ucx_dask_gpu.ucx.startup]
 
 - worker: `dask_setup` runs after the worker's listener started (UCX is loaded by then, so the line names the UCX the
   worker really maps); it logs the line and any warnings, and adds its boot id, namespaces and whether it would use
@@ -16,6 +18,9 @@ The image's dask config loads it on every role, next to the guard:
   falls back), also as a Dask event `ucx-dask-gpu-transports`.
 - nanny: makes its worker process load this module even when the launcher passed its own preload list (`dask cuda
   worker`).
+- client: its preloads run once it is connected; a client of your own gets the same with this module in
+  `distributed.client.preload` (the shipped config does that; in a script: `dask.config.set({"distributed.client.preload":
+  ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup"]})` before `Client(...)`).
 """
 from __future__ import annotations
 
@@ -23,10 +28,11 @@ import logging
 import os
 
 import dask.config
-from distributed import Nanny, Scheduler, Worker
+from distributed import Client, Nanny, Scheduler, Worker
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from ..gate.daskconfig import add_worker_preload
+from ..gate import tuning
+from ..gate.daskconfig import add_worker_preload, in_force
 from . import transports
 
 # Under "distributed." so that dask's logging config (format, level, handler) applies to our lines too.
@@ -61,9 +67,17 @@ class SameHostCuda(SchedulerPlugin):
             scheduler.log_event(KEY, {"action": "cuda-ipc-blocked", "workers": sorted(pair), "message": message})
 
 
+def config_line() -> str:
+    """Which dask config this process has in force (files, the shipped tuned settings); never fails start-up."""
+    try:
+        return in_force(dask.config.config, dask.config.paths, os.environ).line()
+    except Exception as e:  # an unreadable config file: dask itself has read what it could
+        return f"dask config: cannot tell ({type(e).__name__}: {e})"
+
+
 def worker_setup(worker) -> None:
     plan, host, why = transports.observe(dask.config.config, os.environ)
-    logger.info("ucx-dask-gpu %s", transports.summary(plan, host))
+    logger.info("ucx-dask-gpu %s; %s", transports.summary(plan, host), config_line())
     if why:
         logger.warning("ucx-dask-gpu transports: cannot list UCX's transports here: %s", why)
     for conflict in plan.settings.conflicts:
@@ -74,10 +88,13 @@ def worker_setup(worker) -> None:
     worker.startup_information[KEY] = lambda _worker: facts
 
 
-def dask_setup(dask_object) -> None:
+async def dask_setup(dask_object) -> None:
     if isinstance(dask_object, Scheduler):
         dask_object.add_plugin(SameHostCuda())
+        logger.info("ucx-dask-gpu scheduler: %s", config_line())
     elif isinstance(dask_object, Worker):
         worker_setup(dask_object)
     elif isinstance(dask_object, Nanny):
         add_worker_preload(dask_object, __name__)
+    if isinstance(dask_object, (Scheduler, Worker, Client)):
+        await tuning.apply(dask_object)

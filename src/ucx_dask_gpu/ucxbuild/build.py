@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BUILD_FAILED, MISSING_CAPABILITY, USAGE, UserError
-from ..fsutil import atomic_path, atomic_write_text, sha256_file
+from ..fsutil import atomic_path, atomic_write_text, claim_work_dir, sha256_file
 from ..stack import Stack
 from ..ucx.install import BUILD_INFO
 from . import cuda as cudamod
@@ -41,6 +41,8 @@ CAPABILITY_MODULES = {"ib": ("libuct_ib.so", "libuct_rdmacm.so"), "cuda": ("libu
 HEADER_PROBES = {"verbs": "infiniband/verbs.h", "rdmacm": "rdma/rdma_cma.h", "numa": "numa.h"}
 CONFIG_LOG_TAIL = 40
 HEARTBEAT_S = 15.0
+# What the build makes in a --work-dir (its own, replaced on every run: claim_work_dir refuses a directory with more).
+WORK_FOLDERS = ("logs", "src", "stage", "cuda-debs", "cuda-link", "cuda-wheels")
 _COMPILE_LINE = re.compile(r"^\s+(CC|CXX|CCLD|CXXLD)\s+(\S+)")
 _SUMMARY_LINE = re.compile(r"^(?:configure:)?\s*(UCT modules|UCM modules|UCS modules|Perf modules|IB modules|CUDA modules|"
                            r"ROCM modules|Transport modules)\s*:\s*(.*)$")
@@ -336,7 +338,7 @@ def install_into_prefix(staged: Path, prefix: Path) -> str:
     """New prefix or one of our earlier builds: atomic replace. Anything else (a conda $PREFIX): merge files in."""
     ours = (prefix / BUILD_INFO).is_file()
     if not prefix.exists() or ours or (prefix.is_dir() and not any(prefix.iterdir())):
-        with atomic_path(prefix) as tmp:
+        with atomic_path(prefix, replace_dir=True) as tmp:  # new, empty, or our own earlier build (checked above)
             shutil.copytree(staged, tmp, symlinks=True)
         return "replaced" if ours else "created"
     shutil.copytree(staged, prefix, symlinks=True, dirs_exist_ok=True)
@@ -349,7 +351,8 @@ def build(stack: Stack, opts: BuildOptions) -> dict:
     """Run every step; --prefix is touched only at the very end. A temporary work dir is removed unless a build
     step failed (then its logs are what the user needs, and the error names them)."""
     own_work = opts.work_dir is None
-    work = Path(tempfile.mkdtemp(prefix="ucx-build-")) if own_work else opts.work_dir.resolve()  # type: ignore
+    work = Path(tempfile.mkdtemp(prefix="ucx-build-")) if own_work else \
+        claim_work_dir(opts.work_dir.resolve(), WORK_FOLDERS, "--work-dir")  # type: ignore
     try:
         info = _build(stack, opts, work)
     except UserError as e:

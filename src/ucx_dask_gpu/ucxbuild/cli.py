@@ -8,11 +8,12 @@ import json
 import sys
 from pathlib import Path
 
-from ..cliutil import Parser, run_parsed
+from ..cliutil import WORK_DIR_HELP, Parser, add_output, run_parsed
 from ..errors import VERDICT_FAILED
 from ..stack import load
+from ..ucx.install import BUILD_INFO
 from .build import BuildOptions, build, parse_require
-from .fetch import fetch_all, local_dirs, say
+from .fetch import default_cache_dir, fetch_all, local_dirs, say
 from .ucxx import UcxxOptions, build_ucxx, install_ucxx
 from .verify import verify_prefix
 
@@ -23,11 +24,13 @@ def _stack(args):
 
 def _cmd_fetch(args) -> int:
     st = _stack(args)
-    dest = Path(args.dest).resolve()
+    dest = Path(args.dest).resolve() if args.dest else default_cache_dir(st).resolve()
+    sources = st.source_archives() if args.all else (st.ucx,)
     m = fetch_all(st, dest, dirs=local_dirs(st, [Path(p) for p in args.sources]), offline=args.offline,
-                  cuda=not args.no_cuda)
+                  cuda=not args.no_cuda, sources=sources)
     say(f"{dest}: {len(m.get('files', {}))} verified files, manifest {dest / 'manifest.json'}")
-    print(dest / st.ucx.archive)
+    for src in sources:
+        print(dest / src.archive)
     return 0
 
 
@@ -108,16 +111,27 @@ def add_actions(p: argparse.ArgumentParser) -> None:
     src_help = ("a source mirror: look for inputs in DIR after their URLs (repeatable; then $UCX_DASK_GPU_SOURCE_MIRROR "
                 "and stack.toml [sources].mirror_dirs)")
 
-    f = s.add_parser("fetch", help="download + verify the UCX archive, CUDA header wheels and link .debs into DIR")
-    f.add_argument("--dest", required=True, help="directory to fill (also reused as a cache)")
+    f = s.add_parser("fetch", help="download + verify the UCX archive (--all: every pinned source archive), CUDA "
+                                   "header wheels and link .debs into DIR")
+    add_output(f, "--dest", kind="dir", help="directory to fill, also reused as a cache (default: the download cache, "
+                                             "$UCX_DASK_GPU_CACHE or <repo>/.cache/sources, where `build` and `ucxx` "
+                                             "look)")
+    f.add_argument("--all", action="store_true",
+                   help="every pinned source archive (UCX, UCXX, rapids-cmake, CPM.cmake), not only UCX's: all "
+                        "missing ones are named in one line")
     f.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
     f.add_argument("--offline", action="store_true", help="no network: only source mirrors and DIR itself")
     f.add_argument("--no-cuda", action="store_true", help="skip the CUDA wheels/.debs (builder has a toolkit)")
     f.set_defaults(func=_cmd_fetch)
 
     b = s.add_parser("build", help="build UCX into a relocatable prefix")
-    b.add_argument("--prefix", required=True, help="install prefix (new, an earlier build of ours, or a conda $PREFIX)")
-    b.add_argument("--work-dir", help="build directory, kept for inspection (default: a temp dir, removed on success)")
+    add_output(b, "--prefix", kind="dir", required=True,
+               help="install prefix (new, an earlier build of ours, or a conda $PREFIX)",
+               note="a directory, created when missing; an earlier build of ours (it has "
+                    f"{BUILD_INFO}) is replaced whole, into any other the files are merged; a file there is refused "
+                    "(exit 9)")
+    add_output(b, "--work-dir", kind="dir", help="build directory, kept for inspection (default: a temp dir, removed "
+                                                 "on success)", note=WORK_DIR_HELP)
     b.add_argument("--cache", help="verified download cache (default: $UCX_DASK_GPU_CACHE or <repo>/.cache/sources)")
     b.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
     b.add_argument("--offline", action="store_true", help="no network: source mirrors and the cache only")
@@ -133,8 +147,11 @@ def add_actions(p: argparse.ArgumentParser) -> None:
 
     x = s.add_parser("ucxx", help="build the UCXX wheels (libucxx, ucxx, distributed-ucxx) against a UCX prefix")
     x.add_argument("--ucx-prefix", required=True, help="a UCX prefix built by `build` (its version must be stack.toml's)")
-    x.add_argument("--out", required=True, help="directory to receive the wheels + ucxx-build-info.json (replaced)")
-    x.add_argument("--work-dir", help="build directory, kept for inspection (default: a temp dir, removed on success)")
+    add_output(x, "--out", kind="dir", required=True, help="directory to receive the wheels + ucxx-build-info.json",
+               note="new or empty, or the output of an earlier run (only its build info and wheels), which is "
+                    "replaced whole; any other directory, or a file, is refused (exit 9)")
+    add_output(x, "--work-dir", kind="dir", help="build directory, kept for inspection (default: a temp dir, removed "
+                                                 "on success)", note=WORK_DIR_HELP)
     x.add_argument("--cache", help="verified download cache (default: $UCX_DASK_GPU_CACHE or <repo>/.cache/sources); "
                                    "finished builds are kept beside it by input hash")
     x.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)

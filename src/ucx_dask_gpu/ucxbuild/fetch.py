@@ -252,14 +252,40 @@ def fetch_source(src: SourceArchive, *, cache: Path, dirs: list[Path], offline: 
         path, loc, how = fetch_file(src.archive, src.urls, source_verifier(src), what, cache=cache, dirs=dirs,
                                     offline=offline, attempts=attempts)
     except Unreachable as e:
-        mirrors = ", ".join(str(d) for d in dirs) or "none"
         raise UserError(f"{what} not found ({e}): put upstream's archive of tag {src.tag} (commit "
-                        f"{src.commit[:12]}, or `git archive` of it) named {src.archive} into a source mirror: "
-                        f"--sources DIR, ${MIRROR_ENV}, or stack.toml [sources].mirror_dirs (searched: {mirrors})",
+                        f"{src.commit[:12]}, or `git archive` of it) named {src.archive} into {_where_to_put(dirs)}",
                         SOURCE_UNREACHABLE) from None
     origin = read_manifest(cache).get("files", {}).get(src.archive, {}).get("url")
     say(f"using {src.name} {src.version} from {loc.where} ({how} verified)")
     return FetchedSource(src, path, loc, origin, how, attempts)
+
+
+def _where_to_put(dirs: list[Path]) -> str:
+    mirrors = ", ".join(str(d) for d in dirs) or "none"
+    return (f"a source mirror: --sources DIR (make: SOURCES=DIR), ${MIRROR_ENV}, or stack.toml [sources].mirror_dirs "
+            f"(searched: {mirrors})")
+
+
+def fetch_sources(sources: tuple[SourceArchive, ...], *, cache: Path, dirs: list[Path],
+                  offline: bool) -> list[FetchedSource]:
+    """Every archive of `sources`, verified, before anything is built: one line naming every missing archive (exit
+    SOURCE_UNREACHABLE), not one missing archive per attempt. A copy that fails verification stops at once."""
+    fetched, missing = [], []
+    for src in sources:
+        try:
+            fetched.append(fetch_source(src, cache=cache, dirs=dirs, offline=offline))
+        except UserError as e:
+            if e.exit_code != SOURCE_UNREACHABLE:
+                raise
+            missing.append((src, e))
+    if len(missing) == 1:
+        raise missing[0][1]
+    if missing:
+        names = "; ".join(f"{s.archive} (tag {s.tag} of {s.urls[0] if s.urls else s.name}, commit {s.commit[:12]})"
+                          for s, _ in missing)
+        raise UserError(f"{len(missing)} source archives not found: {names}: put each, under that name (upstream's "
+                        f"tag archive, or `git archive` of the tag), into {_where_to_put(dirs)}", SOURCE_UNREACHABLE)
+    return fetched
 
 
 def fetch_artifact(art: Artifact, *, cache: Path, dirs: list[Path], offline: bool) -> Path:
@@ -277,8 +303,7 @@ def fetch_all(stack: Stack, dest: Path, *, dirs: list[Path], offline: bool, cuda
     """`ucx fetch --dest DIR`: source archives (default: UCX's) + (optionally) CUDA wheels and link .debs, verified,
     into DIR. DIR doubles as a cache and, with its manifest.json, as the input of an offline build
     (`build --sources DIR --offline`, e.g. inside `docker build --network none`)."""
-    for src in sources or (stack.ucx,):
-        fetch_source(src, cache=dest, dirs=dirs, offline=offline)
+    fetch_sources(sources or (stack.ucx,), cache=dest, dirs=dirs, offline=offline)
     if cuda:
         for art in stack.cuda_header_wheels + stack.cuda_link_debs:
             fetch_artifact(art, cache=dest, dirs=dirs, offline=offline)

@@ -30,15 +30,17 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import BUILD_FAILED, MISSING_CAPABILITY, UCX_NOT_FOUND, UserError
-from ..fsutil import ELF_MAGIC, atomic_path, atomic_write_text, sha256_file
+from ..errors import BUILD_FAILED, MISSING_CAPABILITY, OUTPUT_REFUSED, UCX_NOT_FOUND, UserError
+from ..fsutil import ELF_MAGIC, atomic_path, atomic_write_text, claim_work_dir, sha256_file
 from ..stack import Stack
 from ..ucx.install import BUILD_INFO, PRELOAD_PTH
 from ..ucx.install import UCXX_BUILD_INFO as INSTALLED_BUILD_INFO
 from .build import _fmt_s, _print_tail, apply_patches, compiler_version, patches_for, run_logged, unpack_tree
-from .fetch import default_cache_dir, fetch_source, say
+from .fetch import default_cache_dir, fetch_sources, say
 
 UCXX_BUILD_INFO = INSTALLED_BUILD_INFO.name
+# What the build makes in a --work-dir (its own, replaced on every run: claim_work_dir refuses a directory with more).
+WORK_FOLDERS = ("logs", "src", "venv", "cuda-toolkit", "dist", "wheels")
 
 
 @dataclass
@@ -259,6 +261,9 @@ def _check_links_ucp(site: Path) -> None:
 # --- the whole build -------------------------------------------------------------------------------------------
 
 def build_ucxx(stack: Stack, opts: UcxxOptions) -> dict:
+    if opts.out.exists() and not replaceable_output(opts.out):  # before anything: --out is replaced whole at the end
+        raise UserError(f"--out {opts.out}: not empty and not UCXX wheels this command wrote (only {UCXX_BUILD_INFO} "
+                        "and the wheels it lists); give a new or empty directory", OUTPUT_REFUSED)
     prefix = opts.ucx_prefix.resolve()
     ucx_info = read_ucx_build_info(prefix)
     if ucx_info.get("ucx_version") != stack.ucx.version:
@@ -276,7 +281,8 @@ def build_ucxx(stack: Stack, opts: UcxxOptions) -> dict:
         return json.loads((out / UCXX_BUILD_INFO).read_text())
 
     own_work = opts.work_dir is None
-    work = Path(tempfile.mkdtemp(prefix="ucxx-build-")) if own_work else opts.work_dir.resolve()  # type: ignore
+    work = Path(tempfile.mkdtemp(prefix="ucxx-build-")) if own_work else \
+        claim_work_dir(opts.work_dir.resolve(), WORK_FOLDERS, "--work-dir")  # type: ignore
     try:
         info = _build(stack, opts, work, prefix, ucx_info, cache, key, patches)
     except UserError as e:
@@ -286,7 +292,7 @@ def build_ucxx(stack: Stack, opts: UcxxOptions) -> dict:
             shutil.rmtree(work, ignore_errors=True)
         raise
     dist = work / "dist"
-    with atomic_path(cached) as tmp:
+    with atomic_path(cached, replace_dir=True) as tmp:  # the build cache's own entry (incomplete, or none)
         shutil.copytree(dist, tmp)
     _install_output(cached, out)
     if own_work:
@@ -303,8 +309,22 @@ def _complete(d: Path) -> bool:
         return False
 
 
+def replaceable_output(out: Path) -> bool:
+    """An empty directory, or one holding only what _install_output puts there (the build info and its wheels)."""
+    if not out.is_dir():
+        return False
+    names = {p.name for p in out.iterdir()}
+    if not names:
+        return True
+    try:
+        info = json.loads((out / UCXX_BUILD_INFO).read_text())
+        return names <= {UCXX_BUILD_INFO, *(p["wheel"] for p in info["packages"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def _install_output(src: Path, out: Path) -> None:
-    with atomic_path(out) as tmp:
+    with atomic_path(out, replace_dir=True) as tmp:  # new, empty, or our own earlier output (replaceable_output)
         shutil.copytree(src, tmp)
 
 
@@ -319,7 +339,7 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
     jobs = opts.jobs or (os.cpu_count() or 1) + 1
     fetch_kw = {"cache": cache, "dirs": [p.resolve() for p in opts.sources], "offline": opts.offline}
     say(f"UCXX {u.source.version}: against UCX {ucx_info['ucx_version']} at {prefix}, work dir {work}")
-    fetched = {a.name: fetch_source(a, **fetch_kw) for a in (u.source, u.rapids_cmake, u.cpm)}
+    fetched = {f.source.name: f for f in fetch_sources((u.source, u.rapids_cmake, u.cpm), **fetch_kw)}
     trees = {name: unpack_tree(f.path, work / "src" / name) for name, f in fetched.items()}
     src, rapids_cmake, cpm = trees[u.source.name], trees[u.rapids_cmake.name], trees[u.cpm.name]
     if patches and shutil.which("patch") is None:

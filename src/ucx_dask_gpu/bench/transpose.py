@@ -1,0 +1,42 @@
+"""`ucx-dask-gpu bench transpose` / `python -m ucx_dask_gpu.bench.transpose`: (x + x.T).sum() on a square random
+float64 array, the workload the project is proven on, over each variant (common.py runs it; `--help` lists it all).
+
+Block (i, j) of x + x.T needs block (j, i): with the input's row blocks alternating between workers, every pair whose
+rows differ in parity moves a block per repetition. Checked on the cluster by sum(x + x.T) == 2 sum(x).
+"""
+from __future__ import annotations
+
+import sys
+
+from . import common
+
+
+class Transpose(common.ArrayStudy):
+    name = "transpose"
+    module = "ucx_dask_gpu.bench.transpose"
+    help = "(x + x.T).sum() on a square random array (the reference workload), variants interleaved"
+    reference_operation = "transpose_sum"
+    identity_text = "sum(x + x.T) == 2 sum(x)"
+    rtol = 1e-9
+    gpu_defaults = (40000, None, "4096")   # 128 MiB blocks
+    cpu_defaults = (4000, None, "1000")
+
+    def describe(self, params: dict) -> dict:
+        return {"expression": "(x + x.T).sum()", "dtype": "float64", **params,
+                "measured": "Timed: `wait(client.persist((x + x.T).sum()))` plus a device sync on every worker, per "
+                            "repetition, on a fresh input created (untimed) with block (i, j) on worker i mod n."}
+
+    def build(self, x) -> list:
+        return [(x + x.T).sum()]
+
+    def identity(self, client, x, outputs) -> tuple[float, float]:
+        value, half = client.compute([outputs[0], x.sum()], sync=True)
+        return common.scalar(value), 2 * common.scalar(half)
+
+
+STUDY = Transpose()
+
+if __name__ == "__main__":
+    from ucx_dask_gpu.bench import transpose  # this module by its name: what workers unpickle is importable
+
+    sys.exit(common.main(transpose.STUDY))
