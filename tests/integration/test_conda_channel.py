@@ -290,10 +290,13 @@ def test_a_client_from_the_conda_environment_runs_the_transpose_on_the_images_cl
                                        text=True, check=True).stdout)[0]["NetworkSettings"]["Networks"][
             cluster.network]["IPAddress"]
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("DASK_", "PYTHON", "VIRTUAL", "UCX_"))}
+        # This host reaches the cluster's internal network only through Docker's bridge, which UCX leaves out of
+        # its TCP devices unless told (a client on another host needs nothing of the kind).
+        bridge = {"UCX_TCP_BRIDGE_ENABLE": "y"} if protocol == "ucx" else {}
         proc = subprocess.run([str(prefix / "bin/ucx-dask-gpu"), "workload", "transpose", "--scheduler",
                                f"{protocol}://{ip}:8786", "--size", "1000", "--chunk", "500", "--json"],
                               capture_output=True, text=True, timeout=600, cwd=prefix,
-                              env={**clean, "PATH": f"{prefix}/bin:/usr/bin:/bin"})
+                              env={**clean, **bridge, "PATH": f"{prefix}/bin:/usr/bin:/bin"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         r = json.loads(proc.stdout)
         assert r["ok"] and r["protocol"] == protocol and r["workers_start"] == 2
