@@ -1,4 +1,4 @@
-# Two entry points for a fresh machine (see README): `make` and `make test`.
+# Two entry points for a fresh machine (README; every target: docs/building.md): `make` and `make test`.
 # Everything below reads versions from stack.toml through the package; nothing here restates one.
 SHELL := /bin/bash
 .DEFAULT_GOAL := all
@@ -71,21 +71,21 @@ $(VENV)/.installed: pyproject.toml stack.toml $(IMAGE_LOCK) $(TEST_TOOLS_LOCK) $
 	$(VPY) -m pip install -q "$$($(VPY) -m ucx_dask_gpu stack get sbom.generator)==$$($(VPY) -m ucx_dask_gpu stack get sbom.generator_version)"
 	touch $@
 
-# UCX from verified source (ucx-src-build/README.md): rebuilt when its inputs change; downloads cached in .cache/sources.
-# The integration tests use this prefix (UCX_PREFIX).
-# A separate stamp: the prefix's own files carry source_date_epoch mtimes (reproducible), too old for make.
+# UCX from verified source (ucx-src-build/README.md); downloads cached in .cache/sources. The integration tests use
+# this prefix (UCX_PREFIX). The build always runs and does nothing when the prefix holds a build of the same inputs
+# (its input key: sources, patches, flags, compilers and tools, ...; not the checkout's path, which does not reach the
+# bytes); the stamp holds that key and changes exactly when the prefix does, so what depends on it rebuilds then only.
+.PHONY: FORCE
 ucx: $(UCX_PREFIX).stamp
-$(UCX_PREFIX).stamp: stack.toml $(filter-out ucx-src-build/patches/ucxx-%,$(wildcard ucx-src-build/patches/*/*.patch)) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py) | sources prereqs
-	ucx-src-build/build.sh build --prefix $(UCX_PREFIX) --work-dir build/ucx-work --require ib,cuda
-	touch $@
+$(UCX_PREFIX).stamp: FORCE | sources prereqs
+	ucx-src-build/build.sh build --prefix $(UCX_PREFIX) --work-dir build/ucx-work --require ib,cuda --stamp $@
 
 # UCXX (libucxx, ucxx, distributed-ucxx wheels) from verified source against that UCX, offline in a network namespace;
-# a build with the same inputs (patches under ucx-src-build/patches/ucxx-<version>/ included) is taken from
-# .cache/ucxx-builds. The venv and the image install these wheels.
+# a build with the same input key (patches under ucx-src-build/patches/ucxx-<version>/, the UCX it compiles against,
+# compilers, ... included) is taken from .cache/ucxx-builds. The venv and the image install these wheels.
 ucxx: $(UCXX_WHEELS).stamp
-$(UCXX_WHEELS).stamp: $(UCX_PREFIX).stamp stack.toml $(UCXX_BUILD_LOCK) $(wildcard ucx-src-build/patches/ucxx-*/*.patch) $(wildcard src/ucx_dask_gpu/ucxbuild/*.py) | sources
-	ucx-src-build/build.sh ucxx --ucx-prefix $(UCX_PREFIX) --out $(UCXX_WHEELS) --work-dir build/ucxx-work
-	touch $@
+$(UCXX_WHEELS).stamp: $(UCX_PREFIX).stamp FORCE | sources
+	ucx-src-build/build.sh ucxx --ucx-prefix $(UCX_PREFIX) --out $(UCXX_WHEELS) --work-dir build/ucxx-work --stamp $@
 
 # Re-resolve the hash-pinned Python locks (runtime, UCXX build) from stack.toml (needs PyPI and uv).
 lock: venv
@@ -106,7 +106,8 @@ cluster-demo: image
 # it no longer uses); the next image build is cold.
 clean-images: venv
 	$(CLI) image clean
-# Two clean builds of the image must give the same image id (README "Reproducible image and SBOM").
+# Two clones at different paths, built with nothing cached, must give the same UCX prefix, UCXX wheels and image id
+# (docs/reproducibility.md).
 .PHONY: check-reproducible
 check-reproducible: venv docker-engine
 	scripts/check_reproducible.sh
@@ -114,6 +115,7 @@ check-reproducible: venv docker-engine
 regen: venv
 	$(CLI) stack env-yml
 	$(CLI) conda regen
+	$(VPY) -m ucx_dask_gpu.docmap --write
 
 # Local conda channel (docs/conda.md): rattler-build renders and checks every recipe variant under conda-forge's pinning
 # (else the recipes' fallback), builds ucx, libucxx, ucxx, distributed-ucxx and the metapackage from their recipes

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Is the image reproducible? Two clean builds (Debian bases bootstrapped again, no Docker build cache; only the
-# verified downloads are reused), each normalised (`ucx-dask-gpu repro`), must give the same image id and the same
-# archive bytes. On a mismatch it names the first differing files per layer (and config keys), exit 30.
+# Reproducible from any checkout? Two clones of this checkout's commit at different paths, built under another umask,
+# locale and time zone with nothing cached, must give byte-identical UCX prefixes (a normal-form tar of each), UCXX
+# wheels and image ids; on a mismatch it names the first differing file (and diffoscope's report where Debian's
+# diffoscope is installed), exit 30. docs/reproducibility.md says what is varied and what is held fixed.
 # Thin wrapper around `ucx-dask-gpu repro check`; arguments are passed on, e.g.
-#   scripts/check_reproducible.sh --first ucx-dask-gpu:0.1.0   # reuse an image built already as the first build
-#   scripts/check_reproducible.sh --json build/repro.json
+#   scripts/check_reproducible.sh --clone-dir /tmp/repro-a --clone-dir /tmp/some/deeper/path/repro-b --json r.json
+#   scripts/check_reproducible.sh --against-checkout --first ucx-dask-gpu:0.1.0 --fresh-bases   # what CI runs
+#   scripts/check_reproducible.sh --no-image                                                   # prefix + wheels
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin/python

@@ -120,7 +120,13 @@ def engine():
     return ensure_engine(allow_start=True)
 
 
+# A tag of its own for the image under test (a checkout that must not rebuild the image others test), e.g.
+# ucx-dask-gpu:my-branch; unset: the default tag ([image].name:[stack].version).
+IMAGE_TAG_ENV = "UCX_DASK_GPU_TEST_IMAGE_TAG"
+
+
 @pytest.fixture(scope="session")
 def image(engine, st, build_image) -> dict:
     """The image, built the way a user builds it (a warm Docker cache makes that a no-op): its build summary."""
-    return build_image()
+    tag = os.environ.get(IMAGE_TAG_ENV)
+    return build_image(*(("--tag", tag) if tag else ()))

@@ -6,8 +6,6 @@ import re
 import subprocess
 import sys
 
-import dask
-import dask.array as da
 import numpy as np
 import pytest
 

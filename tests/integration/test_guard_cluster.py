@@ -5,6 +5,8 @@ sys.path), with a distribution outside the contract, or without the guard."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from importlib.metadata import version
 
@@ -92,7 +94,8 @@ def test_a_refused_worker_says_why_in_one_line_and_exits_8(procs, scheduler_a, s
 def test_a_worker_started_without_the_nanny_preload_is_still_refused(procs, scheduler_a, shipped_config, changed_pin,
                                                                     tmp_path):
     """Plain `dask worker` with the dask config only (it never loads distributed.nanny.preload): refused when its
-    worker process registers, and it exits by itself, with dask's own tracebacks (README says to add the preload)."""
+    worker process registers, and it exits by itself, with dask's own tracebacks (docs/environment-gate.md says to add
+    the preload)."""
     _, address, sched = scheduler_a
     worker = procs.start_worker(tmp_path, procs.env_for(tmp_path, shipped_config, changed_pin), address, "plain")
     rc = worker.wait(timeout=120)
@@ -163,5 +166,96 @@ def test_local_cuda_cluster_workers_carry_the_identity(procs, shipped_config, tm
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["sum"] == 45
-    assert out["preloads"] == [["dask_cuda.initialize", "ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup"]]
+    # dask-cuda's own list, then every configured worker preload (the guard in the nanny adds them back).
+    assert out["preloads"] == [["dask_cuda.initialize", "ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup",
+                                "ucx_dask_gpu.gate.quietclose"]]
     assert "refused" not in proc.stderr
+
+
+BAD_PEER = textwrap.dedent("""
+    import asyncio, json, sys
+    from distributed.comm import connect
+    from distributed.core import rpc
+
+    address = sys.argv[1]
+    FORGED = "w\\n2026-01-01 00:00:00,000 - distributed.scheduler - INFO - forged line"
+
+    async def ask(**kw):
+        r = rpc(address)
+        try:
+            return await asyncio.wait_for(r.ucx_dask_gpu_admit(**kw), 30)
+        finally:
+            await r.close_rpc()
+
+    async def register(msg):
+        comm = await connect(address)
+        try:
+            await comm.write(msg)
+            return await asyncio.wait_for(comm.read(), 30)
+        finally:
+            await comm.close()
+
+    async def main():
+        out = {}
+        out["admit: 100 KB role"] = await ask(role="r" * 100_000, peer="w", ident=None, versions=None)
+        out["admit: versions a list"] = await ask(role="worker", peer="w", ident=None, versions=[1, 2])
+        out["admit: packages a string"] = await ask(role="worker", peer="w", versions={"packages": "dask"})
+        out["admit: identity a string"] = await ask(role="worker", peer="w", ident="x")
+        out["admit: a newline in the name"] = await ask(role="worker", peer=FORGED, ident=None, versions=None)
+        out["admit: unknown fields"] = await ask(role="worker", peer="w", surprise=1)
+        out["client: versions a list"] = await register({"op": "register-client", "client": "Client-1",
+                                                         "versions": [1]})
+        out["client: a newline in its id"] = await register({"op": "register-client", "client": FORGED,
+                                                             "versions": {}})
+        out["client: no versions"] = await register({"op": "register-client", "client": "Client-2"})
+        out["worker: versions a string"] = await register({"op": "register-worker", "address": "tcp://127.0.0.1:9",
+                                                           "name": "w", "versions": "x", "extra": {}})
+        out["worker: packages a list"] = await register({"op": "register-worker", "address": "tcp://127.0.0.1:9",
+                                                         "name": "w", "versions": {"packages": ["dask"]}})
+        out["worker: a newline in its name"] = await register({"op": "register-worker",
+                                                               "address": "tcp://127.0.0.1:9", "name": FORGED,
+                                                               "versions": {}, "extra": {}})
+        out["worker: extra a list"] = await register({"op": "register-worker", "address": "tcp://127.0.0.1:9",
+                                                      "name": "w", "versions": {}, "extra": [1]})
+        print(json.dumps(out, default=repr))
+
+    asyncio.run(main())
+""")
+
+
+def _refusal(answer) -> str:
+    """The refusal text of an answer to admit, register-client (a stream-start batch) or register-worker."""
+    if isinstance(answer, list):
+        answer = answer[0]
+    return answer.get("refusal") or answer.get("error") or answer.get("message") or ""
+
+
+def test_a_peer_sending_malformed_fields_is_answered_and_the_log_stays_one_line_each(procs, scheduler_a):
+    """A raw distributed comm to the real scheduler (the guard loaded by the shipped config) sends what no dask peer
+    sends: a 100 KB role, non-mappings where mappings belong, names with a newline. Every request gets an answer
+    (a refusal naming what is wrong), the scheduler logs one escaped, bounded line per refusal and no traceback, and
+    it still accepts a real client afterwards."""
+    tmp, address, sched = scheduler_a
+    before = len(sched.text().splitlines())
+    proc = subprocess.run([sys.executable, "-c", BAD_PEER, address], env=procs.env_for(tmp, None),
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answers = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(answers) == 13
+    for what, answer in answers.items():
+        refusal = _refusal(answer)
+        assert refusal.startswith(identity.REFUSAL_PREFIX), (what, answer)
+        assert "\n" not in refusal and len(refusal) < 2000, (what, refusal[:300])
+    assert "malformed request: role has 100000 characters" in _refusal(answers["admit: 100 KB role"])
+    assert "versions is a list, expected a mapping" in _refusal(answers["client: versions a list"])
+    assert "versions.packages is a list" in _refusal(answers["worker: packages a list"])
+    assert "its name contains control characters" in _refusal(answers["worker: a newline in its name"])
+    after = new_lines(sched, before)
+    assert "Traceback" not in "\n".join(after), after
+    assert not [ln for ln in after if ln.startswith("2026-01-01")], after  # the newline did not start a line
+    refusals = [ln for ln in after if "ucx-dask-gpu guard: refused" in ln]
+    assert len(refusals) == 13 and all(len(ln) < 2000 for ln in refusals), after
+    assert not [ln for ln in after if "Register worker" in ln or "Receive client connection" in ln], after
+    # Still serving: a real client with the guard is accepted.
+    assert client_in_own_env(procs, address, procs.env_for(tmp, None, None) | {
+        "DASK_DISTRIBUTED__CLIENT__PRELOAD": f"['{identity.GUARD}']"})["connected"]

@@ -2,9 +2,11 @@
 
 Small images first (built FROM the debootstrapped runtime base in seconds): two `docker build --no-cache` runs give
 different image ids, normalised they give one id and one archive; a build that writes its own time somewhere is
-caught and the differing file named. Then the image itself: a second CLEAN build (bases bootstrapped again, no
-Docker cache) against the one the suite built, and its SBOM checked against the CycloneDX schema, the lock, the
-image's own dpkg database and the UCX build info.
+caught and the differing file named. Then the image itself: a clone of this checkout at another path builds the UCX
+prefix, the UCXX wheels and the image again with nothing cached (bases bootstrapped again, no Docker cache), and all
+three are byte-identical to this checkout's (`scripts/check_reproducible.sh --against-checkout`, what CI runs); the
+image's SBOM is checked against the CycloneDX schema, the lock, the image's own dpkg database and the UCX build
+info.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu.image import bases, normalise
+from ucx_dask_gpu.image import bases, normalise, reprocheck
 from ucx_dask_gpu.image import labels as image_labels
 from ucx_dask_gpu.oci import compare as oci_compare
 from ucx_dask_gpu.oci import sbom
@@ -237,31 +239,51 @@ def test_a_build_that_records_its_own_time_is_caught_and_the_file_named(st, base
 # --- the image -------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def image(st, cache, build_image) -> dict:
-    """The suite's image (built by the cluster tests already: warm, cheap), normalised: the FIRST build."""
-    built = build_image()
-    res = normalise.finish_build(st, built["tag"], cache)
-    return {"tag": built["tag"], "result": res, "stack_id": built["stack_id"]}
+def image(st, cache, image) -> dict:
+    """The suite's image (conftest's: built by the cluster tests already, warm, cheap; under
+    $UCX_DASK_GPU_TEST_IMAGE_TAG where that is set), normalised: the FIRST build."""
+    res = normalise.finish_build(st, image["tag"], cache)
+    return {"tag": image["tag"], "result": res, "stack_id": image["stack_id"]}
 
 
 @pytest.fixture(scope="module")
-def second_clean_build(image, tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("check") / "check.json"
-    proc = subprocess.run([str(ROOT / "scripts" / "check_reproducible.sh"), "--first", image["tag"],
-                           "--json", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=None, text=True,
-                          timeout=3600)
+def second_build_from_a_clone(image, st, tmp_path_factory) -> dict:
+    """What CI runs (docs/reproducibility.md): a fresh clone of this checkout's commit at another, deeper path, under
+    umask 077, another locale and time zone, builds the UCX prefix, the UCXX wheels and the image with nothing cached
+    (its own build caches, docker build --no-cache, the Debian bases bootstrapped again); compared with this
+    checkout's `make ucx ucxx` and the suite's image."""
+    tmp = tmp_path_factory.mktemp("repro")
+    clone = tmp / "some" / "deeper" / "path" / "than" / "the" / "checkout" / "ucx-dask-gpu"
+    out = tmp / "check.json"
+    proc = subprocess.run([str(ROOT / "scripts" / "check_reproducible.sh"), "--against-checkout",
+                           "--first", image["tag"], "--fresh-bases", "--clone-dir", str(clone), "--json", str(out)],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=None, text=True, timeout=5400)
     print(proc.stdout)
-    return {"rc": proc.returncode, "stdout": proc.stdout, "report": json.loads(out.read_text())}
+    report = json.loads(out.read_text()) if out.is_file() else {}
+    yield {"rc": proc.returncode, "stdout": proc.stdout, "report": report, "clone": clone}
+    # its images went with a successful check; after a failure they are kept for inspection until here
+    for b in report.get("builds", [])[1:]:
+        if b.get("image", {}).get("cache"):
+            gone = reprocheck.Build.in_clone("b", clone, reprocheck.VARIATIONS[1])
+            gone.image = b["image"]
+            reprocheck.remove_images(st, gone, None)
+    shutil.rmtree(clone, ignore_errors=True)
 
 
-def test_two_clean_builds_of_the_image_give_the_same_image_id(image, second_clean_build):
-    r = second_clean_build["report"]
-    builds = r["builds"]
-    assert builds[0]["tag"] == image["tag"] and builds[1]["seconds"] is not None  # the second one was clean
-    assert builds[0]["docker_build_id"] != builds[1]["docker_build_id"], "docker build gave one id twice"
-    assert second_clean_build["rc"] == 0, second_clean_build["stdout"][-4000:]
-    assert r["identical"] and builds[0]["image_id"] == builds[1]["image_id"] == image["result"].image_id
-    assert r["a"]["archive_sha256"] == r["b"]["archive_sha256"]
+def test_a_clone_at_another_path_builds_the_same_prefix_wheels_and_image(image, second_build_from_a_clone, st):
+    r = second_build_from_a_clone["report"]
+    assert second_build_from_a_clone["rc"] == 0, second_build_from_a_clone["stdout"][-4000:]
+    a, b = r["builds"]
+    assert a["checkout"] == str(ROOT) and b["checkout"] == str(second_build_from_a_clone["clone"])
+    assert len(b["checkout"]) > len(a["checkout"]) and b["variation"]["umask"] == "0077"
+    assert b["seconds"]["ucx"] > 0 and b["seconds"]["ucxx"] > 0 and b["seconds"]["image"] > 0, "built, not reused"
+    assert r["prefix"]["identical"] and a["prefix_tar_sha256"] == b["prefix_tar_sha256"]
+    assert r["wheels"]["identical"] and len(a["wheels"]) == len(st.ucxx.packages) and a["wheels"] == b["wheels"]
+    assert r["image"]["identical"] and a["image"]["image_id"] == b["image"]["image_id"] == image["result"].image_id
+    assert r["image"]["a"]["archive_sha256"] == r["image"]["b"]["archive_sha256"]
+    assert r["identical"]
+    # the clone's image is gone with the check; the suite's is untouched
+    assert image_inspect(b["image"]["tag"]) is None and image_inspect(image["tag"]) is not None
 
 
 def test_image_sbom_validates_and_agrees_with_lock_dpkg_and_ucx(image, st):

@@ -73,6 +73,19 @@ def test_build_info_has_no_timestamps_and_lists_files(info, prefix):
         assert p.is_symlink() if digest.startswith("-> ") else p.is_file(), rel
 
 
+def test_no_file_names_the_checkout_or_the_build_directories(prefix, info, st):
+    """Every file of the prefix, byte for byte: not this checkout (make's work dir and prefix live in it), not the
+    prefix itself: UCX is configured for [image].ucx_prefix and its work directory is a stand-in, so the prefix does
+    not depend on where the repository was cloned. The build's own search says the same."""
+    dirs = {str(REPO), str(prefix)}
+    found = [(str(p.relative_to(prefix)), d) for p in sorted(prefix.rglob("*")) if p.is_file() and not p.is_symlink()
+             for d in dirs if d.encode() in p.read_bytes()]
+    assert found == []
+    assert info["build_paths_found"] == {} and info["build_prefix"] == st.image.ucx_prefix
+    assert f"--prefix={st.image.ucx_prefix} " in info["configure"]["command"]
+    assert f"-ffile-prefix-map={st.build_root}/ucx={st.build_root}/ucx" in info["configure"]["command"]
+
+
 def test_ucx_info_reports_the_selected_version(prefix, info):
     v = ucxinfo.version(ucxinfo.find_ucx_info(prefix), env=verify.clean_env())
     assert v.version == info["source"]["version"]

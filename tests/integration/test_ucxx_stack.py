@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -82,7 +83,8 @@ def test_build_info_records_sources_options_and_isolation(info, st):
         rec = info["sources"][name]
         assert (rec["tag"], rec["commit"], rec["content_tree"]) == (src.tag, src.commit, src.content_tree)
     assert "-DFETCHCONTENT_FULLY_DISCONNECTED=ON" in info["cmake_args"]
-    assert not any(str(REPO) in a for a in info["cmake_args"]), "paths of this machine are recorded as placeholders"
+    assert not any(str(REPO) in a for a in info["cmake_args"]), "paths of this machine are recorded as stand-ins"
+    assert f"-DCCCL_DIR={st.build_root}/ucxx/venv/" in " ".join(info["cmake_args"])
     assert info["network_isolation"] in ("unshare --net", "unshare --net --map-root-user", "only loopback")
     assert info["matrix_entry"] == st.ucxx.matrix_entry
     ucx = json.loads((PREFIX / BUILD_INFO).read_text())
@@ -100,6 +102,22 @@ def test_wheels_are_named_for_cuda_and_need_no_libucx(info, st):
         assert ucxxbuild.wheel_metadata(WHEELS / p["wheel"])["requires"] == p["requires"]
     libucxx = next(p for p in info["packages"] if p["package"] == "libucxx")
     assert "libucxx/lib64/libucxx.so" in libucxx["shared_libraries"]
+
+
+def test_no_wheel_names_the_checkout_or_the_build_directories(info, st):
+    """Every member of every wheel, byte for byte: not this checkout (where the work dir and the UCX prefix live in
+    `make`'s build), not the UCX prefix, not the build's work directory: the wheels do not depend on where the
+    repository was cloned. The build's own search says the same."""
+    dirs = {str(REPO), str(PREFIX), str(REPO / "build" / "ucxx-work")}
+    found = []
+    for p in info["packages"]:
+        with zipfile.ZipFile(WHEELS / p["wheel"]) as z:
+            found += [(p["wheel"], n, d) for n in z.namelist() for d in dirs if d.encode() in z.read(n)]
+    assert found == []
+    assert info["build_paths_found"] == {}
+    libucxx = zipfile.ZipFile(WHEELS / next(p["wheel"] for p in info["packages"] if p["package"] == "libucxx"))
+    assert f"{st.build_root}/ucxx/src/".encode() in libucxx.read("libucxx/lib64/libucxx.so"), \
+        "__FILE__ names the stand-in"
 
 
 def test_the_venv_holds_our_wheels_and_no_libucx_wheel(info):

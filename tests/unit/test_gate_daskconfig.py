@@ -24,10 +24,10 @@ def test_install_writes_every_file_with_guard_preloads(tmp_path, kind):
     written = daskconfig.install(tmp_path, kind)
     assert sorted(p.name for p in written) == FILES
     cfg = daskconfig.load_installed(tmp_path)
-    for role in ("worker", "nanny", "client"):
-        assert cfg["distributed"][role]["preload"] == ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup"]
-    assert cfg["distributed"]["scheduler"]["preload"] == ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup",
-                                                          "ucx_dask_gpu.gate.quietclose"]
+    every = ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup", "ucx_dask_gpu.gate.quietclose"]
+    for role in ("scheduler", "worker", "nanny"):
+        assert cfg["distributed"][role]["preload"] == every
+    assert cfg["distributed"]["client"]["preload"] == ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup"]
     assert cfg["distributed-ucxx"].get("nvlink") is {"auto": None, "cpu": None, "gpu": True}[kind]
     # the tuned settings come with every transports kind, and are what the packaged tuned-gpu.yaml says
     assert daskconfig.in_force(cfg, [str(tmp_path)], {}).differ == {}
@@ -179,10 +179,19 @@ def test_a_nanny_without_worker_preloads_keeps_the_configured_ones():
     module must keep those (else the worker would load that module alone: no transports line, no quiet close)."""
     nanny = SimpleNamespace(preload=(), preload_argv=())
     with dask.config.set({"distributed.worker.preload": ["a.b", "c.d"]}):
-        daskconfig.add_worker_preload(nanny, "c.d")
+        daskconfig.add_worker_preloads(nanny, ["c.d"])
         assert nanny.preload == ["a.b", "c.d"]
-        daskconfig.add_worker_preload(nanny, "e.f")
+        daskconfig.add_worker_preloads(nanny, ["e.f", "a.b"])
     assert nanny.preload == ["a.b", "c.d", "e.f"]
-    cuda = SimpleNamespace(preload=["dask_cuda.initialize"], preload_argv=[[]])  # what `dask cuda worker` passes
-    daskconfig.add_worker_preload(cuda, "e.f")
-    assert cuda.preload == ["dask_cuda.initialize", "e.f"] and cuda.preload_argv == [[], []]
+
+
+def test_a_launchers_own_list_gets_the_configured_worker_preloads_added():
+    """What `dask cuda worker` passes replaces distributed.worker.preload: the guard adds every configured one back,
+    after the launcher's, each with its own (empty) argv."""
+    cuda = SimpleNamespace(preload=["dask_cuda.initialize"], preload_argv=[["--create-cuda-context"]])
+    with dask.config.set({"distributed.worker.preload": "a.b"}):
+        configured = daskconfig.configured_worker_preloads()
+    assert configured == ["a.b"]
+    daskconfig.add_worker_preloads(cuda, ["g.h", *configured, "g.h"])
+    assert cuda.preload == ["dask_cuda.initialize", "g.h", "a.b"]
+    assert cuda.preload_argv == [["--create-cuda-context"], [], []]

@@ -1,5 +1,6 @@
-"""QuietClose: a closing worker waits for the heartbeat on the wire, except when that heartbeat is the one closing it;
-and on every role distributed.batched's "Batched Comm Closed" keeps its line but loses the CommClosedError traceback
+"""QuietClose: a closing worker waits for the heartbeat on the wire while its scheduler is there, except when that
+heartbeat is the one closing it; a scheduler that is going (its "close", its stream closed) gets no heartbeat and
+the one on the wire is cancelled; and on every role distributed.batched's "Batched Comm Closed" keeps its line but loses the CommClosedError traceback
 (any other record, and that message with another exception, are untouched)."""
 import asyncio
 import logging
@@ -28,7 +29,7 @@ def test_close_waits_for_the_heartbeat_in_flight():
             await asyncio.sleep(0.2)
             events.append("beat-end")
 
-        worker = SimpleNamespace(periodic_callbacks={"heartbeat": FakeCallback(beat)})
+        worker = SimpleNamespace(periodic_callbacks={"heartbeat": FakeCallback(beat)}, stream_handlers={})
         plugin = QuietClose()
         plugin.setup(worker)
         running = asyncio.ensure_future(worker.periodic_callbacks["heartbeat"].callback())
@@ -44,7 +45,7 @@ def test_close_waits_for_the_heartbeat_in_flight():
 
 def test_a_heartbeat_that_closes_the_worker_does_not_wait_for_itself():
     async def main():
-        worker = SimpleNamespace(periodic_callbacks={})
+        worker = SimpleNamespace(periodic_callbacks={}, stream_handlers={})
         plugin = QuietClose()
 
         async def beat():  # like Worker.heartbeat on "missing": it closes the worker, whose close tears plugins down
@@ -55,6 +56,71 @@ def test_a_heartbeat_that_closes_the_worker_does_not_wait_for_itself():
         await worker.periodic_callbacks["heartbeat"].callback()
 
     asyncio.run(main())  # would time out (asyncio.TimeoutError) if the teardown waited for its own heartbeat
+
+
+class FakeComm:
+    def __init__(self, closed: bool):
+        self._closed = closed
+
+    def closed(self) -> bool:
+        return self._closed
+
+
+def _worker_with_endless_heartbeat(events: list, stream_closed: bool = False):
+    """A heartbeat that would wait as long as a connect to a scheduler that is gone does."""
+    async def beat():
+        events.append("beat-start")
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            events.append("beat-cancelled")
+            raise
+
+    async def close(reason="worker-close"):
+        events.append(f"close {reason}")
+
+    return SimpleNamespace(periodic_callbacks={"heartbeat": FakeCallback(beat)}, stream_handlers={"close": close},
+                           batched_stream=SimpleNamespace(comm=FakeComm(stream_closed)))
+
+
+async def _heartbeat_on_the_wire(events: list):
+    """A worker with QuietClose whose heartbeat has started and waits: (worker, plugin, the running heartbeat)."""
+    worker = _worker_with_endless_heartbeat(events)
+    plugin = QuietClose()
+    plugin.setup(worker)
+    running = asyncio.ensure_future(worker.periodic_callbacks["heartbeat"].callback())
+    await asyncio.sleep(0.05)
+    return worker, plugin, running
+
+
+def test_a_scheduler_that_closes_gets_no_more_heartbeats_and_the_one_on_the_wire_ends():
+    async def main():
+        events = []
+        worker, plugin, running = await _heartbeat_on_the_wire(events)
+        # the scheduler's {"op": "close"} (distributed awaits stream handlers that are coroutine functions)
+        await asyncio.wait_for(worker.stream_handlers["close"](reason="scheduler-close"), 5)
+        await asyncio.wait_for(running, 5)  # ended quietly, no exception
+        await worker.periodic_callbacks["heartbeat"].callback()  # a late tick: sends nothing
+        await asyncio.wait_for(plugin.teardown(worker), 5)
+        return events, worker.periodic_callbacks["heartbeat"].stopped
+
+    events, stopped = asyncio.run(main())
+    assert events[0] == "beat-start" and sorted(events[1:]) == ["beat-cancelled", "close scheduler-close"] and stopped
+
+
+def test_a_closed_scheduler_stream_means_no_wait_at_close():
+    """The scheduler's stream closed (it stopped, or died): the heartbeat on the wire is cancelled at teardown, not
+    waited for."""
+    async def main():
+        events = []
+        worker, plugin, running = await _heartbeat_on_the_wire(events)
+        worker.batched_stream.comm._closed = True
+        await asyncio.wait_for(plugin.teardown(worker), 5)
+        await asyncio.wait_for(running, 5)
+        await worker.periodic_callbacks["heartbeat"].callback()
+        return events
+
+    assert asyncio.run(main()) == ["beat-start", "beat-cancelled"]
 
 
 def _log(logger: logging.Logger, msg: str, exc: BaseException) -> str:
@@ -93,3 +159,50 @@ def test_a_normal_batched_close_logs_its_line_without_the_traceback():
         assert len(batched.filters) == 1
     finally:
         batched.filters.clear()
+
+
+def test_an_abandoned_ucx_handshake_is_one_warning_line():
+    """UCXX's own error record (its listener's _log_exception, traceback formatted into the message) for a handshake
+    that timed out; any other UCXX error keeps its traceback."""
+    from ucxx._lib_async.listener import _log_exception
+
+    from ucx_dask_gpu.gate.quietclose import ABANDONED_HANDSHAKE, quiet_abandoned_handshakes
+
+    def exchange_peer_info():
+        raise TimeoutError()
+
+    def record_of(fn) -> logging.LogRecord:
+        out: list[logging.LogRecord] = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                out.append(record)
+
+        ucx = logging.getLogger("ucx")
+        handler = Keep()
+        ucx.addHandler(handler)
+        try:
+            try:
+                fn()
+            except Exception:
+                _log_exception("Unexpected error in listener handler coroutine")
+        finally:
+            ucx.removeHandler(handler)
+        return out[0]
+
+    def other():
+        raise RuntimeError("Checksum invalid!")
+
+    ucx = logging.getLogger("ucx")
+    before = record_of(exchange_peer_info)
+    assert before.levelname == "ERROR" and "Traceback" in before.getMessage()  # what UCXX logs by itself
+    quiet_abandoned_handshakes()
+    quiet_abandoned_handshakes()
+    try:
+        after = record_of(exchange_peer_info)
+        assert after.levelname == "WARNING" and after.getMessage() == ABANDONED_HANDSHAKE
+        kept = record_of(other)
+        assert kept.levelname == "ERROR" and "Checksum invalid!" in kept.getMessage()
+        assert len([f for f in ucx.filters if type(f).__name__ == "AbandonedHandshakeFilter"]) == 1
+    finally:
+        ucx.filters.clear()

@@ -14,6 +14,7 @@ from ucx_dask_gpu.fsutil import sha256_file
 from ucx_dask_gpu.image import bases, wheelhouse
 from ucx_dask_gpu.image import build as imagebuild
 from ucx_dask_gpu.image import labels as image_labels
+from ucx_dask_gpu.image.paths import image_ref, stage_ref
 from ucx_dask_gpu.ucxbuild.ucxx import UCXX_BUILD_INFO, ucx_identity
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,6 +115,32 @@ def test_ucx_build_runs_from_the_staged_tree_alone(tmp_path, st):
     assert proc.returncode == 0, proc.stderr
     assert (tree / "ucx-src-build" / "build.sh").is_file() and (tree / "stack.toml").is_file()
     assert (ctx / "Dockerfile").read_text() == DOCKERFILE.read_text()
+
+
+def test_context_modes_and_times_do_not_depend_on_the_checkouts_umask(tmp_path, st):
+    """A checkout made under umask 077 has 0600/0700 files; COPY keeps modes, so the context gets git's: 0644, and
+    0755 for executables and directories; every mtime SOURCE_DATE_EPOCH. A symlink is left as it is."""
+    ctx = tmp_path / "ctx"
+    (ctx / "tree" / "sub").mkdir(parents=True)
+    (ctx / "tree" / "sub").chmod(0o700)
+    (ctx / "tree" / "data").write_text("x")
+    (ctx / "tree" / "data").chmod(0o600)
+    (ctx / "tree" / "run.sh").write_text("#!/bin/sh\n")
+    (ctx / "tree" / "run.sh").chmod(0o700)
+    (ctx / "tree" / "link").symlink_to("data")
+    imagebuild._normalise_context(ctx, st.source_date_epoch)
+    modes = {str(p.relative_to(ctx)): p.lstat().st_mode & 0o7777 for p in [ctx, *sorted(ctx.rglob("*"))]}
+    assert modes == {".": 0o755, "tree": 0o755, "tree/sub": 0o755, "tree/data": 0o644, "tree/run.sh": 0o755,
+                     "tree/link": 0o777}
+    assert {p.lstat().st_mtime for p in [ctx, *ctx.rglob("*")]} == {st.source_date_epoch}
+
+
+def test_each_image_tag_has_its_own_ucx_stage_tag(st):
+    """A build of another tag (a variant, a reproducibility check) never moves the default image's stage tag."""
+    assert stage_ref(st, image_ref(st)) == f"{st.image.name}-ucx-stage:{st.version}"
+    assert stage_ref(st, f"{st.image.name}:repro-b-x1") == f"{st.image.name}-ucx-stage:repro-b-x1"
+    assert stage_ref(st, "registry:5000/team/img") == f"{st.image.name}-ucx-stage:{st.version}"
+    assert stage_ref(st, "registry:5000/team/img:v2") == f"{st.image.name}-ucx-stage:v2"
 
 
 def test_full_context_layout(tmp_path, st, make_wheel):

@@ -40,7 +40,9 @@ WRITING = {
     ("image", "compose", "--output"): "file",
     ("image", "demo", "--json"): "file",
     ("image", "export-rootfs", "dir"): "dir",
+    ("image", "role-hook", "--dest"): "dir",
     ("image", "rootfs-run", "out"): "dir",
+    ("repro", "check", "--clone-dir"): "dir",
     ("repro", "check", "--json"): "file",
     ("repro", "compare", "--json"): "file",
     ("repro", "normalise", "--out"): "dir",
@@ -49,9 +51,11 @@ WRITING = {
     ("tls", "init", "dir"): "dir",
     ("topology", "--record-sysfs"): "file",
     ("ucx", "build", "--prefix"): "dir",
+    ("ucx", "build", "--stamp"): "file",
     ("ucx", "build", "--work-dir"): "dir",
     ("ucx", "fetch", "--dest"): "dir",
     ("ucx", "ucxx", "--out"): "dir",
+    ("ucx", "ucxx", "--stamp"): "file",
     ("ucx", "ucxx", "--work-dir"): "dir",
     ("verify-nvlink", "--out"): "dir",
     ("verify-nvlink", "--raw-dir"): "dir",
@@ -60,8 +64,8 @@ WRITING = {
 }
 
 # Names that usually mean "write here", and the options by such names that do not write (with the reason).
-WRITING_NAME = re.compile(r"^(--?(o|out|output|json|dest|prefix|packed|work|work-dir|raw-dir|record-.*|.*-file)"
-                          r"|dir|out|dest)$")
+WRITING_NAME = re.compile(r"^(--?(o|out|output|json|dest|prefix|packed|work|work-dir|raw-dir|record-.*|.*-file|stamp"
+                          r"|.*-dir)|dir|out|dest)$")
 NOT_WRITTEN = {
     ("stack", "--file"): "stack.toml, read",
     ("image", "--stack-file"): "stack.toml, read",
@@ -69,6 +73,7 @@ NOT_WRITTEN = {
     ("sbom", "--stack-file"): "stack.toml, read",
     ("ucx", "--stack-file"): "stack.toml, read",
     ("ucx", "verify", "--prefix"): "the UCX prefix to check, read",
+    ("ucx", "build", "--cuda-link-dir"): "libcuda.so and libnvidia-ml.so to link with, read",
     ("tls", "env", "dir"): "where the certificates are, printed",
 }
 

@@ -91,3 +91,40 @@ def test_cli_unreachable_scheduler_has_its_own_exit_code():
     proc = _cli("transpose", "--scheduler", "tcp://127.0.0.1:9", "--timeout", "1")
     assert proc.returncode == SCHEDULER_UNREACHABLE
     assert len(proc.stderr.strip().splitlines()) == 1 and "tcp://127.0.0.1:9" in proc.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--scheduler", ""], "--scheduler is empty"),
+    (["--scheduler", "  "], "--scheduler is empty"),
+    (["--min-workers", "0"], "--min-workers must be at least 1 (got 0)"),
+    (["--min-workers", "-3"], "--min-workers must be at least 1 (got -3)"),
+    (["--timeout", "0"], "--timeout must be a positive number of seconds"),
+    (["--timeout", "inf"], "--timeout must be a positive number of seconds"),
+    (["--wait-workers", "nan"], "--wait-workers a number not below 0"),
+    (["--n-workers", "0"], "--n-workers and --threads-per-worker must be at least 1"),
+])
+def test_cli_waits_without_a_bound_are_refused_before_anything_starts(tmp_path, args, says):
+    """Every wait has a bound: a value that would wait forever, or start a local cluster nobody asked for, is one
+    line (USAGE) before dask is even imported."""
+    for workload in (["transpose"], ["from-map", str(tmp_path / "data")]):
+        proc = _cli(*workload, *args)
+        assert proc.returncode == USAGE, proc.stderr
+        assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and says in proc.stderr
+    assert not (tmp_path / "data").exists()  # from-map wrote nothing
+
+
+def test_an_import_error_from_client_is_named_for_what_it_is():
+    """distributed raises ImportError both for our guard's refusal and for a library that does not load."""
+    from ucx_dask_gpu.errors import BINDING_NOT_LOADABLE, ENV_MISMATCH
+    from ucx_dask_gpu.proof.client import import_failure
+
+    refusal = f"{identity.REFUSAL_PREFIX} client Client-1: its environment breaks the contract: ..."
+    assert import_failure(ImportError(refusal), "ucx://s:8786", "tcp").exit_code == ENV_MISMATCH
+    unloadable = ImportError("libucxx.so: cannot open shared object file: No such file or directory")
+    ucx = import_failure(unloadable, "ucx://s:8786", "tcp")
+    assert ucx.exit_code == BINDING_NOT_LOADABLE and str(ucx).startswith("UCX binding not loadable: ImportError: "
+                                                                         "libucxx.so: cannot open")
+    assert "ucx-src-build/build.sh install-ucxx" in str(ucx)
+    assert import_failure(unloadable, None, "ucx").exit_code == BINDING_NOT_LOADABLE  # a local ucx cluster
+    tcp = import_failure(ModuleNotFoundError("No module named 'pyarrow'"), "tcp://s:8786", "tcp")
+    assert tcp.exit_code == BINDING_NOT_LOADABLE and "not loadable: ModuleNotFoundError" in str(tcp)

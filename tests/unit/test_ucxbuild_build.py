@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ucx_dask_gpu.errors import MISSING_CAPABILITY, SOURCE_UNREACHABLE, USAGE, UserError
-from ucx_dask_gpu.ucxbuild import build, cuda, relocate
+from ucx_dask_gpu.ucxbuild import build, cuda, relocate, repro
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "tests" / "fixtures" / "ucx_build"
@@ -42,21 +42,36 @@ def test_configure_command_has_stack_flags_and_detected_ones(st, tmp_path, monke
     setup = cuda.CudaSetup(kind="toolkit", home=tmp_path / "cuda", include_dir=tmp_path / "cuda/include",
                            link_dirs=[tmp_path / "link"])
     caps = {"verbs": True, "rdmacm": False, "numa": True, "cuda": True, "gdrcopy": "/opt/gdr"}
-    cmd = build.configure_command(st, tmp_path / "src", tmp_path / "prefix", setup, caps)
-    assert cmd[0] == "contrib/configure-release" and f"--prefix={tmp_path / 'prefix'}" in cmd
+    paths = repro.PathMap.of({tmp_path / "work": "/stand-in/ucx"})
+    cmd = build.configure_command(st, setup, caps, paths)
+    # always configured for the image's prefix: the build installs a relocated copy wherever --prefix says
+    assert cmd[0] == "contrib/configure-release" and f"--prefix={st.image.ucx_prefix}" in cmd
     pos = [cmd.index(f) for f in st.configure_flags]
     assert pos == sorted(pos), "stack.toml's flags, in stack.toml's order"
     assert {f"--with-cuda={tmp_path / 'cuda'}", "--with-verbs", "--without-rdmacm", "--with-gdrcopy=/opt/gdr"} <= set(cmd)
     cflags = next(a for a in cmd if a.startswith("CFLAGS="))
-    assert cflags.startswith("CFLAGS=-O2 -pipe ") and f"-ffile-prefix-map={tmp_path / 'src'}=" in cflags
+    assert cflags == f"CFLAGS=-O2 -pipe -ffile-prefix-map={tmp_path / 'work'}=/stand-in/ucx"
+    assert f"NVCCFLAGS=-Xcompiler=-ffile-prefix-map={tmp_path / 'work'}=/stand-in/ucx" in cmd
     assert f"LDFLAGS=-L{tmp_path / 'link'}" in cmd
     assert f"CPPFLAGS=-I{tmp_path / 'cuda/include'}" in cmd
 
 
 def test_configure_command_without_cuda(st, tmp_path):
     caps = {"verbs": False, "rdmacm": False, "numa": True, "cuda": False, "gdrcopy": None}
-    cmd = build.configure_command(st, tmp_path, tmp_path / "p", cuda.CudaSetup(kind="none"), caps)
+    cmd = build.configure_command(st, cuda.CudaSetup(kind="none"), caps, repro.PathMap.of({}))
     assert {"--without-cuda", "--without-verbs", "--without-rdmacm", "--without-gdrcopy"} <= set(cmd)
+
+
+def test_the_configure_line_ucx_compiles_in_names_stand_ins(tmp_path):
+    """config.h's UCX_CONFIGURE_FLAGS (what ucx_info prints) loses the work directory; nothing else changes."""
+    work = tmp_path / "deep" / "work"
+    text = (f'#define HAVE_CUDA 1\n#define UCX_CONFIGURE_FLAGS "--prefix=/opt/ucx --with-cuda={work}/cuda '
+            f'CPPFLAGS=-I{work}/cuda/include CFLAGS=-ffile-prefix-map={work}=/s/ucx"\n#define X "{work}"\n')
+    (tmp_path / "config.h").write_text(text)
+    build.map_configure_line(tmp_path, repro.PathMap.of({work: "/s/ucx"}))
+    assert (tmp_path / "config.h").read_text() == (
+        '#define HAVE_CUDA 1\n#define UCX_CONFIGURE_FLAGS "--prefix=/opt/ucx --with-cuda=/s/ucx/cuda '
+        f'CPPFLAGS=-I/s/ucx/cuda/include CFLAGS=-ffile-prefix-map=/s/ucx=/s/ucx"\n#define X "{work}"\n')
 
 
 def test_configure_summary_from_a_real_configure_run():

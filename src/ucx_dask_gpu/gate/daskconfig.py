@@ -157,8 +157,17 @@ def in_force(config: Mapping, paths: list[str], environ: Mapping[str, str]) -> I
     return InForce(files, sorted(k for k in environ if k.startswith("DASK_")), tuned, len(shipped), differ)
 
 
-def add_worker_preload(nanny, module: str) -> None:
-    """Make a nanny's worker process load `module` too, even when the launcher passed its own preload list.
+def configured_worker_preloads() -> list[str]:
+    """distributed.worker.preload of this process's dask config, as a list."""
+    import dask.config  # only in Dask processes, where dask is loaded anyway
+
+    configured = dask.config.get("distributed.worker.preload", None) or []
+    return [configured] if isinstance(configured, str) else list(configured)
+
+
+def add_worker_preloads(nanny, modules: list[str]) -> None:
+    """Make a nanny's worker process load `modules` too (in this order, after the launcher's own), even when the
+    launcher passed its own preload list.
 
     `dask cuda worker` and LocalCUDACluster give the nanny preload=[..., "dask_cuda.initialize"], which replaces
     distributed.worker.preload from config.
@@ -166,15 +175,11 @@ def add_worker_preload(nanny, module: str) -> None:
     preload = [nanny.preload] if isinstance(nanny.preload, str) else list(nanny.preload or [])
     if not preload:
         # `dask worker` without --preload gives the nanny an empty list, and its worker then reads
-        # distributed.worker.preload: start from those, or the worker would load `module` alone.
-        import dask.config  # only in a nanny, where dask is loaded anyway
-
-        preload = list(dask.config.get("distributed.worker.preload", None) or [])
-    if module in preload:
-        nanny.preload = preload
-        return
+        # distributed.worker.preload: start from those, or the worker would load `modules` alone.
+        preload = configured_worker_preloads()
+    missing = [m for m in dict.fromkeys(modules) if m not in preload]
     argv = list(nanny.preload_argv or [])
-    if argv and not isinstance(argv[0], str):  # one argv list per preload: ours takes none
-        argv.append([])
-    nanny.preload = preload + [module]
+    if missing and argv and not isinstance(argv[0], str):  # one argv list per preload: ours take none
+        argv.extend([] for _ in missing)
+    nanny.preload = preload + missing
     nanny.preload_argv = argv

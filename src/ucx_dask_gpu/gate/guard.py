@@ -13,9 +13,11 @@ How each role takes part (distributed 2026.7):
   answers a worker's question before it registers, and marks its "identity" answer so peers know it checks.
   Connections wait for the scheduler to finish starting (preloads included), so no peer gets in before the wrap.
   Each refusal is ONE line in the scheduler's log.
-- nanny: `dask_setup` asks the scheduler first ("admit"); a refused nanny logs the scheduler's one-line reason and
-  ends its process with exit code ENV_MISMATCH before it starts a worker process, so there is nothing to unwind and
-  no traceback. It also adds this module to the preloads the nanny gives its worker process, because launchers that
+- nanny: `dask_setup` makes sure a scheduler answers at the address (gate/peer.py's await_scheduler, under one
+  deadline: --death-timeout, else 30 s after the process started; what answers instead is named in one line and
+  ends the process with its exit code), then asks it ("admit"); a refused nanny logs the scheduler's one-line reason
+  and ends its process with exit code ENV_MISMATCH before it starts a worker process, so there is nothing to unwind
+  and no traceback. It also adds this module to the preloads the nanny gives its worker process, because launchers that
   pass their own list (`dask cuda worker`, LocalCUDACluster) replace distributed.worker.preload. (`dask worker
   --preload X` also replaces it, and that CLI ignores distributed.nanny.preload: add `--preload
   ucx_dask_gpu.gate.guard`.)
@@ -31,20 +33,29 @@ it.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from time import time
 
 import distributed.versions as _versions
 from distributed import Nanny, Scheduler, Worker
 
-from ..errors import ENV_MISMATCH
-from . import identity
-from .daskconfig import add_worker_preload
+from ..errors import ENV_MISMATCH, NOT_A_SCHEDULER, UserError
+from . import identity, peermsg
+from .peer import await_scheduler, parse_address
+from .daskconfig import add_worker_preloads, configured_worker_preloads
 
 # Under "distributed." so that dask's logging config (format, level, handler) applies to our lines too.
 logger = logging.getLogger("distributed.ucx_dask_gpu.guard")
 # The scheduler handler a nanny (or a worker without one) asks before registering; rpc names ops with underscores.
 ADMIT = "ucx_dask_gpu_admit"
+# How long after its process started a worker gives up waiting for its scheduler when no --death-timeout is given
+# (docs/image.md); at least MIN_WAIT_S of waiting, whenever the pre-check starts.
+START_WAIT_S = 30.0
+MIN_WAIT_S = 10.0
+# With --death-timeout, dask ends the whole start then: the pre-check ends this much earlier, with its line.
+DEATH_MARGIN_S = 2.5
 
 
 def _add_identity_to_versions() -> None:
@@ -66,25 +77,38 @@ _add_identity_to_versions()
 
 
 def _peer_identity(extra: dict | None, versions: dict | None) -> dict | None:
-    ident = (extra or {}).get(identity.KEY) or (versions or {}).get(identity.KEY)
-    return ident if isinstance(ident, dict) else None
+    """The identity a peer sent (a worker in its startup information, a client in its versions), checked
+    (peermsg.ident); None when it sent none."""
+    ident = (extra or {}).get(identity.KEY)
+    if ident is None:
+        ident = (versions or {}).get(identity.KEY)
+    return peermsg.ident(ident)
 
 
-def _judge(scheduler, ours: dict, role: str, peer: str, ident: dict | None, versions: dict | None,
+def _refuse(scheduler, role: str, label: str, refusal: str) -> str:
+    logger.error("%s", refusal)
+    scheduler.log_event("ucx-dask-gpu-guard", {"action": f"refuse-{role}", role: label, "message": refusal})
+    return refusal
+
+
+def _judge(scheduler, ours: dict, role: str, label: str, ident: dict | None, versions: dict | None,
            note_accepted: bool = True) -> str | None:
     """The refusal (logged as one line, and recorded as a scheduler event) or None; an accepted peer whose packages
-    outside the contract differ gets an info line (`note_accepted`)."""
-    refusal = identity.check_peer(ours, role, peer, ident, versions)
+    outside the contract differ gets an info line (`note_accepted`). `label` is already fit for a log line
+    (peermsg.shown); `ident` and `versions` were checked by peermsg."""
+    refusal = identity.check_peer(ours, role, label, ident, versions)
     if refusal:
-        logger.error("%s", refusal)
-        scheduler.log_event("ucx-dask-gpu-guard", {"action": f"refuse-{role}", role: peer, "message": refusal})
-        return refusal
+        return _refuse(scheduler, role, label, refusal)
     others = identity.other_differences(ours, ident) if note_accepted else []
     if others:
         logger.info("ucx-dask-gpu guard: accepted %s %s (stack id %s); %d packages outside the contract differ "
-                    "(scheduler vs %s): %s", role, peer, ours["stack-id"], len(others), role,
+                    "(scheduler vs %s): %s", role, label, ours["stack-id"], len(others), role,
                     identity.format_diff(others, limit=5))
     return None
+
+
+def _malformed(scheduler, role: str, label: str, problem: Exception) -> str:
+    return _refuse(scheduler, role, label, f"{identity.REFUSAL_PREFIX} {role} {label}: malformed request: {problem}")
 
 
 def _install_on_scheduler(scheduler) -> None:
@@ -93,9 +117,17 @@ def _install_on_scheduler(scheduler) -> None:
     add_client = scheduler.handlers["register-client"]
     ident_handler = scheduler.handlers["identity"]
 
-    async def admit(comm=None, role="worker", peer="?", ident=None, versions=None):
-        # Accepted peers are noted when they register; a refused one never gets that far.
-        return {"refusal": _judge(scheduler, ours, role, peer, ident, versions, note_accepted=False)}
+    async def admit(comm=None, role="worker", peer="?", ident=None, versions=None, **_ignored):
+        # Accepted peers are noted when they register; a refused one never gets that far. Whatever a peer sent, it
+        # gets an answer: a malformed question is refused like a mismatched environment.
+        label = peermsg.shown(peer)
+        try:
+            role = peermsg.role(role)
+            label = peermsg.label(peer)
+            checked = peermsg.ident(ident), peermsg.versions(versions)
+        except peermsg.PeerMessageError as e:
+            return {"refusal": _malformed(scheduler, "worker" if role not in peermsg.ROLES else role, label, e)}
+        return {"refusal": _judge(scheduler, ours, role, label, *checked, note_accepted=False)}
 
     def identity_with_guard(*args, **kwargs):
         out = ident_handler(*args, **kwargs)
@@ -103,17 +135,30 @@ def _install_on_scheduler(scheduler) -> None:
         return out
 
     async def register_worker(comm, **msg):
-        peer = msg.get("address", "?")
-        ident = _peer_identity(msg.get("extra"), msg.get("versions"))
-        refusal = _judge(scheduler, ours, "worker", peer, ident, msg.get("versions"))
+        label = peermsg.shown(msg.get("address", "?"))
+        try:
+            address = peermsg.name("its address", msg.get("address"))
+            name = msg.get("name")
+            label = _label_of("" if name is None else peermsg.name("its name", name), address)
+            extra = peermsg.mapping("extra", msg.get("extra"))
+            versions = peermsg.versions(msg.get("versions"))
+            refusal = _judge(scheduler, ours, "worker", label, _peer_identity(extra, msg.get("versions")), versions)
+        except peermsg.PeerMessageError as e:
+            refusal = _malformed(scheduler, "worker", label, e)
         if refusal:
             # The reply a worker with a taken name gets: the worker logs it and its start fails.
             await comm.write({"status": "error", "message": refusal, "time": time()})
             return
         return await add_worker(comm, **msg)
 
-    async def register_client(comm, client, versions, **msg):
-        refusal = _judge(scheduler, ours, "client", client, _peer_identity(None, versions), versions)
+    async def register_client(comm, client=None, versions=None, **msg):
+        label = peermsg.shown(client)
+        try:
+            label = peermsg.name("its client id", client)
+            checked = peermsg.versions(versions)
+            refusal = _judge(scheduler, ours, "client", label, _peer_identity(None, versions), checked)
+        except peermsg.PeerMessageError as e:
+            refusal = _malformed(scheduler, "client", label, e)
         if refusal:
             # Client._ensure_connected reads one batch and raises ImportError(error) from a "stream-start".
             await comm.write([{"op": "stream-start", "error": refusal}])
@@ -128,40 +173,87 @@ def _install_on_scheduler(scheduler) -> None:
                 ", ".join(f"{k} {v or 'missing'}" for k, v in identity.own_contract().items()))
 
 
+def _label_of(name: str, address: str) -> str:
+    """How the scheduler's log names a worker: its name and the address it listens on."""
+    return address if name in ("", address) else f"{name} ({address})"
+
+
 def _label(server) -> str:
     """How the scheduler's log names a worker that asks: its name and the address it listens on."""
     name = getattr(server, "name", None)
-    return server.address if name in (None, "", server.address) else f"{name} ({server.address})"
+    return _label_of("" if name is None else str(name), server.address)
 
 
 async def _admit_or_exit(server) -> None:
-    """Ask the scheduler whether this worker may join; refused: its one-line reason, then exit ENV_MISMATCH.
+    """Make sure a Dask scheduler answers, then ask it whether this worker may join; else one line and exit.
 
-    A scheduler that cannot be reached, or runs no guard, is not asked: the worker's own registration then
-    reaches it (or times out) as usual.
+    One deadline for both: `--death-timeout` when given, else START_WAIT_S after the process started. A scheduler
+    that is not there yet (its port closed, or silent) is waited for, with a line every 10 s; what answers instead
+    (an HTTP server, another Dask server) ends the start at once. The nanny's own connection comes after, to a
+    scheduler that answered.
+    Failures: the one line, then exit with its code (SCHEDULER_UNREACHABLE, NOT_A_SCHEDULER, TLS_REFUSED,
+    ENV_MISMATCH). A scheduler that runs no guard is not asked.
     """
     try:
-        info = await server.scheduler.identity()
-    except Exception:  # unreachable or not a scheduler: distributed's own start-up says so
+        addr = parse_address(server.scheduler.addr, "the scheduler address")
+    except UserError:  # an address form dask knows and we do not (inproc://, a file): dask's own start handles it
         return
-    if not isinstance(info, dict) or not isinstance(info.get(identity.KEY), dict):
-        return
-    reply = await server.scheduler.ucx_dask_gpu_admit(role="worker", peer=_label(server), ident=identity.identity(),
-                                                      versions=_versions.get_versions())
-    refusal = (reply or {}).get("refusal")
+    if server.death_timeout:
+        # dask stops the whole start at --death-timeout (a TimeoutError, no word on why): end a little earlier, with
+        # the line that says why.
+        wait = max(server.death_timeout - DEATH_MARGIN_S, server.death_timeout / 2)
+        what = f"--death-timeout {server.death_timeout:g} s"
+    else:
+        # Counted from the process's start, which is when the user asked for a worker (a loaded host can take many
+        # seconds to import dask), with some time left for the scheduler to answer at all.
+        wait = max(START_WAIT_S - _process_age(), MIN_WAIT_S)
+        what = f"no --death-timeout given: until {START_WAIT_S:.0f} s after the start"
+    try:
+        info = await await_scheduler(addr, server.scheduler.identity, wait, _progress, what)
+        if not isinstance(info.get(identity.KEY), dict):
+            return
+        reply = await asyncio.wait_for(server.scheduler.ucx_dask_gpu_admit(
+            role="worker", peer=_label(server), ident=identity.identity(), versions=_versions.get_versions()),
+            max(START_WAIT_S, wait))
+    except UserError as e:
+        _exit(str(e), e.exit_code)
+    except (OSError, asyncio.TimeoutError) as e:
+        _exit(f"the scheduler at {addr} answered, then not the guard's question ({type(e).__name__}: {e})",
+              NOT_A_SCHEDULER)
+    refusal = reply.get("refusal") if isinstance(reply, dict) else None
     if refusal:
-        logger.error("%s", refusal)
-        # BaseException: not caught by the preload runner or Server.start, so nothing is logged twice; the CLI
-        # (`dask worker`) ends with this exit code.
-        raise SystemExit(ENV_MISMATCH)
+        _exit(refusal, ENV_MISMATCH)
+
+
+def _process_age() -> float:
+    """Seconds since this process started (0 where /proc does not say)."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            return max(float(f.read().split()[0]) - started, 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _progress(line: str) -> None:
+    logger.info("ucx-dask-gpu guard: %s", line)
+
+
+def _exit(line: str, code: int) -> None:
+    logger.error("%s", line if line.startswith("ucx-dask-gpu guard:") else f"ucx-dask-gpu guard: {line}")
+    # BaseException: not caught by the preload runner or Server.start, so nothing is logged twice; the CLI
+    # (`dask worker`) ends with this exit code.
+    raise SystemExit(code)
 
 
 async def dask_setup(dask_object) -> None:
     if isinstance(dask_object, Scheduler):
         _install_on_scheduler(dask_object)
     elif isinstance(dask_object, Nanny):
-        # without this, `dask cuda worker`'s workers would register without an identity
-        add_worker_preload(dask_object, __name__)
+        # Without this, `dask cuda worker`'s workers would register without an identity, and without the configured
+        # worker preloads (transports line, quiet close): every launcher's workers load the same list.
+        add_worker_preloads(dask_object, [__name__, *configured_worker_preloads()])
         await _admit_or_exit(dask_object)
     elif isinstance(dask_object, Worker):
         dask_object.startup_information[identity.KEY] = lambda worker: identity.identity()

@@ -28,6 +28,7 @@ import re
 from importlib.metadata import distributions
 
 from ..stack.lock import canonical
+from . import peermsg
 
 # The preload that carries the identity and refuses mismatches (gate/guard.py), as dask config names it.
 GUARD = "ucx_dask_gpu.gate.guard"
@@ -36,8 +37,11 @@ GUARD = "ucx_dask_gpu.gate.guard"
 KEY = "ucx-dask-gpu"
 # A refusal lists at most this many differing packages, so the message stays one readable line.
 MAX_LISTED = 20
+# How every refusal begins: a client tells the guard's refusal (an ImportError from Client(...), as distributed
+# raises it) from an import that failed.
+REFUSAL_PREFIX = "ucx-dask-gpu guard: refused"
 
-# The environment contract (README "Environment gate"), by distribution name without CUDA suffix:
+# The environment contract (docs/environment-gate.md), by distribution name without CUDA suffix:
 # - cloudpickle, msgpack: how graphs, functions and messages are serialised;
 # - dask, distributed: the graph format, the protocol and the scheduler's own code (the scheduler unpickles graphs);
 # - numpy, pandas, pyarrow, cupy, rmm: the data that travels, and how it is serialised (rmm: GPU buffers);
@@ -159,7 +163,9 @@ def package_diff(ours: dict[str, str | None], theirs: dict[str, str | None],
 
 
 def format_diff(diff: list[tuple[str, str | None, str | None]], limit: int = MAX_LISTED) -> str:
-    shown = ", ".join(f"{n}: {a or 'missing'} vs {b or 'missing'}" for n, a, b in diff[:limit])
+    # Names and versions may come from a peer: escaped and cut short, so the refusal stays one line.
+    shown = ", ".join(f"{peermsg.shown(n, 60)}: {peermsg.shown(a or 'missing', 60)} vs "
+                      f"{peermsg.shown(b or 'missing', 60)}" for n, a, b in diff[:limit])
     more = f" (+{len(diff) - limit} more)" if len(diff) > limit else ""
     return (shown + more) if diff else "none"
 
@@ -187,14 +193,14 @@ def check_peer(ours: dict, role: str, peer: str, ident: dict | None, versions: d
         diff = package_diff(our_terms, their_terms)
         if not diff:
             return None
-        return (f"ucx-dask-gpu guard: refused {role} {peer}: its environment breaks the contract: stack id "
+        return (f"{REFUSAL_PREFIX} {role} {peer}: its environment breaks the contract: stack id "
                 f"scheduler {contract_id(our_terms)} vs {role} {contract_id(their_terms)}; differing (scheduler vs "
                 f"{role}): {format_diff(diff)}")
     reported = {canonical(k): v for k, v in ((versions or {}).get("packages") or {}).items() if k != PYTHON}
     their_terms = contract(reported, python or "unknown")
     only = {t for t in CONTRACT if t in {contract_name(n) for n in reported}} | ({PYTHON} if python else set())
     diff = package_diff(our_terms, their_terms, only)
-    return (f"ucx-dask-gpu guard: refused {role} {peer}: it did not send its environment (the {GUARD} preload is "
+    return (f"{REFUSAL_PREFIX} {role} {peer}: it did not send its environment (the {GUARD} preload is "
             f"not loaded there: {how_to_load_guard(role)}); of what dask reports itself, differing (scheduler vs "
             f"{role}): {format_diff(diff)}")
 

@@ -1,18 +1,34 @@
 """Worker and scheduler preload: a normal shutdown logs no traceback.
 
-Worker: a worker that is asked to close waits for its in-flight heartbeat before closing its connections.
+Worker: no heartbeat is left on the wire when the worker closes its connections.
 
 `Worker.close` stops the heartbeat callback but not a heartbeat already on the wire, then closes its connection
 pool under it; the heartbeat fails ("ConnectionPool is closed") and the worker logs a traceback while shutting down
-normally. Over UCX, where a heartbeat round trip takes longer, that happens on about every other `docker stop`.
-Plugins are torn down at the start of `Worker.close`, while the scheduler still answers: this one stops the
-heartbeat and lets the last one finish, so a normal shutdown logs no error.
+normally. Plugins are torn down at the start of `Worker.close`: this one stops the heartbeat, and
+- while the scheduler is there (its stream open, no close from it: e.g. `docker stop` of the worker), lets the last
+  heartbeat finish (it takes milliseconds; at most WAIT_S), so the scheduler's bookkeeping stays right;
+- when the scheduler is going or gone (it sent "close", or its stream closed: the scheduler stopped), cancels it at
+  once: such a heartbeat can only wait for its connect timeout and then fail, which over UCX and TLS stalled the
+  close for WAIT_S and then logged tracebacks. The scheduler's "close" stops heartbeats at once (before the worker's
+  own close starts), and no heartbeat starts once the stream to the scheduler is closed, so no connection attempts
+  go to a scheduler that is shutting down.
 
 Both: distributed logs a peer's normal close of a batched stream ("Batched Comm Closed", at INFO) with the
 CommClosedError's traceback, e.g. in the scheduler's log when it had a message on the way to a worker being stopped.
 The line stays; the traceback of that expected close goes.
 
-Load it on workers (dask config `distributed.worker.preload`, next to the guard) and on the scheduler.
+Nanny: a worker that closes by itself (its scheduler told it to, or it was told to retire) first tells its nanny
+(`close_gracefully`), then ends its process; that process's thread waiting for the nanny's stop message is cut off
+after 2 s and distributed logs "Worker process died unexpectedly" with a TypeError traceback. The nanny now sends
+that stop message as soon as it hears of the close, as its own close would: the thread ends with it, 2 s earlier.
+
+UCX listeners (every role): a peer that opens a UCX connection and goes away or gives up before the handshake ends
+(a worker's connect cancelled as it closes, a client's reconnect ended with its process, a process killed) leaves
+UCXX's listener waiting for the peer's info; after the connect timeout (5 s) UCXX logs "UCXPY ERROR Unexpected error
+in listener handler coroutine" with the TimeoutError's traceback (seen on a scheduler at shutdown). Nothing is lost:
+that connection never carried anything. It becomes one warning line.
+
+Load it on every role (dask config `distributed.scheduler|worker|nanny.preload`, next to the guard).
 """
 from __future__ import annotations
 
@@ -20,12 +36,15 @@ import asyncio
 import contextvars
 import logging
 
-from distributed import Worker, WorkerPlugin
+from distributed import Nanny, Worker, WorkerPlugin
 from distributed.comm.core import CommClosedError
+from distributed.core import Status
 
 logger = logging.getLogger("distributed.ucx_dask_gpu.quietclose")
 NAME = "ucx-dask-gpu-quiet-close"
 WAIT_S = 10.0
+# How long a nanny gives a worker process that closes by itself before it ends it (as its own close would).
+STOP_S = 30.0
 # True inside a heartbeat, and inside every task it starts (tasks copy the context): a close the heartbeat itself
 # began ("Scheduler was unaware of this worker") must not wait for that heartbeat, which is waiting for the close.
 _in_heartbeat: contextvars.ContextVar[bool] = contextvars.ContextVar("ucx_dask_gpu_in_heartbeat", default=False)
@@ -35,36 +54,68 @@ class QuietClose(WorkerPlugin):
     name = NAME
 
     def __init__(self) -> None:
-        self._idle: asyncio.Event | None = None
+        self._beat: asyncio.Future | None = None
+        self._scheduler_closing = False
 
     def setup(self, worker) -> None:
         pc = worker.periodic_callbacks.get("heartbeat")
         if pc is None:
             return
-        self._idle = asyncio.Event()
-        self._idle.set()
         beat = pc.callback
 
         async def heartbeat() -> None:
-            self._idle.clear()
+            if not self._scheduler_there(worker):
+                return  # the worker is about to close: nothing to tell a scheduler that is gone
             token = _in_heartbeat.set(True)
             try:
-                await beat()
+                self._beat = running = asyncio.ensure_future(beat())  # a task of its own (this context): cancellable
             finally:
                 _in_heartbeat.reset(token)
-                self._idle.set()
+            try:
+                await running
+            except asyncio.CancelledError:
+                if not running.cancelled():
+                    raise  # the caller was cancelled, not the heartbeat
 
         pc.callback = heartbeat
+        close = worker.stream_handlers.get("close")
+        if close is not None:
+            async def close_from_scheduler(*args, **kwargs):
+                self._scheduler_closing = True
+                self._stop_heartbeats(worker)
+                return await close(*args, **kwargs)
+
+            worker.stream_handlers["close"] = close_from_scheduler
+
+    def _scheduler_there(self, worker) -> bool:
+        stream = getattr(worker, "batched_stream", None)
+        comm = getattr(stream, "comm", None)
+        return not self._scheduler_closing and (stream is None or (comm is not None and not comm.closed()))
+
+    def _stop_heartbeats(self, worker) -> None:
+        pc = worker.periodic_callbacks.get("heartbeat")
+        if pc is not None:
+            pc.stop()
+        if self._beat is not None and not self._beat.done() and not _in_heartbeat.get():
+            self._beat.cancel()
 
     async def teardown(self, worker) -> None:
         pc = worker.periodic_callbacks.get("heartbeat")
         if pc is not None:
             pc.stop()
-        if self._idle is not None and not _in_heartbeat.get():
+        beat = self._beat
+        if beat is None or beat.done() or _in_heartbeat.get():
+            return
+        if self._scheduler_there(worker):
             try:
-                await asyncio.wait_for(self._idle.wait(), WAIT_S)
-            except asyncio.TimeoutError:
-                logger.warning("ucx-dask-gpu: the last heartbeat did not finish within %.0f s of closing", WAIT_S)
+                await asyncio.wait_for(asyncio.shield(beat), WAIT_S)
+                return
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                pass
+            except Exception:  # the heartbeat's own failure: Worker.heartbeat has logged it
+                return
+        beat.cancel()
+        await asyncio.wait({beat}, timeout=WAIT_S)  # let it unwind (its connect attempt closes); raises nothing
 
 
 class ExpectedCloseFilter(logging.Filter):
@@ -78,13 +129,55 @@ class ExpectedCloseFilter(logging.Filter):
         return True
 
 
+ABANDONED_HANDSHAKE = ("a peer opened a UCX connection and did not finish its handshake within the connect timeout "
+                       "(it gave up or went away); the connection is dropped")
+
+
+class AbandonedHandshakeFilter(logging.Filter):
+    """UCXX's error record for a listener handshake that timed out becomes one warning line, without the traceback
+    (UCXX formats the traceback into the message itself: `"%s\\n%s" % (message, traceback text)`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        text = str(args[1]) if len(args) == 2 else ""
+        if record.msg == "%s\n%s" and "exchange_peer_info" in text and text.rstrip().endswith("TimeoutError"):
+            record.msg, record.args = ABANDONED_HANDSHAKE, ()
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_abandoned_handshakes() -> None:
+    ucx = logging.getLogger("ucx")  # UCXX's logger, with a handler of its own
+    if not any(isinstance(f, AbandonedHandshakeFilter) for f in ucx.filters):
+        ucx.addFilter(AbandonedHandshakeFilter())
+
+
 def quiet_batched_close() -> None:
     batched = logging.getLogger("distributed.batched")
     if not any(isinstance(f, ExpectedCloseFilter) for f in batched.filters):
         batched.addFilter(ExpectedCloseFilter())
 
 
+def stop_worker_process_on_graceful_close(nanny) -> None:
+    original = nanny.handlers["close_gracefully"]
+    stopping: set[asyncio.Future] = set()
+
+    async def close_gracefully(reason: str = "nanny-close-gracefully") -> None:
+        original(reason=reason)
+        process = nanny.process
+        if process is not None and process.status == Status.running:
+            task = asyncio.ensure_future(process.kill(timeout=STOP_S, reason=reason))
+            stopping.add(task)
+            task.add_done_callback(lambda t: (stopping.discard(t), t.cancelled() or t.exception()))
+            await asyncio.sleep(0)  # the stop message is on its way before the worker hears back from us
+
+    nanny.handlers["close_gracefully"] = close_gracefully
+
+
 async def dask_setup(server) -> None:
     quiet_batched_close()
+    quiet_abandoned_handshakes()
+    if isinstance(server, Nanny):
+        stop_worker_process_on_graceful_close(server)
     if isinstance(server, Worker):
         await server.plugin_add(QuietClose(), name=NAME)

@@ -31,7 +31,8 @@ from ..fsutil import atomic_path
 from ..oci.archive import LABEL_PREFIX
 from ..oci.layer import normalise_rootfs_tar
 from ..stack import Stack
-from .docker import docker, labels_of
+from ..ucxbuild.repro import fixed_umask
+from .docker import docker, image_inspect, labels_of
 from .paths import base_ref
 
 KINDS = ("runtime", "builder")
@@ -70,6 +71,15 @@ def base_key(st: Stack, kind: str) -> str:
 
 def say(msg: str) -> None:
     print(f"base: {msg}", file=sys.stderr, flush=True)
+
+
+def clean_bases(st: Stack) -> None:
+    """Untag the Debian base images, so the next build bootstraps them again: new base image ids, hence no
+    Docker build cache either. Images built on the old bases keep them (untagging deletes nothing they use)."""
+    for kind in KINDS:
+        tag = base_ref(st, kind)
+        if image_inspect(tag) is not None:
+            docker(["rmi", tag], code=BUILD_FAILED, what=f"docker rmi {tag}")
 
 
 def _run(cmd: list[str], what: str, code: int = BUILD_FAILED, log: Path | None = None,
@@ -164,7 +174,8 @@ def ensure_base(st: Stack, kind: str, cache: Path, force: bool = False) -> str:
         return tag
     work = cache / "rootfs"
     work.mkdir(parents=True, exist_ok=True)
-    tar = build_rootfs_tar(st, kind, work / f"{kind}-{key}.tar", cache)
+    with fixed_umask():   # debootstrap creates files and directories with the caller's umask; the tar keeps modes
+        tar = build_rootfs_tar(st, kind, work / f"{kind}-{key}.tar", cache)
     changes = [f"LABEL {KEY_LABEL}={key}",
                f"LABEL {LABEL_PREFIX}base.kind={kind}",
                f"LABEL {LABEL_PREFIX}base.suite={st.debian.suite}",

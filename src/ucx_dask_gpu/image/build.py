@@ -5,7 +5,8 @@ Order (each step fails with one line and its own exit code, before anything late
 2. UCX sources: `ucx-src-build/build.sh fetch` (archive, CUDA header wheels, link .debs, each sha256-checked);
 3. the wheelhouse of the hashed lock and our own wheel (wheelhouse.py);
 4. the Debian bases, debootstrapped and imported unless already there (bases.py);
-5. the context: only those verified files, with mtimes set to stack.toml's source_date_epoch;
+5. the context: only those verified files, with mtimes set to stack.toml's source_date_epoch and permission bits
+   as git keeps them (0644, or 0755 for executables): a checkout made under another umask gives the same layers;
 6. `docker build --target ucx` (classic builder, --network none), then the UCX build info is read from that stage:
    the UCXX wheels (`ucx-src-build/build.sh ucxx`, verified against their build info) must have been built against
    a UCX of the same source, patches and configure flags;
@@ -43,7 +44,7 @@ from . import bases, leftovers, wheelhouse
 from .docker import docker, docker_bin, engine_version, human_size, image_inspect
 from .labels import build_labels
 from .normalise import finish_build
-from .paths import image_ref, stage_ref, work_dir
+from .paths import UCX_SOURCES, image_ref, stage_ref, work_dir
 
 BUILD_INFO_NAME = BUILD_INFO.name
 # Records in the image's /etc/ucx-dask-gpu of what was installed on top of the lock, by sha256.
@@ -150,10 +151,19 @@ def _copy(src: Path, dst: Path) -> None:
     shutil.copy2(src, dst)
 
 
-def _set_mtimes(root: Path, epoch: int) -> None:
+def _normalise_context(root: Path, epoch: int) -> None:
+    """mtimes = SOURCE_DATE_EPOCH; directories 0755, files 0644 or (owner-executable) 0755, as git checks files out
+    under umask 022: COPY keeps both, and neither may depend on when or under which umask a checkout was made."""
     for dirpath, dirnames, filenames in os.walk(root):
         for name in filenames + dirnames:
-            os.utime(os.path.join(dirpath, name), (epoch, epoch), follow_symlinks=False)
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                mode = os.stat(path).st_mode
+                want = 0o755 if name in dirnames or mode & 0o100 else 0o644
+                if mode & 0o7777 != want:   # files linked from a cache keep their inode untouched when right
+                    os.chmod(path, want)
+            os.utime(path, (epoch, epoch), follow_symlinks=False)
+    os.chmod(root, 0o755)
     os.utime(root, (epoch, epoch))
 
 
@@ -269,8 +279,10 @@ class DockerBuild:
     (prefixed), so the UCX stage can compile while the other inputs are fetched."""
 
     def __init__(self, ctx: Path, tag: str, args: dict[str, str], labels: dict[str, str], log: Path,
-                 target: str | None = None, prefix: str = "  | "):
+                 target: str | None = None, prefix: str = "  | ", no_cache: bool = False):
         cmd = [docker_bin(), "build", "--network", "none", "--force-rm", "-t", tag]
+        if no_cache:
+            cmd.append("--no-cache")
         if target:
             cmd += ["--target", target]
         for k, v in args.items():
@@ -324,8 +336,8 @@ class DockerBuild:
 
 
 def docker_build(ctx: Path, tag: str, args: dict[str, str], labels: dict[str, str], log: Path,
-                 target: str | None = None) -> None:
-    DockerBuild(ctx, tag, args, labels, log, target).wait()
+                 target: str | None = None, no_cache: bool = False) -> None:
+    DockerBuild(ctx, tag, args, labels, log, target, no_cache=no_cache).wait()
 
 
 def verify_ucx_stage(st: Stack, stage_tag: str) -> None:
@@ -360,10 +372,11 @@ def copy_build_info(st: Stack, stage_tag: str, dest: Path) -> dict:
 
 def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
                 extra_wheels: list[Path] | None = None, base_from: str | None = None,
-                normalise: bool = True, own_wheel: Path | None = None) -> BuildResult:
+                normalise: bool = True, own_wheel: Path | None = None, no_cache: bool = False) -> BuildResult:
     """Build `tag`; `base_from`: derive the bases from this registry image instead of debootstrapping them.
     `ucxx_dir`: the UCXX wheels (`ucx-src-build/build.sh ucxx --out`). `own_wheel`: install this wheel of our
-    package instead of one built from the checkout (e.g. a patched build under another version).
+    package instead of one built from the checkout (e.g. a patched build under another version). `no_cache`:
+    every step runs again (`docker build --no-cache`), nothing is taken from earlier builds' layers.
 
     `normalise`: make the image reproducible and add its SBOM afterwards (normalise.finish_build): `tag` then
     names the normalised image, whose id depends on the inputs only.
@@ -387,7 +400,7 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
     say(f"Docker engine {step('engine', engine_version)}")
     ucxx_dir = ucxx_dir.resolve()
     ucxx_wheels, ucxx_info = read_ucxx_wheels(st, ucxx_dir)
-    ucx_sources = step("ucx_sources", fetch_ucx_sources, st, cache / "ucx-sources")
+    ucx_sources = step("ucx_sources", fetch_ucx_sources, st, cache / UCX_SOURCES)
     if base_from:
         builder = step("base_builder", bases.base_from_image, st, "builder", base_from)
     else:
@@ -398,14 +411,14 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
     ucx_ctx, full_ctx = work / "context-ucx", work / "context"
     shutil.rmtree(ucx_ctx, ignore_errors=True)
     stage_ucx_context(st, ucx_ctx, ucx_sources)
-    _set_mtimes(ucx_ctx, st.source_date_epoch)
-    stage_tag = stage_ref(st)
+    _normalise_context(ucx_ctx, st.source_date_epoch)
+    stage_tag = stage_ref(st, tag)
     # The UCX stage only needs the builder base and the sources: it compiles (CPU) while the wheelhouse and the
     # runtime base are downloaded (network, disk).
     say(f"building the ucx stage ({stage_tag}) with --network none, in the background")
     t_ucx = time.monotonic()
     ucx_build = DockerBuild(ucx_ctx, stage_tag, build_args(st, "unused", builder), {},
-                            work / "logs" / "docker-build-ucx.log", target="ucx", prefix="  ucx | ")
+                            work / "logs" / "docker-build-ucx.log", target="ucx", prefix="  ucx | ", no_cache=no_cache)
     try:
         wheels = step("wheelhouse", wheelhouse.ensure_wheelhouse, st, cache)
         own = own_wheel or step("own_wheel", wheelhouse.build_own_wheel, st, cache / "pkg")
@@ -415,7 +428,7 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
             base = step("base_runtime", bases.ensure_base, st, "runtime", cache)
         shutil.rmtree(full_ctx, ignore_errors=True)
         stage_full_context(st, full_ctx, ucx_sources, wheels, own, extra_wheels, ucxx_dir, ucxx_wheels)
-        _set_mtimes(full_ctx, st.source_date_epoch)
+        _normalise_context(full_ctx, st.source_date_epoch)
         say("waiting for the ucx stage")
         ucx_build.wait()
     except BaseException:
@@ -434,7 +447,7 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
     labels = build_labels(st, stack_id, info, ucxx_info, base, extra_wheels)
     say(f"building {tag} (stack id {stack_id}) with --network none")
     step("docker_build", docker_build, full_ctx, tag, build_args(st, base, builder), labels,
-         work / "logs" / "docker-build.log")
+         work / "logs" / "docker-build.log", no_cache=no_cache)
 
     inside = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", tag, str(STACK_ID_FILE)],
                     code=BUILD_FAILED, what="reading the image's stack id").stdout.strip()
@@ -446,7 +459,7 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
             for i in leftovers.step_ids((work / "logs" / log).read_text(errors="replace"))]
     if normalise:
         # Reproducible image + SBOM: sorted/clamped layers, config at SOURCE_DATE_EPOCH, SBOM layer; image.json,
-        # layers.json and sbom.cdx.json land in <cache>/image/<tag>/repro (README "Reproducible image and SBOM").
+        # layers.json and sbom.cdx.json land in <cache>/image/<tag>/repro (docs/reproducibility.md).
         norm = step("normalise", finish_build, st, tag, cache, extra_wheels + ([own_wheel] if own_wheel else []))
         say(f"normalised {tag}: {norm.image_id} (docker build gave {norm.source_image_id[:19]})")
         made.append(norm.image_id)

@@ -20,7 +20,7 @@ from ..oci.layer import normalise_rootfs_tar
 from ..stack import load
 from ..stack.lock import canonical, load_lock
 from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO
-from . import check, chroot, compose, leftovers, normalise, rootfs
+from . import chroot, compose, leftovers, normalise, reprocheck, rolehook, rootfs
 from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
 from .cluster import Cluster, remove_all_clusters
@@ -84,7 +84,7 @@ def _cmd_build(args) -> int:
     ucxx = Path(args.ucxx_wheels) if args.ucxx_wheels else default_ucxx_wheels()
     result = build_image(st, _cache(args), ucxx, tag=args.tag, extra_wheels=[Path(w) for w in args.extra_wheel],
                          base_from=args.base_from, normalise=not args.no_normalise,
-                         own_wheel=Path(args.own_wheel) if args.own_wheel else None)
+                         own_wheel=Path(args.own_wheel) if args.own_wheel else None, no_cache=args.no_cache)
     if args.json:
         print(json.dumps(result.__dict__, indent=2, sort_keys=True))
     else:
@@ -261,6 +261,11 @@ def _cmd_remove_clusters(args) -> int:
     return 0
 
 
+def _cmd_role_hook(args) -> int:
+    print(f"wrote {rolehook.install(args.dest)}")
+    return 0
+
+
 def _register_image(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("image", help="build the one image for client, scheduler and workers (Docker)")
     p.add_argument("--stack-file", help="stack.toml to read (default: the repository's)")
@@ -300,6 +305,8 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
                          "debian:SUITE-slim@sha256:...) instead of debootstrap")
     bd.add_argument("--ucxx-wheels", metavar="DIR",
                     help="the UCXX wheels to install (`make ucxx`; default: $UCXX_WHEELS or build/ucxx-wheels)")
+    bd.add_argument("--no-cache", action="store_true",
+                    help="run every step again (docker build --no-cache): a clean build on the same bases")
     bd.add_argument("--json", action="store_true", help="print the result as JSON")
     bd.add_argument("--no-normalise", action="store_true",
                     help="keep docker build's own image: not reproducible, no SBOM (see `ucx-dask-gpu repro`)")
@@ -370,6 +377,13 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
                                             "(after an interrupted run; also ends running ones)")
     r.set_defaults(func=_cmd_remove_clusters)
 
+    h = s.add_parser("role-hook", help="install the start-up hook that sends Dask roles started without the image's "
+                                       "entrypoint (Apptainer exec, --entrypoint '', python -m ...) through it "
+                                       "(the Dockerfile runs this)")
+    add_output(h, "--dest", kind="dir", metavar="DIR",
+               help="the site-packages directory to write the hook's .pth file into (default: this Python's)")
+    h.set_defaults(func=_cmd_role_hook)
+
 
 # --- repro ------------------------------------------------------------------------------------------------------------
 
@@ -410,11 +424,19 @@ def _report_compare(r: dict, json_path: str | None) -> int:
 
 def _cmd_check(args) -> int:
     st = _stack(args)
-    r = check.check(st, _cache(args), first=args.first, limit=args.limit)
-    for b in r["builds"]:
-        took = f"clean build + normalise {b['seconds']:.0f} s" if b["seconds"] is not None else "built before"
-        print(f"{b['tag']}: {b['image_id']}  (docker build gave {b['docker_build_id'][:19]}; {took})")
-    return _report_compare(r, args.json)
+    r = reprocheck.run_check(
+        st, against_checkout=args.against_checkout, first_image=args.first,
+        clone_dirs=[Path(d) for d in args.clone_dir], revision=args.revision, image=not args.no_image,
+        fresh_bases=args.fresh_bases, require=args.require, sources=[Path(d).resolve() for d in args.sources],
+        find_links=[Path(d).resolve() for d in args.find_links], keep=args.keep,
+        lock=Path(args.docker_lock) if args.docker_lock else None, limit=args.limit)
+    print(reprocheck.render(r))
+    if args.json:
+        write_output_file(args.json, json.dumps(r, indent=2, sort_keys=True) + "\n", what="the report")
+    if not r["identical"]:
+        raise UserError(f"not reproducible: {reprocheck.first_difference_line(r)} (kept: {r['work_dir']})",
+                        NOT_REPRODUCIBLE)
+    return 0
 
 
 def _cmd_compare(args) -> int:
@@ -442,11 +464,31 @@ def _register_repro(sub: argparse._SubParsersAction) -> None:
     r.add_argument("src")
     add_output(r, "dest", help="the normalised tar to write")
     r.set_defaults(func=_cmd_rootfs)
-    k = s.add_parser("check", help="two clean builds (bases bootstrapped again, no Docker cache), same image id?")
-    k.add_argument("--first", metavar="TAG", help="use this built image as the first build (e.g. the one the test "
-                                                   "suite built); only one clean build then")
-    k.add_argument("--cache", help="build cache directory (default: as `image build`)")
-    k.add_argument("--limit", type=int, default=10, help="differences listed per layer and kind")
+    k = s.add_parser("check", help="two builds from two clones at different paths, under another umask, locale and "
+                                   "time zone, nothing cached: the same UCX prefix, UCXX wheels and image id?")
+    k.add_argument("--against-checkout", action="store_true",
+                   help="the first build is this checkout's own (make ucx ucxx: $UCX_PREFIX, $UCXX_WHEELS; its "
+                        "image): one clone, half the time (what CI runs)")
+    k.add_argument("--first", metavar="IMAGE", help="with --against-checkout: this checkout's image (default: "
+                                                     "[image].name:[stack].version)")
+    add_output(k, "--clone-dir", kind="dir", action="append", default=[], metavar="DIR",
+               help="where a clone goes, kept afterwards (repeatable; default: two depths under a new temporary "
+                    "directory, removed when the builds agree)",
+               note="a new or empty directory: one holding anything is refused (exit 9), nothing in it touched")
+    k.add_argument("--revision", default="HEAD", help="the commit the clones build (default: HEAD)")
+    k.add_argument("--no-image", action="store_true", help="the UCX prefix and the UCXX wheels only")
+    k.add_argument("--fresh-bases", action="store_true",
+                   help="bootstrap the Debian bases again before each image build (their tags move to the new "
+                        "ones: other checkouts' next image build is cold)")
+    k.add_argument("--require", default="ib,cuda", help="capabilities the UCX builds require (as make ucx)")
+    k.add_argument("--sources", action="append", default=[], metavar="DIR",
+                   help="a source mirror for the clones (this checkout's source cache and mirrors are added)")
+    k.add_argument("--find-links", action="append", default=[], metavar="DIR",
+                   help="wheels for the UCXX build venv (this checkout's .cache/wheels is added)")
+    k.add_argument("--docker-lock", metavar="FILE",
+                   help="hold an flock on FILE around each image build and removal (an engine shared with others)")
+    k.add_argument("--keep", action="store_true", help="keep the clones and their images also when the builds agree")
+    k.add_argument("--limit", type=int, default=10, help="image differences listed per layer and kind")
     add_output(k, "--json", metavar="FILE", help="also write the report as JSON")
     k.set_defaults(func=_cmd_check)
     c = s.add_parser("compare", help="compare two normalised build outputs; name the first differing files")

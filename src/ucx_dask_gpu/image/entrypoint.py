@@ -5,10 +5,7 @@
     docker run IMAGE dask worker ADDRESS ...       worker         (also: dask-worker, python -m distributed.cli.dask_worker)
     docker run IMAGE dask cuda worker ADDRESS ...  GPU worker     (also: dask-cuda-worker, python -m dask_cuda.cli)
     docker run IMAGE dask cuda config ADDRESS      a GPU cluster's configuration (also: dask-cuda-config)
-    docker run IMAGE ucx-dask-gpu COMMAND ...      client workloads, doctor, verify-nvlink, bench
-    docker run IMAGE python ...                    any client script
-    docker run IMAGE ucx_info|ucx_perftest ...     UCX tools
-    docker run IMAGE bash|sh                       a shell, for debugging
+    docker run IMAGE ANY COMMAND ...               run as it is: ucx-dask-gpu, python, ucx_info, bash, a script
 
 The legacy spellings are what launchers emit (the dask Helm chart and the dask-kubernetes operator run
 `dask-scheduler`/`dask-worker`/`dask-cuda-worker`, dask-jobqueue `python -m distributed.cli.dask_worker`); distributed
@@ -16,17 +13,20 @@ no longer installs `dask-scheduler` and `dask-worker`, so they are exec'd as `da
 package also installs `dask-scheduler` and `dask-worker` commands that come here (`legacy_main`), for launchers that
 bypass the entrypoint (Apptainer `exec`, a Kubernetes `command:`).
 
-Anything else ends with one line on stderr and exit code UNKNOWN_ROLE, before anything starts: a typo in a compose
-file or a job script must not turn into a container that runs the wrong thing or idles. Before a Dask role starts:
+Any other command is exec'd unchanged, with the image's environment and dask config (/etc/dask), as users of the
+Dask, RAPIDS and docker-library images expect (`exec "$@"`); `dask` with other words (`dask info versions`) is dask's
+own command line. A command the image does not have (a typo in a compose file or a job script) ends with one line
+naming the roles and NO_SUCH_COMMAND, before anything starts. Before a Dask role starts:
 - transports: the image's /etc/dask leaves them to UCX on every host; settings that contradict each other (e.g.
   UCX_TLS next to distributed-ucxx flags) end with one line and TRANSPORT_CONFLICT;
 - a GPU worker needs a GPU: without one visible, one line naming what is missing and NO_GPU;
-- workers also preload `ucx_dask_gpu.gate.quietclose` (after the configured preloads), so `docker stop` shuts them
-  down without a heartbeat traceback (see that module); `dask worker` ignores distributed.nanny.preload (its own
-  --preload-nanny always wins), so the entrypoint passes the guard there: a refused worker then ends in its nanny
-  with the scheduler's one-line reason and exit code ENV_MISMATCH, before any worker process starts (gate/guard.py);
-- a malformed scheduler address right after `dask worker`/`dask cuda worker` is one line (USAGE), not dask's
-  traceback.
+- preloads come from the image's dask config (/etc/dask), which every spelling reads; `dask worker` (any spelling)
+  ignores distributed.nanny.preload (its own --preload-nanny always wins), so the entrypoint passes the guard there:
+  a refused worker then ends in its nanny with the scheduler's one-line reason and exit code ENV_MISMATCH, before any
+  worker process starts, and a worker whose scheduler does not answer ends in one line too (gate/guard.py);
+- a malformed scheduler address right after the role's words is one line (USAGE), not dask's traceback.
+A role started without this entrypoint (Apptainer `exec`, `--entrypoint ''`) comes here through the image's start-up
+hook (rolehook.py); the process exec'd carries ROLE_CHECKED_ENV = its pid, so it is checked once.
 """
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import NO_GPU, TRANSPORT_CONFLICT, UNKNOWN_ROLE, UserError
-from ..gate.daskconfig import QUIET_CLOSE, collect_for
+from ..errors import NO_GPU, NO_SUCH_COMMAND, TRANSPORT_CONFLICT, UserError
+from ..gate.daskconfig import collect_for
 from ..gate.identity import GUARD
-from ..proof.peer import parse_address
+from ..gate.peer import parse_address
 from ..ucx.transports import settings
 
 # Canonical spellings: the words that start the command -> the role's kind.
@@ -63,19 +63,21 @@ PYTHON_MODULES = {
     "dask_cuda.cli": "cuda-worker",
 }
 PYTHONS = ("python", "python3")
-# Commands run as they are (anything may follow).
-COMMANDS = ("ucx-dask-gpu", *PYTHONS, "ucx_info", "ucx_perftest", "bash", "sh")
+# What a refusal lists: the roles, then examples of the commands the image has.
 USAGE_LINE = ("dask scheduler | dask worker ADDRESS | dask cuda worker ADDRESS | dask cuda config | "
               "dask-scheduler | dask-worker | dask-cuda-worker | python -m distributed.cli.dask_scheduler|dask_worker "
-              "| ucx-dask-gpu COMMAND | python ... | ucx_info | ucx_perftest | bash")
-WORKER_PRELOAD_ENV = "DASK_DISTRIBUTED__WORKER__PRELOAD"
+              "| or a command the image has: ucx-dask-gpu COMMAND, python ..., ucx_info, ucx_perftest, bash")
 DASK_KINDS = ("scheduler", "worker", "cuda-worker")
+# Set to the pid of the process the entrypoint execs: that process is a checked role (rolehook.py). Not UCX_-prefixed
+# (UCX warns about every UCX_* variable it does not know), not DASK_-prefixed (dask reads those as config).
+ROLE_CHECKED_ENV = "UCXDASKGPU_ROLE_CHECKED_PID"
 
 
 @dataclass(frozen=True)
 class Role:
-    kind: str              # scheduler | worker | cuda-worker | cuda-config | command
+    kind: str              # scheduler | worker | cuda-worker | cuda-config | command (anything else, run as it is)
     argv: tuple[str, ...]  # what is exec'd
+    words: int = 1         # how many words of argv name the role (`dask cuda worker`: 3; `python -m X`: 3)
 
 
 def _is_python(word: str) -> bool:
@@ -84,35 +86,26 @@ def _is_python(word: str) -> bool:
         word == name or os.path.isabs(word))
 
 
-def _unknown(argv: list[str], n: int) -> UserError:
-    return UserError(f"unknown role {' '.join(argv[:n])!r}; run one of: {USAGE_LINE}", UNKNOWN_ROLE)
-
-
 def classify(argv: list[str]) -> Role:
-    """The role `argv` asks for and the command to exec, or UserError(UNKNOWN_ROLE) naming what was asked."""
-    if not argv:
-        raise UserError(f"no role given; run one of: {USAGE_LINE}", UNKNOWN_ROLE)
+    """The role `argv` asks for and the command to exec: a Dask role in any spelling, else the command as it is;
+    UserError(NO_SUCH_COMMAND) when there is no command at all."""
+    if not argv or not argv[0]:
+        raise UserError(f"no command given; run one of: {USAGE_LINE}", NO_SUCH_COMMAND)
     first = argv[0]
     if first in LEGACY:
         words = LEGACY[first]
-        return Role(DASK_ROLES[words], (*words, *argv[1:]))
+        return Role(DASK_ROLES[words], (*words, *argv[1:]), len(words))
     if first == "dask":
         for words, kind in DASK_ROLES.items():
             if tuple(argv[:len(words)]) == words:
-                return Role(kind, tuple(argv))
-        n = 3 if argv[1:2] == ["cuda"] else 2
-        raise _unknown(argv, n)
-    if _is_python(first):
-        if len(argv) > 2 and argv[1] == "-m" and argv[2] in PYTHON_MODULES:
-            return Role(PYTHON_MODULES[argv[2]], tuple(argv))
-        return Role("command", tuple(argv))
-    if first in COMMANDS:
-        return Role("command", tuple(argv))
-    raise _unknown(argv, 1)
+                return Role(kind, tuple(argv), len(words))
+    if _is_python(first) and len(argv) > 2 and argv[1] == "-m" and argv[2] in PYTHON_MODULES:
+        return Role(PYTHON_MODULES[argv[2]], tuple(argv), 3)
+    return Role("command", tuple(argv))
 
 
 def resolve(argv: list[str]) -> list[str]:
-    """The command to exec for `argv` (legacy spellings rewritten), or UserError(UNKNOWN_ROLE)."""
+    """The command to exec for `argv` (legacy spellings rewritten)."""
     return list(classify(argv).argv)
 
 
@@ -152,31 +145,26 @@ def check_gpu(role: Role, environ: dict) -> None:
         raise UserError(f"{' '.join(role.argv[:3])} needs a GPU: {why}", NO_GPU)
 
 
-def worker_preload_env(role: Role, config: dict, environ: dict) -> dict:
-    """For `dask worker`: the configured worker preloads plus QUIET_CLOSE, unless the operator set them. (`dask cuda
-    worker` gives its worker processes a preload list of its own.)"""
-    if role.kind != "worker" or WORKER_PRELOAD_ENV in environ:
-        return {}
-    configured = list(config.get("distributed", {}).get("worker", {}).get("preload") or [])
-    if QUIET_CLOSE in configured:
-        return {}
-    return {WORKER_PRELOAD_ENV: repr(configured + [QUIET_CLOSE])}
+def check_worker_address(role: Role) -> None:
+    """A worker's ADDRESS right after the role's words: malformed, it is one line (USAGE) here instead of dask's
+    traceback (only there, as documented: after options it is dask's to read)."""
+    n = role.words
+    if role.kind in ("worker", "cuda-worker") and len(role.argv) > n and not role.argv[n].startswith("-"):
+        parse_address(role.argv[n], "the scheduler address")
 
 
-def check_worker_address(argv: list[str]) -> None:
-    """`dask worker ADDRESS` / `dask cuda worker ADDRESS`: a malformed ADDRESS is one line (USAGE) here instead of
-    dask's traceback (only when the address comes right after the role, as documented)."""
-    n = 3 if argv[:3] == ["dask", "cuda", "worker"] else 2 if argv[:2] == ["dask", "worker"] else 0
-    if n and len(argv) > n and not argv[n].startswith("-"):
-        parse_address(argv[n], "the scheduler address")
-
-
-def nanny_preload_args(argv: list[str]) -> list[str]:
-    """For `dask worker` (the legacy spellings are exec'd as it): the guard as a nanny preload too (see the module
-    docstring)."""
-    if argv[:2] != ["dask", "worker"] or GUARD in argv:
-        return argv
-    return argv[:2] + ["--preload-nanny", GUARD] + argv[2:]
+def nanny_preload_args(role: Role, config: dict) -> Role:
+    """`dask worker` in any spelling (`dask-worker`, `python -m distributed.cli.dask_worker`) never reads
+    distributed.nanny.preload: the configured nanny preloads (the guard first, always) as --preload-nanny options, so
+    its nanny loads what `dask cuda worker`'s reads from the config (see the module docstring)."""
+    if role.kind != "worker":
+        return role
+    configured = (config.get("distributed", {}).get("nanny", {}) or {}).get("preload") or []
+    configured = [configured] if isinstance(configured, str) else list(configured)
+    given = {role.argv[i + 1] for i, word in enumerate(role.argv[:-1]) if word == "--preload-nanny"}
+    extra = [w for m in dict.fromkeys([GUARD, *configured]) if m not in given for w in ("--preload-nanny", m)]
+    n = role.words
+    return Role(role.kind, (*role.argv[:n], *extra, *role.argv[n:]), n)
 
 
 def run(argv: list[str]) -> int:
@@ -184,12 +172,12 @@ def run(argv: list[str]) -> int:
         role = classify(argv)
         env = dict(os.environ)
         if role.kind in DASK_KINDS:
-            check_worker_address(list(role.argv))
-            role = Role(role.kind, tuple(nanny_preload_args(list(role.argv))))
+            check_worker_address(role)
             config = collect_for(env)
+            role = nanny_preload_args(role, config)
             check_transports(config, env)
             check_gpu(role, env)
-            env.update(worker_preload_env(role, config, env))
+            env[ROLE_CHECKED_ENV] = str(os.getpid())  # execvpe keeps the pid
     except UserError as e:
         print(f"ucx-dask-gpu image: {e}", file=sys.stderr)
         return e.exit_code
@@ -198,10 +186,13 @@ def run(argv: list[str]) -> int:
     exe = str(sibling) if role.argv[0] == "dask" and sibling.exists() else role.argv[0]
     try:
         os.execvpe(exe, list(role.argv), env)
+    except FileNotFoundError:
+        where = "no such file" if "/" in role.argv[0] else "not on PATH"
+        print(f"ucx-dask-gpu image: no command {role.argv[0]!r} in this image ({where}); run one of: {USAGE_LINE}",
+              file=sys.stderr)
     except OSError as e:
         print(f"ucx-dask-gpu image: cannot run {role.argv[0]!r}: {e.strerror}", file=sys.stderr)
-        return UNKNOWN_ROLE
-    return 0  # not reached
+    return NO_SUCH_COMMAND
 
 
 def main(argv: list[str] | None = None) -> int:

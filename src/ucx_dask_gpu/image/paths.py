@@ -11,6 +11,7 @@ from pathlib import Path
 from ..stack import Stack, find_stack_file
 
 CACHE_ENV = "UCX_DASK_GPU_BUILD_CACHE"
+UCX_SOURCES = "ucx-sources"   # <cache>/ucx-sources: what `ucx-src-build/build.sh fetch` verified for the UCX stage
 UCXX_WHEELS_ENV = "UCXX_WHEELS"
 
 
@@ -45,9 +46,11 @@ def image_ref(st: Stack) -> str:
     return f"{st.image.name}:{st.version}"
 
 
-def stage_ref(st: Stack) -> str:
-    """The image of the Dockerfile's `ucx` stage (UCX built offline), kept to read its build info."""
-    return f"{st.image.name}-ucx-stage:{st.version}"
+def stage_ref(st: Stack, tag: str) -> str:
+    """The image of the Dockerfile's `ucx` stage (UCX built offline) of the image `tag`, kept to read its build info:
+    <name>-ucx-stage:<tag's own tag> (…:<version> for the default image), so a build of another tag never moves it."""
+    _, sep, version = tag.rpartition(":")
+    return f"{st.image.name}-ucx-stage:{version if sep and '/' not in version else st.version}"
 
 
 def base_ref(st: Stack, kind: str) -> str:

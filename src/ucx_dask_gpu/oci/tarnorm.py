@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import tarfile
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
 from ..errors import BAD_ARCHIVE, UserError
+from ..fsutil import atomic_path
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_WHITEOUT = ".wh..wh..opq"
@@ -296,3 +300,24 @@ def normalise_tar_file(src_path, dst_path, epoch: int, **kw) -> NormaliseResult:
         raise UserError(f"{src_path}: not a readable tar archive: {e}", BAD_ARCHIVE) from None
     with src, open(dst_path, "wb") as out:
         return normalise_tar(src, out, epoch, where=str(src_path), **kw)
+
+
+def _owned_by_root(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    return ti
+
+
+def tar_tree(root: str | os.PathLike, dest: str | os.PathLike, epoch: int) -> NormaliseResult:
+    """A directory (e.g. a UCX prefix) as a normal-form tar of its contents, owned by 0:0 (who built it must not
+    matter), written to `dest` whole or not at all. Two trees give the same bytes exactly when their paths, types,
+    permission bits, contents and link targets agree (mtimes are clamped to `epoch`)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"{root}: not a directory", BAD_ARCHIVE)
+    with tempfile.TemporaryFile() as raw, atomic_path(dest) as tmp:
+        with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as t:
+            t.add(root, arcname=".", filter=_owned_by_root)
+        raw.seek(0)
+        with tarfile.open(fileobj=raw, mode="r") as src, open(tmp, "wb") as out:
+            return normalise_tar(src, out, epoch, where=str(root))

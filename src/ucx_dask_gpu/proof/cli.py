@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
 from ..cliutil import add_output
-from ..errors import VERDICT_FAILED
+from ..errors import USAGE, VERDICT_FAILED, UserError
 from ..fsutil import write_output_file
+from ..gate.peer import parse_address
 from .client import connect
-from .peer import parse_address
 from .from_map import FORMATS, NUMERIC_COLUMNS, prepare_dataset, run_from_map
 from .transpose import check_transpose_args, run_transpose
 
@@ -77,9 +78,22 @@ def _quiet_client(debug: bool) -> None:
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
 
 
+def check_wait_args(args) -> None:
+    """Every wait has a bound: refused before anything starts (USAGE)."""
+    if args.scheduler is not None:
+        parse_address(args.scheduler)  # a typo (or an empty value) ends here, before anything starts
+    if args.min_workers < 1:
+        raise UserError(f"--min-workers must be at least 1 (got {args.min_workers}): a workload needs a worker to run "
+                        "on", USAGE)
+    if not (0 < args.timeout < math.inf and 0 <= args.wait_workers < math.inf):
+        raise UserError(f"--timeout must be a positive number of seconds and --wait-workers a number not below 0 (got "
+                        f"{args.timeout:g}, {args.wait_workers:g})", USAGE)
+    if args.scheduler is None and (args.n_workers < 1 or args.threads_per_worker < 1):
+        raise UserError(f"--n-workers and --threads-per-worker must be at least 1 (got {args.n_workers}, "
+                        f"{args.threads_per_worker})", USAGE)
+
+
 def _run(args, body) -> int:
-    if args.scheduler:
-        parse_address(args.scheduler)  # a typo ends here, before anything starts
     _quiet_client(_debugging(args))
     results = _reserve_stdout_for_results()
     with connect(args.scheduler, args.protocol, args.n_workers, args.threads_per_worker, args.timeout,
@@ -94,13 +108,16 @@ def _run(args, body) -> int:
 
 def _cmd_transpose(args) -> int:
     check_transpose_args(args.size, args.chunk, args.backend)
-    return _run(args, lambda c: run_transpose(c, args.size, args.chunk, args.seed, args.backend, args.retries))
+    check_wait_args(args)
+    return _run(args, lambda c: run_transpose(c, args.size, args.chunk, args.seed, args.backend, args.retries,
+                                              args.timeout))
 
 
 def _cmd_from_map(args) -> int:
+    check_wait_args(args)
     paths, columns = prepare_dataset(args.path, args.format, args.files, args.rows,
                                      [c for c in args.columns.split(",") if c], args.seed, not args.no_write)
-    return _run(args, lambda c: run_from_map(c, paths, args.format, columns, args.retries))
+    return _run(args, lambda c: run_from_map(c, paths, args.format, columns, args.retries, args.timeout))
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -111,9 +128,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-workers", type=int, default=2, help="LocalCluster workers (default 2)")
     p.add_argument("--threads-per-worker", type=int, default=1)
     p.add_argument("--timeout", type=float, default=30,
-                   help="seconds to wait for the scheduler's answer; what answers instead, or silence, ends the run "
-                        "within this time (default 30)")
-    p.add_argument("--min-workers", type=int, default=1, help="workers to wait for before starting (default 1)")
+                   help="seconds to wait for the scheduler's answer (what answers instead, or silence, ends the run "
+                        "within this time), and, mid-run, for a worker to join when none is left: then 'all workers "
+                        "lost' (exit 27); a lost scheduler ends the run at once (exit 28) (default 30)")
+    p.add_argument("--min-workers", type=int, default=1,
+                   help="workers to wait for before starting, at least 1 (default 1)")
     p.add_argument("--wait-workers", type=float, default=60, metavar="SECONDS",
                    help="give up when fewer than --min-workers workers joined by then (default 60)")
     p.add_argument("--seed", type=int, default=0)

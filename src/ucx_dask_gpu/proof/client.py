@@ -1,4 +1,4 @@
-"""The client side shared by the cluster proofs: a Client to a scheduler (checked first: proof/peer.py) or to a
+"""The client side shared by the cluster proofs: a Client to a scheduler (checked first: gate/peer.py) or to a
 LocalCluster, waiting for its workers, the workers it sees, libraries imported on every worker before timing, and a
 cluster's failure as one line.
 
@@ -7,20 +7,31 @@ fast.
 """
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import importlib
+import logging
 import sys
 import time
 from typing import Callable, Iterator
 
-from ..errors import ENV_MISMATCH, NO_WORKERS, NOT_A_SCHEDULER, SCHEDULER_UNREACHABLE, WORKLOAD_FAILED, UserError
-from ..gate.identity import GUARD
+from ..errors import (ALL_WORKERS_LOST, BINDING_NOT_LOADABLE, ENV_MISMATCH, NO_WORKERS, NOT_A_SCHEDULER,
+                      SCHEDULER_LOST, SCHEDULER_UNREACHABLE, WORKLOAD_FAILED, UserError)
 from ..gate.daskconfig import STARTUP
+from ..gate.identity import GUARD, REFUSAL_PREFIX
+from ..gate.peer import DIAGNOSIS_S, REPORT_EVERY_S, check_scheduler, parse_address, what_answers
 from ..ucx.transports import mapped_libucp
-from .peer import DIAGNOSIS_S, check_scheduler, parse_address, what_answers
 
 # Relative tolerance for float sums: dask and the client add the same numbers in a different order.
 RTOL = 1e-9
+# What a cancel looks like: distributed cancels the futures of a lost scheduler (FutureCancelledError, a
+# concurrent.futures.CancelledError), and what waits on it may see asyncio's.
+CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
+# How often a wait on the cluster looks at it (scheduler still there? workers left?).
+POLL_S = 1.0
+# How long a run waits, without any worker left, for one to join (the workload CLI's --timeout).
+LOST_AFTER_S = 30.0
 
 
 def say(msg: str) -> None:
@@ -48,7 +59,7 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, th
     cluster = None
     try:
         try:
-            if scheduler:
+            if scheduler is not None:
                 addr = parse_address(scheduler)
                 start = time.monotonic()
                 if check_scheduler(addr, timeout) is None:  # UCX: only reachable so far; the Client tries for real
@@ -59,8 +70,8 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, th
                 cluster = LocalCluster(protocol=protocol, n_workers=n_workers,
                                        threads_per_worker=threads_per_worker, dashboard_address=":0")
                 client = Client(cluster, timeout=timeout)
-        except ImportError as e:  # distributed's way to refuse a client: our guard said the environments differ
-            raise UserError(str(e), ENV_MISMATCH) from None
+        except ImportError as e:
+            raise import_failure(e, scheduler, protocol) from None
         except (OSError, TimeoutError) as e:
             where = scheduler or f"a local {protocol} cluster"
             raise UserError(f"cannot connect to {where}: {e}", SCHEDULER_UNREACHABLE) from None
@@ -68,6 +79,11 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, th
             wait_for_workers(client, min_workers, wait_workers)
             try:
                 yield client
+            except (Exception, *CANCELLED) as e:  # whatever a request raised once the scheduler went away
+                watch = Watch(client, "workload", timeout)
+                if not isinstance(e, UserError) and watch.scheduler_lost():
+                    raise watch.lost() from None
+                raise
             finally:
                 if cluster is not None:
                     with contextlib.suppress(Exception):  # best effort: cluster.close() below ends them anyway
@@ -75,6 +91,21 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, th
     finally:
         if cluster is not None:
             cluster.close()
+
+
+def import_failure(e: ImportError, scheduler: str | None, protocol: str) -> UserError:
+    """What an ImportError from Client(...) means: distributed's way to refuse a client (our guard's refusal, which
+    says so itself: ENV_MISMATCH), or a library this process could not load (BINDING_NOT_LOADABLE)."""
+    text = str(e)
+    if text.startswith(REFUSAL_PREFIX):
+        return UserError(text, ENV_MISMATCH)
+    scheme_ = scheme(scheduler) if scheduler is not None else protocol
+    if scheme_ in ("ucx", "ucxx"):
+        return UserError(f"UCX binding not loadable: {type(e).__name__}: {text}; UCXX's libucxx.so needs our UCX's "
+                         "libucp.so.0 loaded or on the loader path: set up this Python with `ucx-src-build/build.sh "
+                         "install-ucxx --python PYTHON --wheels DIR --ucx-prefix DIR` (docs/environment-gate.md)",
+                         BINDING_NOT_LOADABLE)
+    return UserError(f"a library the client needs is not loadable: {type(e).__name__}: {text}", BINDING_NOT_LOADABLE)
 
 
 def close_workers(client, cluster, timeout: float) -> str:
@@ -107,12 +138,13 @@ def _ucx_client(Client, addr, timeout: float):
 
 
 def wait_for_workers(client, wanted: int, timeout: float, report: Callable[[str], None] = say,
-                     every: float = 10) -> int:
+                     every: float = REPORT_EVERY_S) -> int:
     """Wait until `wanted` workers have joined, saying so every `every` seconds; NO_WORKERS after `timeout`."""
     start = time.monotonic()
     last = None
+    watch = Watch(client, "wait for workers", timeout)
     while True:
-        have = n_workers(client)
+        have = watch.workers()
         waited = time.monotonic() - start
         if have >= wanted:
             if last is not None:
@@ -129,18 +161,15 @@ def wait_for_workers(client, wanted: int, timeout: float, report: Callable[[str]
         time.sleep(0.25)
 
 
-def n_workers(client) -> int:
-    return len(client.scheduler_info(n_workers=-1)["workers"])
-
-
-def warm_up(client, modules: tuple[str, ...]) -> None:
+def warm_up(client, modules: tuple[str, ...], watch: "Watch | None" = None) -> None:
     """Import the workload's libraries on every worker first, so wall time measures the work, not imports.
 
     As tasks (worker threads), not `client.run` (the event loop), so heartbeats keep flowing during slow imports.
     """
-    addresses = list(client.scheduler_info(n_workers=-1)["workers"])
+    watch = watch or Watch(client, "warm-up", LOST_AFTER_S)
+    addresses = list(watch.call(client.scheduler_info, n_workers=-1)["workers"])
     # allow_other_workers: a worker killed during warm-up must not leave its pinned task waiting forever.
-    client.gather([client.submit(_import_all, modules, workers=[a], allow_other_workers=True, pure=False)
+    watch.results([client.submit(_import_all, modules, workers=[a], allow_other_workers=True, pure=False)
                    for a in addresses])
 
 
@@ -157,19 +186,115 @@ def ucx_loaded() -> dict:
     return {"libucp": path, "ucx_version": version}
 
 
-def ucx_in_roles(client) -> dict:
+def ucx_in_roles(client, watch: "Watch") -> dict:
     """ucx_loaded() of the client, the scheduler and every worker."""
-    return {"client": ucx_loaded(), "scheduler": client.run_on_scheduler(ucx_loaded),
-            "workers": client.run(ucx_loaded)}
+    return {"client": ucx_loaded(), "scheduler": watch.call(client.run_on_scheduler, ucx_loaded),
+            "workers": watch.call(client.run, ucx_loaded)}
 
 
 def scheme(address: str) -> str:
     return address.split("://", 1)[0] if "://" in address else "tcp"
 
 
-def on_cluster(what: str, future, timeout: float | None = None):
-    """A future's result; a computation that fails on the cluster is one line and its own exit code."""
-    try:
-        return future.result(timeout)
-    except Exception as e:  # whatever the task raised, or KilledWorker after too many worker deaths
-        raise UserError(f"{what} failed on the cluster: {type(e).__name__}: {e}", WORKLOAD_FAILED) from None
+class Watch:
+    """Every wait of a workload on the cluster, bounded, and saying every REPORT_EVERY_S that it still waits.
+
+    - the scheduler lost (its connection closed: stopped, killed, unreachable): SCHEDULER_LOST at once;
+    - no worker left (all died mid-run) and none joined within `timeout` seconds: ALL_WORKERS_LOST;
+    - a task that raised: WORKLOAD_FAILED.
+    A computation that still has workers may take as long as it takes: it is not a hang, and it says so.
+    """
+
+    def __init__(self, client, what: str, timeout: float, report: Callable[[str], None] = say,
+                 every: float = REPORT_EVERY_S):
+        self.client, self.what, self.timeout, self.report, self.every = client, what, timeout, report, every
+        self.start = time.monotonic()
+        self._reported = self.start
+        self._no_workers_since: float | None = None
+
+    def scheduler_lost(self) -> bool:
+        comm = getattr(self.client, "scheduler_comm", None)
+        return self.client.status != "running" or comm is None or comm.comm.closed()
+
+    def lost(self) -> UserError:
+        # The client's reconnect attempts end in a logged traceback when the client closes under them: our line says
+        # what happened (still shown with --debug).
+        if logging.getLogger("distributed").getEffectiveLevel() > logging.DEBUG:
+            logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
+        return UserError(f"scheduler lost: the connection to {self.client.scheduler.address} closed during the "
+                         f"{self.what} (the scheduler stopped, or its host is unreachable)", SCHEDULER_LOST)
+
+    def workers(self) -> int:
+        """Workers the scheduler has now (asked, not the client's cached view); SCHEDULER_LOST when it cannot say."""
+        if self.scheduler_lost():
+            raise self.lost()
+        try:
+            info = self.client.sync(self.client.scheduler.identity, n_workers=-1,
+                                    callback_timeout=max(min(self.timeout, 10), 1))
+        except (OSError, TimeoutError, *CANCELLED) as e:  # the client cancels what waits on a lost scheduler
+            if self.scheduler_lost():
+                raise self.lost() from None
+            raise UserError(f"scheduler lost: {self.client.scheduler.address} did not answer during the "
+                            f"{self.what} ({type(e).__name__}: {e})", SCHEDULER_LOST) from None
+        return len(info.get("workers") or {})
+
+    def check(self) -> None:
+        """One look at the cluster: raises when the wait must end, reports progress when it is time."""
+        have = self.workers()
+        now = time.monotonic()
+        if have:
+            self._no_workers_since = None
+        elif self._no_workers_since is None:
+            self._no_workers_since = now
+        elif now - self._no_workers_since >= self.timeout:
+            raise UserError(f"all workers lost: the scheduler at {self.client.scheduler.address} has had no worker "
+                            f"for {now - self._no_workers_since:.0f} s (--timeout {self.timeout:g} s) during the "
+                            f"{self.what}", ALL_WORKERS_LOST)
+        if now - self._reported >= self.every:
+            self._reported = now
+            if have:
+                self.report(f"{self.what}: still running after {now - self.start:.0f} s on {have} worker(s)")
+            else:
+                self.report(f"{self.what}: no worker left at {self.client.scheduler.address} for "
+                            f"{now - self._no_workers_since:.0f} s; waiting up to {self.timeout:g} s (--timeout) "
+                            "for one to join")
+
+    def call(self, fn: Callable, *args, **kwargs):
+        """fn(*args, **kwargs), a request to the scheduler: not sent once the scheduler is lost (dask would retry
+        connecting for its whole connect timeout), and its failure then is SCHEDULER_LOST."""
+        if self.scheduler_lost():
+            raise self.lost()
+        try:
+            return fn(*args, **kwargs)
+        except (OSError, *CANCELLED):  # CommClosedError included; the client cancels what waits on a lost one
+            if self.scheduler_lost():
+                raise self.lost() from None
+            raise
+
+    def results(self, futures: list) -> list:
+        """The futures' results, waiting as the class says."""
+        from distributed import wait  # heavy: only where a workload runs
+
+        pending = list(futures)
+        while True:
+            try:
+                wait(pending, timeout=POLL_S)
+                return [self._value(f) for f in pending]
+            except TimeoutError:
+                pass
+            except CANCELLED:  # distributed's FuturesCancelledError: the client cancelled them
+                return [self._value(f) for f in pending]
+            self.check()
+
+    def result(self, future):
+        return self.results([future])[0]
+
+    def _value(self, future):
+        try:
+            return future.result()
+        except BaseException as e:  # what the task raised, KilledWorker, or a cancel (a BaseException)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            if self.scheduler_lost() or "scheduler-connection-lost" in str(e):
+                raise self.lost() from None
+            raise UserError(f"{self.what} failed on the cluster: {type(e).__name__}: {e}", WORKLOAD_FAILED) from None

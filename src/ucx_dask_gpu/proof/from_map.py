@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import DATA_INVALID, USAGE, UserError
 from ..fsutil import atomic_path
 from ..gate.identity import compare_versions
-from .client import RTOL, n_workers, on_cluster, scheme, warm_up
+from .client import LOST_AFTER_S, RTOL, Watch, scheme, warm_up
 
 READ_TOPIC = "ucx-dask-gpu-read"
 FORMATS = {"parquet": ".parquet", "feather": ".feather"}
@@ -129,11 +129,12 @@ def _find_projection(collection) -> list[str] | None:
     return None
 
 
-def _wait_for_read_events(client, run: str, files: set[str], timeout: float = 15.0) -> list[dict]:
+def _wait_for_read_events(client, run: str, files: set[str], watch: Watch, timeout: float = 15.0) -> list[dict]:
     """Events of this run, once every file has one (workers send them in batches, a few ms late)."""
     deadline = time.monotonic() + timeout
     while True:
-        events = [msg for _, msg in client.get_events(READ_TOPIC) if isinstance(msg, dict) and msg.get("run") == run]
+        events = [msg for _, msg in watch.call(client.get_events, READ_TOPIC)
+                  if isinstance(msg, dict) and msg.get("run") == run]
         if {e["file"] for e in events} >= files or time.monotonic() > deadline:
             return events
         time.sleep(0.1)
@@ -175,26 +176,28 @@ def prepare_dataset(directory: str | Path, fmt: str = "parquet", files: int = 8,
 
 
 def run_from_map(client, paths: list[Path], fmt: str = "parquet", columns: list[str] | None = None,
-                 retries: int = 2) -> dict:
-    """Sum `columns` over the files with a dd.from_map reader; check the sums and that workers read only them."""
+                 retries: int = 2, timeout: float = LOST_AFTER_S) -> dict:
+    """Sum `columns` over the files with a dd.from_map reader; check the sums and that workers read only them.
+    Every wait bounded as proof/client.py's Watch says (`timeout`: how long it waits without any worker)."""
     import dask.dataframe as dd
 
     columns = list(columns or ["a", "b"])
     template = dataset_table(0, 1, 0)
     all_columns = template.column_names
-    versions = compare_versions(client.get_versions(check=False))
+    watch = Watch(client, "from-map", timeout)
+    versions = compare_versions(watch.call(client.get_versions, check=False))
     run = uuid.uuid4().hex
     reader = ArrowFileReader(fmt, all_columns, run)
     df = dd.from_map(reader, [str(p) for p in paths], meta=_meta(template), label=f"read-{fmt}",
                      enforce_metadata=False)
     query = df[columns].sum()
     projected = _find_projection(query)
-    warm_up(client, ("pandas", "pyarrow.parquet", "pyarrow.feather", "dask.dataframe"))
-    workers_start = n_workers(client)
+    warm_up(client, ("pandas", "pyarrow.parquet", "pyarrow.feather", "dask.dataframe"), watch)
+    workers_start = watch.workers()
     start = time.perf_counter()
-    result = on_cluster("from-map", client.compute(query, retries=retries))
+    result = watch.result(watch.call(client.compute, query, retries=retries))
     wall = time.perf_counter() - start
-    events = _wait_for_read_events(client, run, {p.name for p in paths})
+    events = _wait_for_read_events(client, run, {p.name for p in paths}, watch)
 
     expected = from_map_expected(paths, fmt, columns)
     # One dtype for the whole result Series: an int column's sum comes back as float64 next to a float column;
@@ -212,7 +215,7 @@ def run_from_map(client, paths: list[Path], fmt: str = "parquet", columns: list[
         "workload": "from-map", "format": fmt, "directory": str(Path(paths[0]).parent), "files": len(paths),
         "query": f"df[{columns!r}].sum()",
         "protocol": scheme(client.scheduler.address), "scheduler": client.scheduler.address,
-        "workers_start": workers_start, "workers_end": n_workers(client),
+        "workers_start": workers_start, "workers_end": watch.workers(),
         "requested_columns": columns, "projected_columns": projected,
         "columns_read": [list(c) for c in read_sets], "all_columns": all_columns,
         "reads": len(events), "files_read": len(files_read),

@@ -12,7 +12,7 @@ import time
 
 from ..errors import USAGE, UserError
 from ..gate.identity import compare_versions
-from .client import RTOL, n_workers, on_cluster, scheme, ucx_in_roles, warm_up
+from .client import LOST_AFTER_S, RTOL, Watch, scheme, ucx_in_roles, warm_up
 
 
 def _random_block(seed: int, i: int, j: int, shape: tuple[int, int]):
@@ -87,36 +87,40 @@ def _as_float(value) -> float:
 
 
 def run_transpose(client, size: int = 4000, chunk: int = 1000, seed: int = 0, backend: str = "numpy",
-                  retries: int = 2) -> dict:
+                  retries: int = 2, timeout: float = LOST_AFTER_S) -> dict:
+    """The workload on `client`'s cluster; every wait bounded as proof/client.py's Watch says (`timeout`: how long
+    it waits without any worker)."""
     import dask.array as da
     from distributed import futures_of
 
     check_transpose_args(size, chunk, backend)
-    versions = compare_versions(client.get_versions(check=False))
-    warm_up(client, ("numpy", "dask.array") + (("cupy",) if backend == "cupy" else ()))
-    workers_start = n_workers(client)
+    watch = Watch(client, "transpose", timeout)
+    versions = compare_versions(watch.call(client.get_versions, check=False))
+    warm_up(client, ("numpy", "dask.array") + (("cupy",) if backend == "cupy" else ()), watch)
+    workers_start = watch.workers()
     sizes = tuple(_chunk_sizes(size, chunk))
     x = da.map_blocks(_generate_block, seed, backend, chunks=(sizes, sizes), dtype="float64",
                       meta=_client_meta(backend), name=f"random-{seed}-{size}-{chunk}-{backend}")
     start = time.perf_counter()
     # Persist, then reduce: a worker that dies takes its blocks with it, and the scheduler regenerates them.
-    x = client.persist(x, retries=retries)
-    total = client.compute((x + x.T).sum(), retries=retries)
+    x = watch.call(client.persist, x, retries=retries)
+    total = watch.call(client.compute, (x + x.T).sum(), retries=retries)
     # Converted on a worker: a cupy scalar would need a GPU on the client to be deserialized.
-    value = on_cluster("transpose", client.submit(_as_float, total, retries=retries, pure=False))
+    value = watch.result(client.submit(_as_float, total, retries=retries, pure=False))
     wall = time.perf_counter() - start
     # What the workers really computed on (cupy on GPUs), read from a block where it lives.
-    block_type = on_cluster("transpose", client.submit(_array_module, futures_of(x)[0], pure=False))
+    block_type = watch.result(client.submit(_array_module, futures_of(x)[0], pure=False))
     del x, total
     expected = transpose_expected(size, chunk, seed)
     rel = abs(value - expected) / max(abs(expected), 1e-300)
+    protocol = scheme(client.scheduler.address)
     return {
         "workload": "transpose", "expression": "(x + x.T).sum()", "size": size, "chunk": chunk,
         "blocks": len(sizes) ** 2, "backend": backend, "block_type": block_type, "seed": seed,
-        "protocol": scheme(client.scheduler.address), "scheduler": client.scheduler.address,
-        "workers_start": workers_start, "workers_end": n_workers(client),
+        "protocol": protocol, "scheduler": client.scheduler.address,
+        "workers_start": workers_start, "workers_end": watch.workers(),
         "value": value, "expected": expected, "rel_error": rel, "ok": rel <= RTOL and block_type == backend,
         "wall_s": round(wall, 4),
         "versions_identical": versions["identical"], "version_differences": versions["differences"],
-        "ucx": ucx_in_roles(client) if scheme(client.scheduler.address) == "ucx" else None,
+        "ucx": ucx_in_roles(client, watch) if protocol == "ucx" else None,
     }

@@ -184,6 +184,7 @@ class Stack:
     version: str
     cuda_major: int
     source_date_epoch: int
+    build_root: str                   # [stack].build_root: what a build's own directories are called in its output
     source: str | None                # [stack].source: where the image's sources live (else git's origin)
     mirror_dirs: tuple[str, ...]      # [sources]
     ucx: SourceArchive
@@ -502,6 +503,7 @@ def parse(data: dict[str, Any], path: Path) -> Stack:
         version=_version(st, f"{w}.stack"),
         cuda_major=cuda_major,
         source_date_epoch=epoch,
+        build_root=_absolute_dir(st, "build_root", f"{w}.stack"),
         source=source,
         mirror_dirs=mirror_dirs,
         ucx=ucx_source,

@@ -32,7 +32,7 @@ from distributed import Client, Nanny, Scheduler, Worker
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from ..gate import tuning
-from ..gate.daskconfig import add_worker_preload, in_force
+from ..gate.daskconfig import add_worker_preloads, in_force
 from . import transports
 
 # Under "distributed." so that dask's logging config (format, level, handler) applies to our lines too.
@@ -95,6 +95,6 @@ async def dask_setup(dask_object) -> None:
     elif isinstance(dask_object, Worker):
         worker_setup(dask_object)
     elif isinstance(dask_object, Nanny):
-        add_worker_preload(dask_object, __name__)
+        add_worker_preloads(dask_object, [__name__])
     if isinstance(dask_object, (Scheduler, Worker, Client)):
         await tuning.apply(dask_object)

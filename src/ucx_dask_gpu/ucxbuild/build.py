@@ -1,9 +1,14 @@
 """Build UCX from the first verified source into a relocatable prefix with share/ucx-dask-gpu/build-info.json.
 
-Steps: fetch + verify -> unpack -> patches/<version>/ -> autogen.sh (tag archives have no ./configure) -> CUDA headers
-and link libraries -> detect verbs/rdmacm -> contrib/configure-release with stack.toml's flags + detected ones ->
-make + install of the shipped components only -> strip, RUNPATH/pkg-config/CMake made relative -> build-info.json ->
-into --prefix (renamed in when the prefix is new or one of our earlier builds, otherwise merged, e.g. a conda $PREFIX).
+Steps: input key (nothing to do when --prefix already holds a build with this key) -> fetch + verify -> unpack ->
+patches/<version>/ -> autogen.sh (tag archives have no ./configure) -> CUDA headers and link libraries -> detect
+verbs/rdmacm -> contrib/configure-release with stack.toml's flags + detected ones -> make + install of the shipped
+components only -> strip, RUNPATH/pkg-config/CMake made relative -> build-info.json -> into --prefix (renamed in when
+the prefix is new or one of our earlier builds, otherwise merged, e.g. a conda $PREFIX).
+
+Where it ran does not reach the bytes (repro.py): UCX is always configured for stack.toml [image].ucx_prefix and
+installed into --prefix as a relocated copy; the work directory is mapped to <build_root>/ucx for the compilers and
+in the configure line UCX compiles into ucx_info and libucs; umask, locale and time zone are fixed.
 
 Only the shipped components are built (SUBDIRS below): UCX's test/apps do not build with CUDA 13 headers against the
 535 link libraries, and nothing we ship needs them.
@@ -27,7 +32,7 @@ from ..fsutil import atomic_path, atomic_write_text, claim_work_dir, sha256_file
 from ..stack import Stack
 from ..ucx.install import BUILD_INFO
 from . import cuda as cudamod
-from . import relocate
+from . import relocate, repro
 from .fetch import FetchedSource, default_cache_dir, fetch_source, say, warn
 
 # Components that make up an installed UCX (libraries, modules, ucx_info/ucx_perftest/ucx_read_profile, CMake
@@ -62,6 +67,7 @@ class BuildOptions:
     require: frozenset[str] = frozenset()
     patches_root: Path | None = None
     keep_debug: bool = False
+    stamp: Path | None = None  # gets the input key, rewritten only when it changes (make's prerequisite)
 
 
 def parse_require(text: str | None) -> frozenset[str]:
@@ -77,14 +83,6 @@ def parse_require(text: str | None) -> frozenset[str]:
 
 def _fmt_s(s: float) -> str:
     return f"{int(s // 60)}m{s % 60:04.1f}s" if s >= 60 else f"{s:.1f}s"
-
-
-def build_env(stack: Stack) -> dict[str, str]:
-    env = dict(os.environ)
-    # Same bytes from the same inputs: fixed timestamp for anything that embeds one, C locale, UTC.
-    env.update(SOURCE_DATE_EPOCH=str(stack.source_date_epoch), LC_ALL="C", TZ="UTC")
-    env.pop("MAKEFLAGS", None)  # an outer `make -jN` must not multiply our -j
-    return env
 
 
 def run_logged(cmd: list[str], cwd: Path, log: Path, env: dict, label: str) -> tuple[int, list[str]]:
@@ -233,23 +231,37 @@ def detect_capabilities(cuda: cudamod.CudaSetup, opts: BuildOptions) -> dict:
     return caps
 
 
-def configure_command(stack: Stack, src: Path, prefix: Path, cuda: cudamod.CudaSetup, caps: dict) -> list[str]:
-    """contrib/configure-release + stack.toml [ucx.configure].flags + detected flags. The only place they meet."""
-    cmd = ["contrib/configure-release", f"--prefix={prefix}", *stack.configure_flags]
+def configure_command(stack: Stack, cuda: cudamod.CudaSetup, caps: dict, paths: repro.PathMap) -> list[str]:
+    """contrib/configure-release + stack.toml [ucx.configure].flags + detected flags. The only place they meet.
+
+    The prefix is always stack.toml [image].ucx_prefix: UCX compiles its prefix into libucs (fallback module
+    directory, ucx.conf) and the whole line into ucx_info; the build installs a relocated copy wherever asked."""
+    cmd = ["contrib/configure-release", f"--prefix={stack.image.ucx_prefix}", *stack.configure_flags]
     cmd.append(f"--with-cuda={cuda.home}" if cuda.kind != "none" else "--without-cuda")
     cmd += ["--with-verbs" if caps["verbs"] else "--without-verbs",
             "--with-rdmacm" if caps["rdmacm"] else "--without-rdmacm"]
     cmd.append(f"--with-gdrcopy={caps['gdrcopy']}" if caps["gdrcopy"] else "--without-gdrcopy")
     # Variables on the configure line replace the environment's, so keep what the caller set (conda's CFLAGS and
     # LDFLAGS carry its sysroot and rpath) and add ours. UCX's own -O3 -g -Wall -Werror come from BASE_CFLAGS.
-    # -ffile-prefix-map keeps the build directory out of debug info and __FILE__ (ucx_info -v still prints this line).
-    prefix_map = f"-ffile-prefix-map={src}=ucx-src"
-    extra = {"CPPFLAGS": cuda.cppflags(), "CFLAGS": [prefix_map], "CXXFLAGS": [prefix_map], "LDFLAGS": cuda.ldflags()}
+    # The prefix maps keep the work directory out of debug info and __FILE__ (nvcc: for its host compiler).
+    extra = {"CPPFLAGS": cuda.cppflags(), "CFLAGS": paths.compiler_flags(), "CXXFLAGS": paths.compiler_flags(),
+             "NVCCFLAGS": paths.nvcc_flags(), "LDFLAGS": cuda.ldflags()}
     for var, ours in extra.items():
         value = " ".join(filter(None, [os.environ.get(var, "").strip(), *ours]))
         if value:
             cmd.append(f"{var}={value}")
     return cmd
+
+
+def map_configure_line(src: Path, paths: repro.PathMap) -> None:
+    """UCX compiles its configure line (config.h UCX_CONFIGURE_FLAGS; ucx_info -v and -b print it): the same line
+    with the build's directories as their stand-ins, so the binaries do not depend on the work directory."""
+    config_h = src / "config.h"
+    text = config_h.read_text()
+    new = re.sub(r'(?m)^(#define UCX_CONFIGURE_FLAGS )(".*")$', lambda m: m.group(1) + paths.text(m.group(2)), text)
+    if new == text and paths.dirs and any(d in text for d in paths.dirs):
+        raise UserError(f"{config_h}: no UCX_CONFIGURE_FLAGS line to map (unexpected UCX layout)", BUILD_FAILED)
+    config_h.write_text(new)
 
 
 def parse_configure_summary(lines: list[str]) -> dict[str, list[str] | str]:
@@ -347,14 +359,71 @@ def install_into_prefix(staged: Path, prefix: Path) -> str:
 
 # --- the whole build -----------------------------------------------------------------------------------------------
 
+def input_key(stack: Stack, opts: BuildOptions, patches: list[Path]) -> str:
+    """Hash of everything the prefix's bytes depend on: source, patches, configure flags, CUDA choice, required
+    capabilities and the headers found for them, the tools that write the bytes, the caller's compiler variables,
+    SOURCE_DATE_EPOCH, the configured prefix and this builder. Not the checkout, work directory or --prefix: the
+    build maps those out of its output (module docstring), so builds that differ only there give the same bytes."""
+    cuda_choice: dict = {"spec": opts.cuda}
+    home = Path(opts.cuda).resolve() if opts.cuda not in ("auto", "none") else \
+        (cudamod.auto_toolkit() if opts.cuda == "auto" else None)
+    if home is not None:
+        inc = cudamod.include_dir_of(home)
+        cuda_choice.update(toolkit=str(home), version=cudamod.cuda_version(inc) if inc else None)
+    elif opts.cuda == "auto":
+        cuda_choice["pinned"] = [[a.name, a.sha256] for a in (*stack.cuda_header_wheels, *stack.cuda_link_debs)]
+    return repro.key_of({
+        "source": [stack.ucx.name, stack.ucx.content_tree],
+        "patches": [[p.name, sha256_file(p)] for p in patches],
+        "configure_flags": list(stack.configure_flags),
+        "configured_prefix": stack.image.ucx_prefix,
+        "build_root": stack.build_root,
+        "source_date_epoch": stack.source_date_epoch,
+        "cuda": cuda_choice,
+        "cuda_link_dir": str(opts.cuda_link_dir) if opts.cuda_link_dir else None,
+        "gdrcopy": str(opts.gdrcopy) if opts.gdrcopy else None,
+        "require": sorted(opts.require),
+        "headers": {k: header_available(h, []) for k, h in sorted(HEADER_PROBES.items())},
+        "keep_debug": opts.keep_debug,
+        "tools": repro.tool_versions("cc", "c++", "ld", "strip", "patchelf", "autoconf", "automake", "libtool"),
+        "caller_flags": repro.caller_flags(),
+        "machine": os.uname().machine,
+        "builder": repro.builder_code(),
+    })
+
+
+def up_to_date(prefix: Path, key: str) -> bool:
+    """--prefix holds our build with this input key, every file as its build info records it."""
+    try:
+        info = json.loads((prefix / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return False
+    return info.get("input_key") == key and file_manifest(prefix) == info.get("files")
+
+
 def build(stack: Stack, opts: BuildOptions) -> dict:
     """Run every step; --prefix is touched only at the very end. A temporary work dir is removed unless a build
-    step failed (then its logs are what the user needs, and the error names them)."""
+    step failed (then its logs are what the user needs, and the error names them). Nothing is built when --prefix
+    already holds a build of the same inputs."""
+    with repro.fixed_umask():
+        patches = patches_for(stack.ucx.version, opts.patches_root or stack.root / "ucx-src-build" / "patches")
+        key = input_key(stack, opts, patches)
+        prefix = opts.prefix.resolve()
+        if up_to_date(prefix, key):
+            say(f"{prefix}: UCX built from the same inputs already (input key {key}); nothing to do")
+            repro.write_stamp(opts.stamp, key)
+            return json.loads((prefix / BUILD_INFO).read_text())
+        info = _build_in_work_dir(stack, opts, key)
+    repro.write_stamp(opts.stamp, key)
+    return info
+
+
+def _build_in_work_dir(stack: Stack, opts: BuildOptions, key: str) -> dict:
     own_work = opts.work_dir is None
     work = Path(tempfile.mkdtemp(prefix="ucx-build-")) if own_work else \
         claim_work_dir(opts.work_dir.resolve(), WORK_FOLDERS, "--work-dir")  # type: ignore
     try:
-        info = _build(stack, opts, work)
+        info = _build(stack, opts, work, key)
     except UserError as e:
         if own_work and e.exit_code != BUILD_FAILED:
             shutil.rmtree(work, ignore_errors=True)
@@ -366,9 +435,10 @@ def build(stack: Stack, opts: BuildOptions) -> dict:
     return info
 
 
-def _build(stack: Stack, opts: BuildOptions, work: Path) -> dict:
+def _build(stack: Stack, opts: BuildOptions, work: Path, key: str) -> dict:
     t_start = time.monotonic()
     prefix = opts.prefix.resolve()
+    configured = stack.image.ucx_prefix
     jobs = opts.jobs or (os.cpu_count() or 1) + 1
     cache = (opts.cache or default_cache_dir(stack)).resolve()
     patches_root = opts.patches_root or stack.root / "ucx-src-build" / "patches"
@@ -376,7 +446,9 @@ def _build(stack: Stack, opts: BuildOptions, work: Path) -> dict:
     logs = work / "logs"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
-    env = build_env(stack)
+    env = repro.build_env(stack)
+    # The work directory and this checkout as the compilers and the recorded configure line show them.
+    paths = repro.PathMap.of({work: repro.stand_in(stack, "ucx"), stack.root: repro.stand_in(stack, "checkout")})
     fetch_kw = {"cache": cache, "dirs": [p.resolve() for p in opts.sources], "offline": opts.offline}
     say(f"build: prefix {prefix}, work dir {work}, -j{jobs}")
 
@@ -403,8 +475,9 @@ def _build(stack: Stack, opts: BuildOptions, work: Path) -> dict:
     say("capabilities: " + ", ".join(f"{k}={'yes' if v else 'no'}" if not isinstance(v, str) else f"{k}={v}"
                                      for k, v in caps.items()))
 
-    cmd = configure_command(stack, src, prefix, cuda, caps)
+    cmd = configure_command(stack, cuda, caps, paths)
     summary = configure(stack, src, cmd, env, logs / "configure.log")
+    map_configure_line(src, paths)
     if "ib" in opts.require and not {"ib", "rdmacm"} <= set(summary.get("UCT modules", [])):
         raise UserError(f"configure did not enable ib+rdmacm (UCT modules: {summary.get('UCT modules')}); "
                         f"see {src / 'config.log'}", MISSING_CAPABILITY)
@@ -412,10 +485,10 @@ def _build(stack: Stack, opts: BuildOptions, work: Path) -> dict:
     stage = work / "stage"
     shutil.rmtree(stage, ignore_errors=True)
     make_and_install(src, stage, jobs, env, logs)
-    root = stage / str(prefix).lstrip("/")
+    root = stage / configured.lstrip("/")
 
     stripped = 0 if opts.keep_debug else relocate.strip_debug(root)
-    reloc = relocate.make_relocatable(root, str(prefix))
+    reloc = relocate.make_relocatable(root, configured)
     modules = modules_in(root)
     not_built = check_required_modules(modules, opts.require, stack)
     for m in not_built:
@@ -423,11 +496,13 @@ def _build(stack: Stack, opts: BuildOptions, work: Path) -> dict:
 
     info = {
         "schema": 1,
+        "input_key": key,
         "ucx_version": version,
         "source": fetched.record(),
         "patches": applied,
-        "configure": {"command": shlex.join(cmd), "stack_flags": list(stack.configure_flags), "summary": summary},
-        "capabilities": {**caps, "cuda": cuda.record() if cuda.kind != "none" else None,
+        "configure": {"command": paths.text(shlex.join(cmd)), "stack_flags": list(stack.configure_flags),
+                      "summary": summary},
+        "capabilities": {**caps, "cuda": paths.data(cuda.record()) if cuda.kind != "none" else None,
                          "required": sorted(opts.require)},
         "modules": modules,
         "modules_missing": not_built,
@@ -436,9 +511,14 @@ def _build(stack: Stack, opts: BuildOptions, work: Path) -> dict:
         "source_date_epoch": stack.source_date_epoch,
         "compiler": compiler_version(),
         "stack": {"name": stack.name, "version": stack.version, "stack_toml_sha256": sha256_file(stack.path)},
-        "build_prefix": str(prefix),
+        # The prefix UCX was configured for (and compiled in); --prefix is a relocated copy of it.
+        "build_prefix": configured,
     }
     info["files"] = file_manifest(root)
+    leaks = repro.paths_in(root, paths.dirs + [str(prefix)])
+    info["build_paths_found"] = leaks
+    for rel, dirs in leaks.items():
+        warn(f"{rel} still names {', '.join(dirs)}: this prefix depends on where it was built")
     atomic_write_text(root / BUILD_INFO, json.dumps(info, indent=2, sort_keys=True) + "\n")
     relocate.clamp_mtimes(root, stack.source_date_epoch)
     how = install_into_prefix(root, prefix)

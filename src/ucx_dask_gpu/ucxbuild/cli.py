@@ -1,5 +1,6 @@
-"""`ucx-dask-gpu ucx fetch|build|verify` (also `python3 -m ucx_dask_gpu.ucxbuild ...`, which ucx-src-build/build.sh
-uses: it needs nothing outside the standard library). Stable interface: recipes, the Dockerfile and hosts call it.
+"""`ucx-dask-gpu ucx fetch|build|ucxx|install-ucxx|verify|prefix-map` (also `python3 -m ucx_dask_gpu.ucxbuild ...`,
+which ucx-src-build/build.sh uses: it needs nothing outside the standard library). Stable interface: recipes, the
+Dockerfile and hosts call it.
 """
 from __future__ import annotations
 
@@ -9,13 +10,18 @@ import sys
 from pathlib import Path
 
 from ..cliutil import WORK_DIR_HELP, Parser, add_output, run_parsed
-from ..errors import VERDICT_FAILED
+from ..errors import USAGE, VERDICT_FAILED, UserError
 from ..stack import load
 from ..ucx.install import BUILD_INFO
 from .build import BuildOptions, build, parse_require
 from .fetch import default_cache_dir, fetch_all, local_dirs, say
+from .repro import PathMap, stand_in
 from .ucxx import UcxxOptions, build_ucxx, install_ucxx
 from .verify import verify_prefix
+
+
+STAMP_HELP = ("write the build's input key to FILE, only when it changed (a make prerequisite whose time changes "
+              "exactly when the output does)")
 
 
 def _stack(args):
@@ -48,6 +54,7 @@ def _cmd_build(args) -> int:
         jobs=args.jobs,
         require=parse_require(args.require),
         keep_debug=args.keep_debug,
+        stamp=Path(args.stamp) if args.stamp else None,
     )
     build(st, opts)
     return 0
@@ -64,6 +71,7 @@ def _cmd_ucxx(args) -> int:
         find_links=[Path(p) for p in args.find_links],
         offline=args.offline,
         jobs=args.jobs,
+        stamp=Path(args.stamp) if args.stamp else None,
     ))
     return 0
 
@@ -90,6 +98,20 @@ def _cmd_verify(args) -> int:
     if failed:
         print(f"ucx verify: {len(failed)} check(s) failed: {', '.join(failed)}", file=sys.stderr)
         return VERDICT_FAILED
+    return 0
+
+
+def _cmd_prefix_map(args) -> int:
+    """The compile flags every build of ours uses to keep its directories out of its output, for build scripts that
+    run their own compilers (the conda recipes): `eval "$(build.sh prefix-map --map "$SRC_DIR=ucx")"`."""
+    st = _stack(args)
+    mapping = {}
+    for item in args.map:
+        real, sep, name = item.partition("=")
+        if not sep or not real or not name:
+            raise UserError(f"--map {item!r}: expected DIR=NAME", USAGE)
+        mapping[real] = name if name.startswith("/") else stand_in(st, name)
+    print(PathMap.of(mapping).shell_exports(), end="")
     return 0
 
 
@@ -143,6 +165,7 @@ def add_actions(p: argparse.ArgumentParser) -> None:
     b.add_argument("--jobs", "-j", type=_jobs, default=0, help="parallel make jobs (default: CPUs + 1)")
     b.add_argument("--require", metavar="CAPS", help="comma list of ib,cuda,gdrcopy that must be built, else fail")
     b.add_argument("--keep-debug", action="store_true", help="do not strip debug info")
+    add_output(b, "--stamp", metavar="FILE", help=STAMP_HELP)
     b.set_defaults(func=_cmd_build)
 
     x = s.add_parser("ucxx", help="build the UCXX wheels (libucxx, ucxx, distributed-ucxx) against a UCX prefix")
@@ -159,6 +182,7 @@ def add_actions(p: argparse.ArgumentParser) -> None:
                    help="wheels for the build venv (its lock's); with --offline the only place they come from")
     x.add_argument("--offline", action="store_true", help="no network for fetching either")
     x.add_argument("--jobs", "-j", type=_jobs, default=0, help="parallel compile jobs (default: CPUs + 1)")
+    add_output(x, "--stamp", metavar="FILE", help=STAMP_HELP)
     x.set_defaults(func=_cmd_ucxx)
 
     u = s.add_parser("install-ucxx", help="put a venv on our stack: the UCXX wheels (--no-deps) and a start-up "
@@ -176,6 +200,13 @@ def add_actions(p: argparse.ArgumentParser) -> None:
                    help="keep LD_LIBRARY_PATH (default: removed, to prove the prefix finds its own libraries)")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=_cmd_verify)
+
+    m = s.add_parser("prefix-map", help="print `export CFLAGS=... CXXFLAGS=... NVCCFLAGS=... CUDAFLAGS=...` with the "
+                                        "-ffile-prefix-map flags our builds use (for build scripts of their own)")
+    m.add_argument("--map", action="append", default=[], metavar="DIR=NAME", required=True,
+                   help="a build directory and its stand-in: NAME under stack.toml [stack].build_root, or an "
+                        "absolute path (repeatable)")
+    m.set_defaults(func=_cmd_prefix_map)
 
 
 def main(argv: list[str] | None = None) -> int:

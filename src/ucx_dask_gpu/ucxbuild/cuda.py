@@ -106,6 +106,26 @@ def _auto_candidates() -> list[Path]:
     return out
 
 
+def _auto_choice() -> tuple[Path | None, list[str]]:
+    """`--cuda auto`: the first candidate whose headers are complete (link libraries: its stubs, else
+    --cuda-link-dir, else the pinned .debs), and why the others were passed over."""
+    rejected = []
+    for home in _auto_candidates():
+        if not home.exists():
+            continue
+        header_problems = [p for p in toolkit_problems(home) if p.startswith("include/")]
+        if not header_problems:
+            return home, rejected
+        rejected.append(f"{home} lacks {', '.join(header_problems)}")
+    return None, rejected
+
+
+def auto_toolkit() -> Path | None:
+    """The toolkit `--cuda auto` takes (None: the pinned wheels and .debs)."""
+    home = _auto_choice()[0]
+    return home.resolve() if home is not None else None
+
+
 def extract_deb(deb: Path, dest: Path) -> None:
     """`dpkg -x` in Python: a .deb is an ar archive whose data.tar.{xz,gz,zst} holds the files."""
     with open(deb, "rb") as f:
@@ -224,14 +244,9 @@ def resolve(spec: str, stack: Stack, work: Path, *, link_dir: Path | None, fetch
         if not home.is_dir():
             raise UserError(f"--cuda {spec}: not a directory", USAGE)
         return _from_toolkit(home, stack, work, fetch_kw, link_dir, note=f"--cuda {spec}")
-    rejected = []
-    for home in _auto_candidates():
-        if not home.exists():
-            continue
-        header_problems = [p for p in toolkit_problems(home) if p.startswith("include/")]
-        if not header_problems:  # link libraries: its stubs, else --cuda-link-dir, else the pinned .debs
-            return _from_toolkit(home.resolve(), stack, work, fetch_kw, link_dir, note=f"auto: toolkit at {home}")
-        rejected.append(f"{home} lacks {', '.join(header_problems)}")
+    home, rejected = _auto_choice()
+    if home is not None:
+        return _from_toolkit(home.resolve(), stack, work, fetch_kw, link_dir, note=f"auto: toolkit at {home}")
     note = "auto: no complete CUDA toolkit" + (f" ({'; '.join(rejected)})" if rejected else "") + \
         "; using the pinned PyPI wheels + Debian driver .debs"
     say(f"CUDA: {note}")

@@ -77,7 +77,9 @@ class FetchedSource:
     attempts: list[Attempt] = field(default_factory=list)
 
     def record(self) -> dict:
-        """The `source` block of a build-info.json (sorted keys, no timestamps, no machine paths)."""
+        """The `source` block of a build-info.json (sorted keys, no timestamps, no machine paths): what the file is
+        and where it was first downloaded from, not where this build found it (a URL, a mirror, a cache: the build
+        log says), so two builds of the same file write the same build info."""
         return {
             "name": self.source.name,
             "version": self.source.version,
@@ -87,7 +89,6 @@ class FetchedSource:
             "content_tree": self.source.content_tree,
             "sha256": sha256_file(self.path),
             "verified_by": self.verified_by,
-            "location": self.location.where if self.location.kind == "url" else self.location.kind,
             "url": self.origin_url,
         }
 

@@ -8,6 +8,11 @@ hash-pinned build lock -> a CUDA toolkit directory assembled from that venv's NV
 namespace with only loopback (a download attempt fails and names its URL) -> checks (names, versions, no libucx
 dependency, libucxx.so linked to libucp.so.0) -> ucxx-build-info.json + the wheels into --out, and into the cache.
 
+Where it ran does not reach the bytes (repro.py): the work directory, the UCX prefix and this checkout are mapped to
+stand-ins for the compilers (CFLAGS/CXXFLAGS/CUDAFLAGS) and in the recorded CMake options, CMake links with the
+installed RPATH from the start, and umask, locale and time zone are fixed; every wheel is searched for those
+directories afterwards (`build_paths_found` in the build info).
+
 What the binding needs at run time from outside its wheels: our UCX's lib/ on the loader path (libucxx.so's RUNPATH
 is $ORIGIN only): ld.so.conf in the image, `install-ucxx` (below) in a venv.
 
@@ -18,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -35,6 +39,7 @@ from ..fsutil import ELF_MAGIC, atomic_path, atomic_write_text, claim_work_dir, 
 from ..stack import Stack
 from ..ucx.install import BUILD_INFO, PRELOAD_PTH
 from ..ucx.install import UCXX_BUILD_INFO as INSTALLED_BUILD_INFO
+from . import repro
 from .build import _fmt_s, _print_tail, apply_patches, compiler_version, patches_for, run_logged, unpack_tree
 from .fetch import default_cache_dir, fetch_sources, say
 
@@ -55,6 +60,7 @@ class UcxxOptions:
     offline: bool = False
     jobs: int = 0
     patches_root: Path | None = None  # default: ucx-src-build/patches (UCXX's own under ucxx-<version>/)
+    stamp: Path | None = None  # gets the input key, rewritten only when it changes (make's prerequisite)
 
 
 # --- inputs ----------------------------------------------------------------------------------------------------
@@ -88,22 +94,38 @@ def ucxx_patches(stack: Stack, root: Path | None = None) -> list[Path]:
     return patches_for(f"ucxx-{stack.ucxx.source.version}", root or stack.root / "ucx-src-build" / "patches")
 
 
+def ucx_headers(ucx_info: dict) -> dict[str, str]:
+    """sha256 of the UCX prefix's headers and CMake package files (its build info's file list): what the wheels
+    compile and configure against."""
+    return {path: digest for path, digest in sorted((ucx_info.get("files") or {}).items())
+            if path.startswith(("include/", "lib/cmake/"))}
+
+
 def input_key(stack: Stack, ucx_info: dict, patches: list[Path] | None = None) -> str:
-    """Hash of everything the wheels are made from: sources, patches, build lock, build options, the UCX they link,
-    the interpreter and this builder. Two builds with the same key are interchangeable."""
+    """Hash of everything the wheels' bytes depend on: sources, patches, build lock, build options, the UCX they
+    compile against (identity and headers), the interpreter, the tools that write the bytes, the caller's compiler
+    variables, SOURCE_DATE_EPOCH and this builder. Two builds with the same key give the same bytes.
+
+    Not where the build ran: the checkout, work directory and UCX prefix are mapped out of the wheels (module
+    docstring; `build_paths_found` proves it per build), so a cache shared by checkouts at different paths may hand
+    one's build to another."""
     u = stack.ucxx
-    payload = {
+    return repro.key_of({
         "sources": [[a.name, a.content_tree] for a in (u.source, u.rapids_cmake, u.cpm)],
         "patches": [[p.name, sha256_file(p)] for p in (patches or [])],
         "build_lock": sha256_file(stack.root / u.lock),
         "matrix_entry": u.matrix_entry,
         "packages": [[p.name, p.path, list(p.cmake_args)] for p in u.packages],
         "ucx": ucx_identity(ucx_info),
+        "ucx_headers": ucx_headers(ucx_info),
         "python": python_tag(),
-        "machine": platform.machine(),
-        "builder": sha256_file(Path(__file__)),
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+        "machine": os.uname().machine,
+        "tools": repro.tool_versions("cc", "c++", "ld"),
+        "caller_flags": repro.caller_flags(),
+        "source_date_epoch": stack.source_date_epoch,
+        "build_root": stack.build_root,
+        "builder": repro.builder_code(),
+    })
 
 
 # --- network isolation -------------------------------------------------------------------------------------------
@@ -264,6 +286,13 @@ def build_ucxx(stack: Stack, opts: UcxxOptions) -> dict:
     if opts.out.exists() and not replaceable_output(opts.out):  # before anything: --out is replaced whole at the end
         raise UserError(f"--out {opts.out}: not empty and not UCXX wheels this command wrote (only {UCXX_BUILD_INFO} "
                         "and the wheels it lists); give a new or empty directory", OUTPUT_REFUSED)
+    with repro.fixed_umask():
+        info = _build_or_reuse(stack, opts)
+    repro.write_stamp(opts.stamp, info["input_key"])
+    return info
+
+
+def _build_or_reuse(stack: Stack, opts: UcxxOptions) -> dict:
     prefix = opts.ucx_prefix.resolve()
     ucx_info = read_ucx_build_info(prefix)
     if ucx_info.get("ucx_version") != stack.ucx.version:
@@ -349,12 +378,15 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
     if not cpm_file.is_file():
         raise UserError(f"{u.cpm.archive}: no cmake/CPM.cmake", BUILD_FAILED)
 
-    env = dict(os.environ)
-    env.update(SOURCE_DATE_EPOCH=str(stack.source_date_epoch), LC_ALL="C", TZ="UTC", PIP_NO_INPUT="1",
-               PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONDONTWRITEBYTECODE="1",
+    # The work directory (sources, build venv with librmm's headers), the UCX prefix and this checkout, as the
+    # compilers and the recorded options show them.
+    paths = repro.PathMap.of({work: repro.stand_in(stack, "ucxx"), prefix: stack.image.ucx_prefix,
+                              stack.root: repro.stand_in(stack, "checkout")})
+    env = paths.flag_env(repro.build_env(stack))
+    env.update(PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONDONTWRITEBYTECODE="1",
                # rapids-build-backend records `git rev-parse HEAD`: not this repository's commit.
                GIT_CEILING_DIRECTORIES=str(work / "src"))
-    for var in ("MAKEFLAGS", "PIP_CONSTRAINT", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS",
+    for var in ("PIP_CONSTRAINT", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS",
                 "SKBUILD_CMAKE_ARGS", "CMAKE_ARGS", "LD_LIBRARY_PATH"):
         env.pop(var, None)
     py = make_build_venv(stack, work / "venv", cache.parent / "wheels", opts, logs, env)
@@ -369,6 +401,7 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
         f"-DCUDAToolkit_ROOT={toolkit}",
         f"-Ducx_DIR={prefix / 'lib' / 'cmake' / 'ucx'}",
         f"-Ducxx_DIR={site / 'libucxx' / 'lib64' / 'cmake' / 'ucxx'}",
+        *repro.CMAKE_ARGS,
     ]
     env.update(PATH=os.pathsep.join([str(py.parent), str(toolkit / "bin"), env.get("PATH", "")]),
                CUDAToolkit_ROOT=str(toolkit), CUDA_HOME=str(toolkit), RAPIDS_MATRIX_ENTRY=u.matrix_entry,
@@ -408,6 +441,9 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
             _check_links_ucp(site)
         say(f"[{i}/{len(u.packages)}] {wheels[0].name} in {_fmt_s(time.monotonic() - t0)}")
     packages = check_wheels(stack, built)
+    leaks = {k: v for whl in built.values() for k, v in repro.paths_in(whl, paths.dirs).items()}
+    for where, dirs in leaks.items():
+        say(f"WARNING: {where} still names {', '.join(dirs)}: this wheel depends on where it was built")
     info = {
         "schema": 1,
         "input_key": key,
@@ -415,15 +451,15 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
         "sources": {name: f.record() for name, f in fetched.items()},
         "patches": applied,
         "matrix_entry": u.matrix_entry,
-        # Paths inside the build's work dir, as placeholders: the options, not where this machine kept them.
-        "cmake_args": [re.sub(re.escape(str(work)), "<work>", re.sub(re.escape(str(prefix)), "<ucx>", a))
-                       for a in common],
+        # The options with the build's directories as their stand-ins, as the compilers saw them.
+        "cmake_args": [paths.text(a) for a in common],
         "build_lock": {"path": str(u.lock), "sha256": sha256_file(stack.root / u.lock)},
         "ucx": ucx_identity(ucx_info),
         "python": python_tag(),
         "compiler": compiler_version(),
         "network_isolation": " ".join(isolate[:-1]) or "only loopback",
         "packages": packages,
+        "build_paths_found": leaks,
     }
     atomic_write_text(dist / UCXX_BUILD_INFO, json.dumps(info, indent=2, sort_keys=True) + "\n")
     say(f"UCXX wheels built in {_fmt_s(time.monotonic() - t_start)}")

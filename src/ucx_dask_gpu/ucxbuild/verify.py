@@ -71,7 +71,8 @@ def verify_prefix(prefix: Path, stack: Stack, *, modules: tuple[str, ...] | None
     checks: list[Check] = []
     info = read_build_info(prefix)
     checks.append(Check("build-info", info is not None,
-                        f"{BUILD_INFO}: UCX {info['ucx_version']} from {info['source']['location']}"
+                        f"{BUILD_INFO}: UCX {info['ucx_version']} from "
+                        f"{info['source'].get('url') or info['source']['archive']}"
                         if info else f"no {BUILD_INFO}"))
 
     wanted = modules if modules is not None else stack.required_modules

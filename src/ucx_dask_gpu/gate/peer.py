@@ -1,4 +1,5 @@
-"""Where a client connects: the address checked before anything starts, and what answers there, in one line.
+"""Where a client or a worker connects: the address checked before anything starts, and what answers there, in one
+line.
 
 - `parse_address`: scheme (tcp, tls, ucx, ucxx; none = tcp, as dask reads it), host (a name or an IP address,
   IPv6 in brackets) and port (1-65535, required): a typo ends here with USAGE, before dask is imported.
@@ -14,6 +15,10 @@
      TLS_REFUSED.
   ucx:// and ucxx:// get step 1 only: UCX endpoints are created once per process by distributed-ucxx, on the
   loop of the Client that uses them, so a probe over UCX here would set UCX up on the wrong loop.
+- `await_scheduler`: a worker's start (the guard's pre-check in its nanny): the scheduler's identity asked through the
+  worker's own comm stack (any scheme), under one deadline; a port where nothing listens yet, or a server that is
+  silent, is waited out with a line every 10 s (the scheduler may still be starting); an HTTP, SSH or TLS server, or
+  a Dask server that is not a scheduler, ends it at once, named.
 
 The standard library only, except the Dask exchange (distributed, imported inside the function that needs it).
 """
@@ -24,8 +29,10 @@ import ipaddress
 import re
 import socket
 import ssl
+import threading
 import time
 from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 from ..errors import NOT_A_SCHEDULER, SCHEDULER_UNREACHABLE, TLS_REFUSED, USAGE, UserError
 
@@ -35,6 +42,8 @@ DEFAULT_PORT = 8786
 DIAGNOSIS_S = 6.0
 # How long the first Dask exchange may take before what answers is found out (a scheduler answers in milliseconds).
 FIRST_TRY_S = 3.0
+# How often a wait says that it is still waiting.
+REPORT_EVERY_S = 10.0
 _LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
 
@@ -165,7 +174,8 @@ def dask_identity(addr: Address, deadline: float, security=None) -> dict:
     args = (security or Security()).get_connection_args("client")
     if addr.scheme == "tls" and args.get("ssl_context") is None:
         raise UserError(f"{addr} speaks TLS, and this client has no TLS certificate: set distributed.comm.tls.ca-file, "
-                        "distributed.comm.tls.client.cert and .key in its dask config (README \"Mutual TLS\")",
+                        "distributed.comm.tls.client.cert and .key in its dask config (docs/environment-gate.md, "
+                        "\"Mutual TLS\")",
                         TLS_REFUSED)
     timeout = max(deadline - time.monotonic(), 0.5)
     return asyncio.run(asyncio.wait_for(_dask_identity(addr, args, timeout), timeout))
@@ -313,3 +323,100 @@ def check_scheduler(addr: Address, timeout: float, security=None) -> dict | None
         raise UserError(f"no Dask scheduler at {addr}: a Dask {kind or 'server'} answered (its address is not the "
                         "scheduler's)", NOT_A_SCHEDULER)
     return info
+
+
+# --- a worker's start -------------------------------------------------------------------------------------------
+
+def _refused(addr: Address, budget: float) -> str | None:
+    """Why nothing accepts a TCP connection at `addr` (refused, unknown host, unreachable), or None when something
+    does."""
+    try:
+        _open(addr, budget).close()
+    except UserError as e:
+        return str(e).split(": ", 1)[-1]
+    return None
+
+
+def _diagnose(addr: Address, budget: float) -> tuple[str, str]:
+    """what_answers(), or ("refused", why) when nothing accepts a connection (yet)."""
+    why = _refused(addr, budget)
+    return ("refused", why) if why else what_answers(addr, budget)
+
+
+async def _in_daemon_thread(fn, *args):
+    """fn(*args) in a daemon thread: blocking sockets off the event loop, and a process told to stop (SIGTERM) does
+    not wait for them, as it would for asyncio's default executor."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def run() -> None:
+        try:
+            out = fn(*args)
+        except BaseException as e:  # handed to the awaiting coroutine
+            loop.call_soon_threadsafe(lambda err=e: done.done() or done.set_exception(err))  # `e` is gone after except
+        else:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(out))
+
+    threading.Thread(target=run, daemon=True, name="ucx-dask-gpu-peer-probe").start()
+    return await done
+
+
+async def await_scheduler(addr: Address, ask: Callable[[], Awaitable[dict]], wait: float,
+                          report: Callable[[str], None], what: str = "--death-timeout") -> dict:
+    """The identity of the Dask scheduler at `addr`, asked with `ask()` (the worker's own rpc: its scheme, its TLS
+    settings), within `wait` seconds; else UserError naming what answered: SCHEDULER_UNREACHABLE (nothing listens),
+    NOT_A_SCHEDULER (HTTP/SSH/TLS server, a Dask worker, silence) or TLS_REFUSED.
+
+    Nothing listening and silence are waited out until the deadline (a scheduler may start after its workers), with
+    `report` every REPORT_EVERY_S; anything else that answers ends the wait at once.
+    """
+    start = time.monotonic()
+    deadline = start + wait
+    state = ("refused", f"nothing listens on {addr.host}:{addr.port}")
+
+    async def say_still_waiting() -> None:
+        while True:
+            await asyncio.sleep(REPORT_EVERY_S)
+            report(f"waiting for the scheduler at {addr}: {state[1]} ({time.monotonic() - start:.0f} s of "
+                   f"{wait:.0f} s, {what})")
+
+    reporter = asyncio.create_task(say_still_waiting())
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if addr.scheme in ("ucx", "ucxx"):
+                # Over UCX, each try at a closed port is a UCX endpoint error line: ask only once something listens.
+                why = await _in_daemon_thread(_refused, addr, min(FIRST_TRY_S, left))
+                if why:
+                    state = ("refused", why)
+                    await asyncio.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
+                    continue
+                left = deadline - time.monotonic()
+            try:
+                info = await asyncio.wait_for(ask(), min(FIRST_TRY_S, max(left, 0.1)))
+            except (Exception, asyncio.TimeoutError) as e:  # whatever the exchange raised: find out what answered
+                tls = _ssl_error(e)
+                if addr.scheme == "tls" and tls is not None:
+                    raise _tls_refusal(addr, tls) from None
+                left = deadline - time.monotonic()
+                state = await _in_daemon_thread(_diagnose, addr, max(min(DIAGNOSIS_S, left), 0.9))
+                if state[0] == "other":
+                    raise UserError(f"no Dask scheduler at {addr}: {state[1]}", NOT_A_SCHEDULER) from None
+            else:
+                kind = info.get("type") if isinstance(info, dict) else None
+                if kind == "Scheduler":
+                    return info
+                raise UserError(f"no Dask scheduler at {addr}: a Dask {kind or 'server'} answered (its address is "
+                                "not the scheduler's)", NOT_A_SCHEDULER)
+            await asyncio.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
+    finally:
+        reporter.cancel()
+    waited = f"within {time.monotonic() - start:.0f} s ({what})"
+    if state[0] == "refused":
+        raise UserError(f"no scheduler at {addr}: {state[1]} {waited}", SCHEDULER_UNREACHABLE)
+    if state[0] == "dask":
+        raise UserError(f"no Dask scheduler at {addr}: a Dask server answered with its handshake, but not with a "
+                        f"scheduler's identity {waited}", NOT_A_SCHEDULER)
+    raise UserError(f"no Dask scheduler at {addr}: {state[1]} {waited}", NOT_A_SCHEDULER)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ucx_dask_gpu.errors import SCHEDULER_UNREACHABLE, USAGE, UserError
-from ucx_dask_gpu.proof.peer import Address, parse_address, what_answers
+from ucx_dask_gpu.gate.peer import Address, parse_address, what_answers
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -143,7 +143,7 @@ def test_a_tls_refusal_distributed_reports_without_a_cause_is_still_found():
     from distributed.comm.tcp import convert_stream_closed_error
     from tornado.iostream import StreamClosedError
 
-    from ucx_dask_gpu.proof.peer import _ssl_error
+    from ucx_dask_gpu.gate.peer import _ssl_error
 
     alert = ssl.SSLError(1, "[SSL: TLSV1_ALERT_UNKNOWN_CA] tlsv1 alert unknown ca")
     alert.reason = "TLSV1_ALERT_UNKNOWN_CA"
@@ -158,3 +158,20 @@ def test_a_tls_refusal_distributed_reports_without_a_cause_is_still_found():
     else:
         pytest.fail("distributed did not raise FatalCommClosedError")
     assert _ssl_error(RuntimeError("no TLS involved")) is None
+
+
+def test_a_probe_that_raises_hands_its_error_to_the_awaiting_coroutine():
+    # the exception is delivered after the thread's except block has ended (its name is unbound by then)
+    import asyncio
+
+    from ucx_dask_gpu.gate.peer import _in_daemon_thread
+
+    def boom():
+        raise ConnectionResetError("probe failed")
+
+    async def main():
+        with pytest.raises(ConnectionResetError, match="probe failed"):
+            await _in_daemon_thread(boom)
+        return await _in_daemon_thread(lambda: 7)
+
+    assert asyncio.run(main()) == 7
