@@ -276,7 +276,7 @@ def regen(st: Stack, recipes_dir: Path | None = None) -> list[Path]:
 
 def _packed_recipe_text(st: Stack, recipe: str, text: str, origin: Path) -> str:
     """The recipe as packed: the patch list at its marker, a `path:` source made absolute (it names the folder the
-    recipe came from; a feedstock gives the release archive instead, README "Conda")."""
+    recipe came from; a feedstock gives the release archive instead, docs/conda.md)."""
     out = []
     for line in text.splitlines(keepends=True):
         stripped = line.strip()
