@@ -1,4 +1,4 @@
-# Two entry points for a fresh machine (see README): `make` and `make test`.
+# Two entry points for a fresh machine (README; every target: docs/building.md): `make` and `make test`.
 # Everything below reads versions from stack.toml through the package; nothing here restates one.
 SHELL := /bin/bash
 .DEFAULT_GOAL := all
@@ -115,10 +115,13 @@ check-reproducible: venv docker-engine
 regen: venv
 	$(CLI) stack env-yml
 	$(CLI) conda regen
+	$(VPY) -m ucx_dask_gpu.docmap --write
 
-# Local conda channel (README "Conda"): rattler-build renders and checks every recipe variant against stack.toml, builds
-# ucx and the metapackage from their recipes (stand-in build/host requirements), py-rattler indexes and installs,
-# rattler-build runs the recipes' tests; $(CHANNEL) appears only when all passed.
+# Local conda channel (docs/conda.md): rattler-build renders and checks every recipe variant under conda-forge's pinning
+# (else the recipes' fallback), builds ucx, libucxx, ucxx, distributed-ucxx and the metapackage from their recipes
+# (stand-ins for what only conda-forge/rapidsai have; packages kept by input hash in .cache/conda-builds), py-rattler
+# indexes and installs `ucx-dask-gpu cuda-version=<major>.0` into a fresh prefix, the recipes' tests run;
+# $(CHANNEL) appears only when all passed.
 .PHONY: channel
 CHANNEL ?= build/channel
 channel: prereqs venv

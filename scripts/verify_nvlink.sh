@@ -3,7 +3,7 @@
 # package; see `--help`). Works from a checkout (uses its .venv), inside the image (the installed CLI) and on a bare
 # GPU host (python3 + this checkout's src/). Arguments are passed on, e.g.
 #   scripts/verify_nvlink.sh --ucx-prefix /opt/ucx --ucx-prefix pip --out benchmarks/results/h200x2-$(date +%F)
-# Exit status: 0 every pair passes, 1 some pair fails or is invalid, 10-15 bad input (see README "Exit codes").
+# Exit status: 0 every pair passes, 1 some pair fails or is invalid, 10-15 bad input (docs/exit-codes.md).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 if [ -x "$here/.venv/bin/python" ]; then

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -17,6 +18,11 @@ import pytest
 from ucx_dask_gpu import stack
 
 REPO = Path(__file__).resolve().parents[1]
+
+# The tests run make as a user's shell does; under `make test` the sub-make variables would make every nested make
+# print "Entering directory" lines and "make[1]:" prefixes that a user never sees.
+for _var in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
+    os.environ.pop(_var, None)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ set -euxo pipefail
 configure_flags=(
     --enable-mt
     --enable-cma
-    --enable-numa
     --disable-static
     --disable-doxygen-doc
     --without-java

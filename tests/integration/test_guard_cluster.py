@@ -94,7 +94,8 @@ def test_a_refused_worker_says_why_in_one_line_and_exits_8(procs, scheduler_a, s
 def test_a_worker_started_without_the_nanny_preload_is_still_refused(procs, scheduler_a, shipped_config, changed_pin,
                                                                     tmp_path):
     """Plain `dask worker` with the dask config only (it never loads distributed.nanny.preload): refused when its
-    worker process registers, and it exits by itself, with dask's own tracebacks (README says to add the preload)."""
+    worker process registers, and it exits by itself, with dask's own tracebacks (docs/environment-gate.md says to add
+    the preload)."""
     _, address, sched = scheduler_a
     worker = procs.start_worker(tmp_path, procs.env_for(tmp_path, shipped_config, changed_pin), address, "plain")
     rc = worker.wait(timeout=120)

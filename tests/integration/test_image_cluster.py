@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu.errors import BINDING_NOT_LOADABLE, ENV_MISMATCH, NOT_A_SCHEDULER, TLS_REFUSED, UNKNOWN_ROLE
+from ucx_dask_gpu.errors import BINDING_NOT_LOADABLE, ENV_MISMATCH, NO_SUCH_COMMAND, NOT_A_SCHEDULER, TLS_REFUSED
 from ucx_dask_gpu.gate import identity
 from ucx_dask_gpu.image import leftovers
 from ucx_dask_gpu.image.cluster import Cluster, has_traceback, parse_json_output
@@ -100,12 +100,22 @@ def test_the_image_can_serialise_cupy_and_rmm_device_buffers(image):
     assert out.stdout.split()[-2:] == ["cuda_serialize_cupy_ndarray", "dask_deserialize_rmm_device_buffer"], out.stdout
 
 
-def test_unknown_role_is_one_line_and_nonzero(image):
-    proc = subprocess.run([docker_bin(), "run", "--rm", "--network", "none", image["tag"], "dask", "schedular"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == UNKNOWN_ROLE
+def test_any_command_runs_and_a_missing_one_is_one_line(image, st):
+    """`docker run IMAGE <anything>` runs it, as in docker-library images (its exit code its own), reading the dask
+    config roles read; a command the image does not have is one line naming the roles."""
+    def run(*argv):
+        return subprocess.run([docker_bin(), "run", "--rm", "--network", "none", image["tag"], *argv],
+                              capture_output=True, text=True, timeout=120)
+
+    proc = run("python", "-c", "import sys; print(sys.prefix)")
+    assert proc.returncode == 0 and proc.stdout.strip() == st.image.venv, proc.stderr
+    code = "import dask.config as c; print(c.get('distributed.scheduler.preload'))"
+    proc = run("sh", "-c", f'python -c "{code}"; exit 4')
+    assert proc.returncode == 4 and "ucx_dask_gpu.gate.guard" in proc.stdout, proc.stderr  # /etc/dask, as roles read it
+    proc = run("schedular", "--port", "8786")
+    assert proc.returncode == NO_SUCH_COMMAND
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "unknown role 'dask schedular'" in lines[0], proc.stderr
+    assert len(lines) == 1 and "no command 'schedular' in this image" in lines[0], proc.stderr
 
 
 def test_runtime_base_from_a_registry_image(engine, image, st):
@@ -201,7 +211,8 @@ def test_worker_from_a_different_image_is_refused_in_one_line(ucx_cluster, image
         assert len(errors) == 1 and "refused worker" in errors[0], log[-3000:]
         assert variant["stack_id"] in errors[0] and image["stack_id"] in errors[0]
         assert f"ucx-dask-gpu: {st.version} vs {st.version}+variant" in errors[0]  # the differing package, named
-        assert not has_traceback(log) and len(log.splitlines()) <= 8, log
+        own = [ln for ln in log.splitlines() if "distributed.preloading - INFO" not in ln]  # one pair per preload
+        assert not has_traceback(log) and len(own) <= 3, log
         sched = container_logs(ucx_cluster.scheduler_name).splitlines()[len(sched_before) - 1:]
         assert len([ln for ln in sched if "refused worker" in ln]) == 1 and not has_traceback("\n".join(sched))
     finally:
@@ -314,10 +325,10 @@ def test_the_pip_client_with_one_pin_changed_is_refused(tcp_cluster, pip_client,
 
 def test_the_pip_client_over_ucx_says_what_it_needs_and_works_once_set_up(pip_client, procs, shipped_config,
                                                                           tmp_path):
-    """README's pip recipe over ucx://, against a UCX scheduler and worker of this host's venv. With the UCXX wheels
-    installed by plain pip, libucxx.so cannot find a libucp: one line, exit 29, naming the fix (not exit 8, as if
-    the guard had refused it). After `ucx-src-build/build.sh install-ucxx` on that venv (as README says), the same
-    command computes over ucx. Last of the pip client's tests: it changes that venv."""
+    """docs/environment-gate.md's pip recipe over ucx://, against a UCX scheduler and worker of this host's venv. With
+    the UCXX wheels installed by plain pip, libucxx.so cannot find a libucp: one line, exit 29, naming the fix (not
+    exit 8, as if the guard had refused it). After `ucx-src-build/build.sh install-ucxx` on that venv (as that page
+    says), the same command computes over ucx. Last of the pip client's tests: it changes that venv."""
     env = procs.env_for(tmp_path, shipped_config)
     sched, address = procs.start_scheduler(tmp_path, env, protocol="ucx")
     worker = procs.start_worker(tmp_path, env, address, "w")

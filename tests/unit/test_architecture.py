@@ -1,5 +1,5 @@
 """The package's shape, read from the source with `ast`: no import cycle between our modules or folders, every import
-goes down the layers the README's "Architecture" section draws, our own modules are imported at module top, and the
+goes down the layers docs/architecture.md draws, our own modules are imported at module top, and the
 command line starts with the standard library alone."""
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG_DIR = ROOT / "src" / "ucx_dask_gpu"
 PKG = "ucx_dask_gpu"
 
-# Rows of the README drawing, bottom first. A module may import its own folder and any folder on a LOWER row, never
-# one on its own row or above. The foundation modules (row 0) are single files that import only each other.
+# Rows of the drawing in docs/architecture.md, bottom first. A module may import its own folder and any folder on a
+# LOWER row, never one on its own row or above. The foundation modules (row 0) are single files that import only each
+# other.
 LAYERS = [
     {"errors", "fsutil", "cliutil", "report", "nvml"},
     {"stack"},
@@ -25,7 +26,7 @@ LAYERS = [
     {"ucxbuild", "oci", "topology", "proof"},
     {"image", "nvlink", "bench", "conda"},
     {"cli"},
-    {"__main__"},
+    {"__main__", "docmap"},
 ]
 RANK = {unit: row for row, units in enumerate(LAYERS) for unit in units}
 # The package's __init__ reads the stack model for __version__ when the package is not installed.
@@ -141,7 +142,7 @@ def test_no_import_cycle_between_folders():
 
 def test_every_folder_has_a_layer():
     units = {unit(m) for m in MODULES}
-    assert units - {"__init__"} == set(RANK), "a new folder: give it a row in LAYERS and in the README drawing"
+    assert units - {"__init__"} == set(RANK), "a new folder: give it a row in LAYERS and in docs/architecture.md"
 
 
 def allowed(importer: str, imported: str) -> bool:
@@ -168,9 +169,9 @@ def test_the_layering_rule_refuses_upward_and_sideways_imports():
     assert not allowed("gate", "cli") and not allowed("__init__", "ucx")
 
 
-def test_the_layers_match_the_readme_drawing():
-    readme = (ROOT / "README.md").read_text()
-    drawing = readme.split("## Architecture", 1)[1].split("```", 2)[1]
+def test_the_layers_match_the_drawing():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    drawing = page.split("# Architecture", 1)[1].split("```", 2)[1]
     rows = [line.split("|")[0].split() for line in drawing.strip().splitlines()]
     assert [set(r) for r in reversed(rows)] == [{u + ".py" if RANK[u] in (0, RANK["cli"], RANK["__main__"]) else u + "/"
                                                  for u in row}

@@ -5,15 +5,19 @@ come out as a named problem, and through the CLI as one line on stderr and exit 
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu.conda import settings
+from ucx_dask_gpu.conda import settings, variants
 from ucx_dask_gpu.conda.recipes import PLATFORMS, check_all, render_recipe
+from ucx_dask_gpu.conda.variants import CONDA_FORGE, FALLBACK
 from ucx_dask_gpu.errors import RECIPE_INVALID
 from ucx_dask_gpu.stack import load
 
@@ -30,7 +34,7 @@ def repo(tmp_path) -> Path:
 
 
 def problems(repo: Path) -> list[str]:
-    return check_all(load(repo / "stack.toml"), repo / "recipes")[0]
+    return check_all(load(repo / "stack.toml"), repo / "recipes", packed=repo / "build" / "packed")[0]
 
 
 def edit(path: Path, old: str, new: str) -> None:
@@ -53,9 +57,15 @@ def one_line_error(proc: subprocess.CompletedProcess, code: int) -> str:
 
 # --- the committed recipes ---------------------------------------------------------------------------------------
 
-def test_committed_recipes_are_clean_and_render_every_variant():
+def packed(repo: Path = REPO, tmp: Path | None = None) -> Path:
+    """The recipes packed (patches copied in and listed), as check_all renders them."""
+    dest = (tmp or Path(tempfile.mkdtemp())) / "packed"
+    return settings.pack(load(repo / "stack.toml"), dest, repo / "recipes")
+
+
+def test_committed_recipes_are_clean_and_render_every_variant(tmp_path):
     st = load(REPO / "stack.toml")
-    found, variants = check_all(st, REPO / "recipes")
+    found, variants = check_all(st, REPO / "recipes", mode=FALLBACK, packed=tmp_path / "packed")
     assert found == []
     cuda = set(settings.settings(st).cuda_versions)
     for name in ("ucx", "libucxx", "ucxx"):
@@ -66,14 +76,85 @@ def test_committed_recipes_are_clean_and_render_every_variant():
     assert [d.split("-0")[0] for d in noarch] == ["distributed-ucxx", "ucx-dask-gpu"]  # once each, not per variant
 
 
+def _pinning():
+    st = load(REPO / "stack.toml")
+    if variants.pinning_dir(st) is None:
+        pytest.skip(f"conda-forge's pinning is not at {variants.pinning_location(st)} "
+                    f"(${variants.PINNING_ENV} or stack.toml [conda].pinning): not rendered under it here")
+    return st
+
+
+def test_renders_under_conda_forges_pinning_and_cuda_migrator(tmp_path):
+    """The recipes under conda-forge's real stack: its global pinning, the cuda130 migrator appended as conda-smithy
+    does, each recipe's own conda_build_config.yaml, CF_CUDA_ENABLED=True; linux-64 and linux-aarch64."""
+    st = _pinning()
+    found, vs = check_all(st, REPO / "recipes", mode=CONDA_FORGE, packed=tmp_path / "packed")
+    assert found == []
+    assert vs[0].stack.kind == CONDA_FORGE and [f.name for f in vs[0].stack.files] == \
+        ["conda_build_config.yaml", "cuda130.yaml"]
+    s = settings.settings(st)
+    glibc = dict(zip(s.cuda_versions, s.c_stdlib_versions))
+    for name in ("ucx", "libucxx", "ucxx"):
+        for platform in PLATFORMS:
+            mine = [v for v in vs if v.name == name and v.platform == platform]
+            assert {v.variant["cuda_compiler_version"] for v in mine} == set(s.cuda_versions)  # no cudaNone
+            for v in mine:  # the fallback's glibc floors are the pinning's
+                assert v.variant["c_stdlib_version"] == glibc[v.variant["cuda_compiler_version"]]
+                assert re.match(r"^cuda1[23]_(py3\d+)?h[0-9a-f]{7}_0$", v.build_string), v.build_string
+    pythons = {v.variant["python"].split()[0] for v in vs if v.name == "ucxx"}
+    assert pythons == {"3.11.*", "3.12.*", "3.13.*"}  # conda-forge's 3.10 is below UCXX's floor
+    for v in vs:
+        if v.subdir == "noarch":
+            assert v.variant["python_min"] == s.python_min and v.build_string.startswith("pyh")
+    assert len([v for v in vs if v.subdir == "noarch"]) == 2
+
+
+def test_migrator_values_are_appended_to_the_zipped_lists():
+    st = _pinning()
+    stack = variants.choose(st, REPO / "recipes", CONDA_FORGE)
+    config = variants.config(stack, "linux-64", None)
+    assert config["cuda_compiler_version"] == ["None", "12.9", "13.0"]
+    assert config["c_stdlib_version"] == ["2.17", "2.17", "2.28"]
+    assert "__migrator" not in variants.migrator_variants(stack.files[1])
+
+
+def test_a_zipped_key_the_recipe_overrides_alone_is_refused_as_conda_smithy_would(repo, tmp_path):
+    _pinning()
+    (repo / "recipes/ucx/conda_build_config.yaml").write_text('c_stdlib_version:\n  - "2.28"\n')
+    found = check_all(load(repo / "stack.toml"), repo / "recipes", mode=CONDA_FORGE, packed=tmp_path / "p")[0]
+    assert any("recipes/ucx/recipe.yaml: rattler-build rejects it" in p and "InvalidZipKeyLength" in p
+               for p in found), found
+
+
+def test_a_cpu_only_variant_is_caught(repo, tmp_path):
+    _pinning()
+    edit(repo / "recipes/ucx/recipe.yaml", '    - cuda_compiler_version == "None"\n', "")
+    found = check_all(load(repo / "stack.toml"), repo / "recipes", mode=CONDA_FORGE, packed=tmp_path / "p")[0]
+    assert any(p.startswith("ucx: renders CUDA ['12.9', '13.0', 'None'] on linux-64") for p in found), found
+
+
+def test_the_python_variant_pasted_into_a_build_string_is_caught(repo, tmp_path):
+    edit(repo / "recipes/ucxx/recipe.yaml", "_py${{ python | version_to_buildstring }}h", "_py${{ python }}_h")
+    found = check_all(load(repo / "stack.toml"), repo / "recipes", mode=FALLBACK, packed=tmp_path / "p")[0]
+    assert any("ucxx/ucxx: build string 'cuda12_py3.11.* *_cpython_h" in p for p in found), found
+
+
+def test_a_cuda_expression_in_the_context_makes_the_noarch_output_one_per_cuda(repo, tmp_path):
+    edit(repo / "recipes/ucxx/recipe.yaml", "context:\n", 'context:\n  cuda: ${{ cuda_compiler_version }}\n')
+    found = check_all(load(repo / "stack.toml"), repo / "recipes", mode=FALLBACK, packed=tmp_path / "p")[0]
+    assert "distributed-ucxx: noarch, yet rendered as 2 packages (a variable of the other outputs' variants " \
+           "reaches it)" in found
+
+
 def test_ucx_rendering_carries_stack_toml_and_conda_forge_conventions():
     st = load(REPO / "stack.toml")
     s = settings.settings(st)
-    (v,) = [v for v in render_recipe(REPO / "recipes", "ucx") if v.platform == "linux-64"
+    (v,) = [v for v in render_recipe(packed(), "ucx") if v.platform == "linux-64"
             and v.variant["cuda_compiler_version"] == "13.0"]
     assert (v.name, v.version, v.build_string.split("_")[0]) == ("ucx", s.ucx.version, "cuda13")
     assert v.sources[0]["url"] == s.ucx.urls[0] and v.sources[0]["sha256"] == s.ucx.sha256
     assert "cuda-version 13.0.*" in v.requirements("host")
+    assert "libnuma" not in " ".join(v.requirements("host"))  # UCX 1.20 has no libnuma dependency
     assert any(r.startswith("cuda-nvcc_linux-64") for r in v.requirements("build"))
     assert any(r.startswith("sysroot_linux-64 2.28") for r in v.requirements("build"))
     ignored = v.stage1["requirements"]["ignore_run_exports"]["from_package"]
@@ -82,20 +163,27 @@ def test_ucx_rendering_carries_stack_toml_and_conda_forge_conventions():
     text = (REPO / "recipes/ucx/recipe.yaml").read_text() + (REPO / "recipes/ucx/build.sh").read_text()
     assert "x86_64" not in text and "stack.toml" in text  # no hard-coded arch; says where its values come from
     assert "PLACEHOLDER" in text and "ucx-dask-gpu-maintainer-placeholder" in text
+    assert "--enable-numa" not in text
 
 
 def test_aarch64_renders_aarch64_compilers():
-    vs = [v for v in render_recipe(REPO / "recipes", "ucx") if v.platform == "linux-aarch64"]
+    vs = [v for v in render_recipe(packed(), "ucx") if v.platform == "linux-aarch64"]
     assert vs and all(any(r.startswith("gcc_linux-aarch64") for r in v.requirements("build")) for v in vs)
 
 
 def test_metapackage_pins_what_the_lock_and_the_ucxx_recipe_say():
     st = load(REPO / "stack.toml")
     locked = settings.lock_versions_by_conda_name(st)
-    (v,) = render_recipe(REPO / "recipes", "ucx-dask-gpu")
+    (v,) = render_recipe(packed(), "ucx-dask-gpu")
     run = v.requirements("run")
-    assert f"dask-cuda =={locked['dask-cuda']}" in run and f"python >={st.python.version}" in run
+    assert f"dask-cuda =={locked['dask-cuda']}" in run and f"python >={st.conda.python_min}" in run
     assert any(r.startswith("ucx ") for r in run) and any(r.startswith("ucxx ==0.51") for r in run)
+
+
+def test_metapackage_declares_every_command_the_wheel_installs():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    (v,) = render_recipe(packed(), "ucx-dask-gpu")
+    assert v.build["python"]["entry_points"] == [f"{k} = {t}" for k, t in scripts.items()]
 
 
 # --- what rattler-build rejects -----------------------------------------------------------------------------------
@@ -115,7 +203,7 @@ def test_undefined_jinja_variable_is_rejected(repo):
 # --- checks on the rendering -------------------------------------------------------------------------------------
 
 def test_a_hardcoded_sha256_bypassing_the_context_is_caught(repo):
-    edit(repo / "recipes/ucx/recipe.yaml", "  sha256: ${{ sha256 }}", "  sha256: " + "0" * 64)
+    edit(repo / "recipes/ucx/recipe.yaml", "  sha256: ${{ sha256 }}", '  sha256: "' + "0" * 64 + '"')
     assert any("ucx/ucx: source[0]" in p and "stack.toml pins" in p for p in problems(repo))
 
 
@@ -159,12 +247,7 @@ def test_stack_toml_version_change_is_drift_until_regen_writes_it(repo):
     old = settings.settings(st).ucxx.version
     edit(repo / "stack.toml", f'version = "{old}"\ntag = "v{old}"', 'version = "0.51.02"\ntag = "v0.51.02"')
     st = load(repo / "stack.toml")
-    drift = settings.drift(st)
-    assert drift[:2] == ["recipes/ucxx/recipe.yaml", "recipes/ucx-dask-gpu/recipe.yaml"]
-    # The UCXX patches carried for the old version no longer belong to the recipe.
-    assert [d.split("recipes/")[-1] for d in drift[2:]] == \
-        [f"ucxx/patches/{p.name} (not a patch ucx-src-build carries)"
-         for p in sorted((repo / "recipes/ucxx/patches").glob("*.patch"))]
+    assert settings.drift(st) == ["recipes/ucxx/recipe.yaml", "recipes/ucx-dask-gpu/recipe.yaml"]
     line = one_line_error(cli(repo, "regen", "--check"), RECIPE_INVALID)
     assert "recipes/ucxx/recipe.yaml is out of date with stack.toml; run `make regen`" in line
     assert any("out of date" in p for p in problems(repo))
@@ -184,26 +267,35 @@ def test_configure_flags_are_generated_into_build_sh(repo):
     assert (repo / "recipes/ucx/build.sh").stat().st_mode & 0o111
 
 
-def test_ucx_patches_are_copied_into_the_recipe_and_listed(repo):
+def test_the_patches_are_stored_once_and_packed_with_the_recipe(repo, tmp_path):
     st = load(repo / "stack.toml")
-    carried = [f"patches/{p.name}" for p in settings.carried_patches(st, "ucx")]
-    (v, *_) = render_recipe(repo / "recipes", "ucx")
-    assert v.sources[0].get("patches", []) == carried
-    for rel in carried:
-        assert (repo / "recipes/ucx" / rel).read_bytes() == \
-            (repo / "ucx-src-build/patches" / settings.settings(st).ucx.version / rel.split("/")[1]).read_bytes()
-    patch = repo / "ucx-src-build/patches" / settings.settings(st).ucx.version / "0099-fix.patch"
-    patch.parent.mkdir(parents=True, exist_ok=True)
-    patch.write_text("--- a/NEWS\n+++ b/NEWS\n@@ -1 +1 @@\n-x\n+y\n")
-    assert "recipes/ucx/patches/0099-fix.patch" in settings.drift(st)
-    settings.regen(st)
-    assert (repo / "recipes/ucx/patches/0099-fix.patch").read_bytes() == patch.read_bytes()
-    (v, *_) = render_recipe(repo / "recipes", "ucx")
-    assert v.sources[0]["patches"] == carried + ["patches/0099-fix.patch"]
-    patch.unlink()
-    assert any("not a patch ucx-src-build carries" in p for p in settings.drift(st))
-    settings.regen(st)
-    assert not (repo / "recipes/ucx/patches/0099-fix.patch").exists() and settings.drift(st) == []
+    assert not (REPO / "recipes/ucx/patches").exists() and not (REPO / "recipes/ucxx/patches").exists()
+    ucx_dir = repo / "ucx-src-build/patches" / settings.settings(st).ucx.version
+    out = settings.pack(st, tmp_path / "packed", repo / "recipes")
+    (v, *_) = render_recipe(out, "ucx")
+    carried = sorted(p.name for p in ucx_dir.glob("*.patch"))
+    assert v.sources[0]["patches"] == [f"patches/{n}" for n in carried]
+    for n in carried:
+        assert (out / "ucx/patches" / n).read_bytes() == (ucx_dir / n).read_bytes()
+
+
+def test_a_patch_added_to_the_folder_is_in_the_next_pack_without_regen(repo, tmp_path):
+    st = load(repo / "stack.toml")
+    ucxx_dir = repo / "ucx-src-build/patches" / f"ucxx-{st.ucxx.source.version}"
+    patch = ucxx_dir / "0099-python-fix.patch"
+    patch.write_text("--- a/VERSION\n+++ b/VERSION\n@@ -1 +1 @@\n-x\n+y\n")
+    assert settings.drift(st) == []  # nothing to regenerate
+    found, vs = check_all(st, repo / "recipes", mode=FALLBACK, packed=tmp_path / "packed")
+    assert found == []
+    for v in [v for v in vs if v.recipe_path.parent.name == "ucxx"]:
+        assert v.sources[0]["patches"][-1] == "patches/0099-python-fix.patch"  # the UCXX source, as the wheels get it
+    assert (tmp_path / "packed/ucxx/patches/0099-python-fix.patch").read_bytes() == patch.read_bytes()
+
+
+def test_a_recipe_without_the_patches_line_is_one_line(repo):
+    edit(repo / "recipes/ucxx/recipe.yaml", "    # <conda pack: patches>\n", "")
+    line = one_line_error(cli(repo, "lint", "--packed", str(repo / "build" / "p")), RECIPE_INVALID)
+    assert "recipes/ucxx/recipe.yaml: no '# <conda pack: patches>' line in its source" in line
 
 
 def test_missing_end_marker_is_one_line(repo):
@@ -226,14 +318,3 @@ def test_ucxx_build_scripts_carry_the_wheels_cmake_options(repo):
                if not a.startswith("-DCMAKE_INSTALL_"))
     edit(repo / "stack.toml", '"-DUCXX_ENABLE_CCCL=ON"', '"-DUCXX_ENABLE_CCCL=ON", "-DUCXX_ENABLE_RMM=ON"')
     assert settings.drift(load(repo / "stack.toml")) == ["recipes/ucxx/build_libucxx.sh"]
-
-
-def test_ucxx_recipe_applies_the_patches_the_wheel_build_carries(repo):
-    st = load(repo / "stack.toml")
-    carried = [f"patches/{p.name}" for p in settings.carried_patches(st, "ucxx")]
-    assert carried, "ucx-src-build carries UCXX patches"
-    for v in render_recipe(repo / "recipes", "ucxx"):
-        assert v.sources[0].get("patches", []) == carried  # the UCXX source, as the wheels get it
-    for rel in carried:
-        assert (repo / "recipes/ucxx" / rel).read_bytes() == \
-            (repo / "ucx-src-build/patches" / f"ucxx-{st.ucxx.source.version}" / rel.split("/")[1]).read_bytes()

@@ -106,8 +106,8 @@ def _build(tmp: Path, host: list[str], lib: str = "answer", check: str = 'test -
     (v,) = [v for v in render_recipe(tmp / "recipes", "answer", ("linux-64",))]
     empty = write_empty_channel(tmp / "empty")
     return standin.build_variant(load(REPO / "stack.toml"), v, work=tmp / "work", output_dir=tmp / "out",
-                                 mirror_dirs=[archive.parent], log_dir=tmp / "logs", channel=empty.as_uri(),
-                                 cache=tmp / "cache", offline=True)
+                                 mirror_dirs=[archive.parent], log_dir=tmp / "logs", channels=[empty.as_uri()],
+                                 cache=tmp / "cache", offline=True, build_cache=tmp / "builds")
 
 
 def test_rattler_build_builds_the_standin_with_the_declared_library(tmp_path):
@@ -148,11 +148,11 @@ def _channel_with(tmp: Path, pkg: Path) -> Path:
 
 def test_rattler_build_runs_the_recipe_tests_from_the_channel(tmp_path):
     pkg = _build(tmp_path, ["libnuma"])
-    assert run_recipe_tests(pkg, _channel_with(tmp_path, pkg)) == ["test 0: passed"]
+    assert run_recipe_tests(pkg, [_channel_with(tmp_path, pkg)]) == ["test 0: passed"]
 
 
 def test_a_failing_recipe_test_is_one_line_install_failed(tmp_path):
     pkg = _build(tmp_path, ["libnuma"], check='test -f "$PREFIX/lib/libquestion.so"')
     with pytest.raises(UserError) as e:
-        run_recipe_tests(pkg, _channel_with(tmp_path, pkg))
+        run_recipe_tests(pkg, [_channel_with(tmp_path, pkg)])
     assert e.value.exit_code == INSTALL_FAILED and "recipe test 0 failed" in str(e.value) and "\n" not in str(e.value)

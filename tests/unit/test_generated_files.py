@@ -24,6 +24,22 @@ def test_committed_environment_yml_is_what_stack_toml_generates():
     assert (st.root / "environment.yml").read_text() == render_environment_yml(st)
 
 
+def test_environment_yml_and_the_documented_install_line_agree():
+    """README and docs/conda.md give the install line RAPIDS-style: our channel, rapidsai, conda-forge, strict, with
+    cuda-version; environment.yml has the same channels in the same order and this channel's UCX/UCXX."""
+    import yaml
+
+    st = stack.load()
+    line = (f"conda install {' '.join(f'-c {c}' for c in st.conda.channels)} --strict-channel-priority {st.name} "
+            f"cuda-version={st.cuda_major}.0")
+    assert st.conda.channels[1:] == ("rapidsai", "conda-forge")
+    for doc in ("README.md", "docs/conda.md"):
+        assert line in (st.root / doc).read_text(), doc
+    env = yaml.safe_load((st.root / "environment.yml").read_text())
+    assert tuple(env["channels"]) == st.conda.channels
+    assert f"ucx={st.ucx.version}" in env["dependencies"] and f"cuda-version={st.cuda_major}.0" in env["dependencies"]
+
+
 def test_committed_lock_satisfies_stack_toml():
     assert check_lock_matches(stack.load()) == []
 

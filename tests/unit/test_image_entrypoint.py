@@ -1,5 +1,6 @@
-"""The image's entrypoint: every launcher's spelling of a role is known (legacy ones exec'd as the current CLI), anything
-else is one line + UNKNOWN_ROLE; conflicting transports and a GPU worker without a GPU end in one line too."""
+"""The image's entrypoint: every launcher's spelling of a role is known (legacy ones exec'd as the current CLI), any
+other command runs as it is (a command the image lacks: one line + NO_SUCH_COMMAND); conflicting transports and a GPU
+worker without a GPU end in one line too."""
 import os
 import subprocess
 import sys
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ucx_dask_gpu.image import entrypoint
-from ucx_dask_gpu.errors import NO_GPU, TRANSPORT_CONFLICT, UNKNOWN_ROLE, UserError
+from ucx_dask_gpu.errors import NO_GPU, NO_SUCH_COMMAND, TRANSPORT_CONFLICT, UserError
 
 
 @pytest.mark.parametrize("argv", [
@@ -45,35 +46,69 @@ def test_launcher_spellings_are_roles(argv, kind, execd):
     assert role.kind == kind and list(role.argv) == (execd or argv)
 
 
-@pytest.mark.parametrize("argv, named", [
-    (["schedular"], "'schedular'"),
-    (["dask", "schedular"], "'dask schedular'"),
-    (["dask"], "'dask'"),
-    (["dask", "cuda", "scheduler"], "'dask cuda scheduler'"),
-    (["rm", "-rf", "/"], "'rm'"),
-    (["dask-schedular"], "'dask-schedular'"),
-    (["./python", "-c", "1"], "'./python'"),
+@pytest.mark.parametrize("argv", [
+    ["pip", "list"],
+    ["bash", "-c", "echo hi"],
+    ["Rscript", "analysis.R"],
+    ["/opt/venv/bin/python", "my_client.py"],
+    ["./python", "-c", "1"],
+    ["dask", "info", "versions"],            # dask's own command line, not a role
+    ["dask", "schedular"],                   # dask's own CLI says what it lacks
+    ["dask", "cuda", "scheduler"],
+    ["python", "-m", "http.server"],
+    ["schedular"],
 ])
-def test_unknown_roles_are_refused_with_the_list_of_roles(argv, named):
-    with pytest.raises(UserError) as err:
-        entrypoint.resolve(argv)
-    assert err.value.exit_code == UNKNOWN_ROLE
-    assert named in str(err.value) and "dask scheduler" in str(err.value)
+def test_any_other_command_runs_as_it_is(argv):
+    role = entrypoint.classify(argv)
+    assert role.kind == "command" and list(role.argv) == argv
+    entrypoint.check_gpu(role, {})  # no role checks for it
 
 
-def test_no_role_is_refused():
-    with pytest.raises(UserError) as err:
-        entrypoint.resolve([])
-    assert err.value.exit_code == UNKNOWN_ROLE
+def test_no_command_is_refused():
+    for argv in ([], [""]):
+        with pytest.raises(UserError) as err:
+            entrypoint.resolve(argv)
+        assert err.value.exit_code == NO_SUCH_COMMAND and "dask scheduler" in str(err.value)
 
 
-def test_main_prints_one_line_and_exits_with_unknown_role():
-    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu.image.entrypoint", "wrker"], capture_output=True,
-                          text=True)
-    assert proc.returncode == UNKNOWN_ROLE
+def _entrypoint(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ucx_dask_gpu.image.entrypoint", *argv], capture_output=True,
+                          text=True, env=env)
+
+
+@pytest.mark.parametrize("argv, named", [(["schedular"], "'schedular' in this image (not on PATH)"),
+                                         (["/no/such/tool", "-v"], "'/no/such/tool' in this image (no such file)")])
+def test_a_command_the_image_lacks_is_one_line_naming_the_roles(argv, named):
+    proc = _entrypoint(*argv)
+    assert proc.returncode == NO_SUCH_COMMAND
     assert proc.stdout == ""
-    assert len(proc.stderr.strip().splitlines()) == 1
-    assert "unknown role 'wrker'" in proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert f"no command {named}" in line and "dask scheduler" in line
+
+
+def test_a_file_that_is_not_executable_is_one_line(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("echo never\n")
+    proc = _entrypoint(str(script))
+    assert proc.returncode == NO_SUCH_COMMAND and proc.stdout == ""
+    [line] = proc.stderr.strip().splitlines()
+    assert f"cannot run '{script}': Permission denied" in line
+
+
+def test_other_commands_run_with_the_environment_and_dask_config_roles_get(tmp_path):
+    """`exec "$@"`: the command itself runs (its exit code and output are its own), with the image's environment and
+    the dask config every role reads; only Dask roles are marked as checked."""
+    (tmp_path / "site.yaml").write_text("distributed:\n  comm:\n    timeouts:\n      connect: 77s\n")
+    env = {**os.environ, "DASK_CONFIG": str(tmp_path), "MY_SETTING": "kept"}
+    code = ("import os, sys, dask; print(os.environ['MY_SETTING'], "
+            "dask.config.get('distributed.comm.timeouts.connect'), "
+            f"{entrypoint.ROLE_CHECKED_ENV!r} in os.environ); sys.exit(3)")
+    proc = _entrypoint(sys.executable, "-c", code, env=env)
+    assert proc.returncode == 3 and proc.stdout == "kept 77s False\n", proc.stderr
+    proc = _entrypoint(sys.executable, "-m", "pip", "--version", env=env)
+    assert proc.returncode == 0 and proc.stdout.startswith("pip "), proc.stderr
+    proc = _entrypoint("sh", "-c", "echo $MY_SETTING; exit 5", env=env)
+    assert proc.returncode == 5 and proc.stdout == "kept\n"
 
 
 def test_main_execs_the_role():

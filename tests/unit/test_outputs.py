@@ -30,6 +30,10 @@ WRITING = {
     ("cluster", "--scheduler-file"): "file",
     ("conda", "channel", "--out"): "dir",
     ("conda", "channel", "--work"): "dir",
+    ("conda", "lint", "--packed"): "dir",
+    ("conda", "pack", "--out"): "dir",
+    ("conda", "render", "--packed"): "dir",
+    ("conda", "variants", "--out"): "file",
     ("conda", "test-install", "--json"): "file",
     ("conda", "test-install", "--work"): "dir",
     ("config", "install", "--dest"): "dir",
@@ -60,8 +64,8 @@ WRITING = {
 }
 
 # Names that usually mean "write here", and the options by such names that do not write (with the reason).
-WRITING_NAME = re.compile(r"^(--?(o|out|output|json|dest|prefix|work|work-dir|raw-dir|record-.*|.*-file|stamp|.*-dir)"
-                          r"|dir|out|dest)$")
+WRITING_NAME = re.compile(r"^(--?(o|out|output|json|dest|prefix|packed|work|work-dir|raw-dir|record-.*|.*-file|stamp"
+                          r"|.*-dir)|dir|out|dest)$")
 NOT_WRITTEN = {
     ("stack", "--file"): "stack.toml, read",
     ("image", "--stack-file"): "stack.toml, read",

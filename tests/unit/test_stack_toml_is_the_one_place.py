@@ -20,6 +20,7 @@ VERSION = re.compile(r"\d+(?:\.\d+)+")
 # Written in our code for a reason of its own, not as a copy of stack.toml's value.
 NOT_OURS = {
     ("src/ucx_dask_gpu/conda/recipes.py", "2.28"): "the glibc of conda-forge's alma8/ubi8 build images",
+    ("src/ucx_dask_gpu/conda/recipes.py", "2.17"): "the glibc of conda-forge's cos7 build image",
 }
 
 

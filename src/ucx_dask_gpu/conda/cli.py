@@ -1,4 +1,4 @@
-"""`ucx-dask-gpu conda regen|render|lint|channel|test-install`: the conda recipes and the local channel.
+"""`ucx-dask-gpu conda regen|pack|variants|render|lint|channel|test-install`: the conda recipes and the local channel.
 
 The channel module imports PyYAML when it is loaded, and every `ucx-dask-gpu` command must start with the standard
 library alone (a fresh machine runs `stack get` before any package is installed): so `channel` and `test-install`
@@ -16,6 +16,12 @@ from ..fsutil import write_output_file
 from ..stack import load
 from . import settings
 from .recipes import check_all
+from . import variants as vstack
+from .variants import MODES, choose
+
+
+PACKED_HELP = ("new or empty, or recipes this command packed before, which are replaced whole; any other directory, or "
+               "a file, is refused (exit 9)")
 
 
 def _recipes(args, st) -> Path:
@@ -36,9 +42,31 @@ def _cmd_regen(args) -> int:
     return 0
 
 
+def _packed(args, st) -> Path | None:
+    return Path(args.packed).resolve() if getattr(args, "packed", None) else None
+
+
+def _cmd_pack(args) -> int:
+    st = load(args.stack)
+    out = settings.pack(st, Path(args.out).resolve(), _recipes(args, st))
+    print(f"recipes packed into {out} (variants: {choose(st, _recipes(args, st), 'auto').describe()})")
+    return 0
+
+
+def _cmd_variants(args) -> int:
+    st = load(args.stack)
+    recipes_dir = _recipes(args, st)
+    stack = choose(st, recipes_dir, args.variants)
+    config = vstack.config(stack, args.platform, recipes_dir / args.recipe / vstack.CBC)
+    write_output_file(args.out, vstack.as_variants_yaml(config, stack, args.platform, args.recipe, args.cuda),
+                      what="the variants")
+    print(f"wrote {args.out}: recipes/{args.recipe} on {args.platform} under {stack.describe()}")
+    return 0
+
+
 def _cmd_render(args) -> int:
     st = load(args.stack)
-    problems, variants = check_all(st, _recipes(args, st))
+    problems, variants = check_all(st, _recipes(args, st), mode=args.variants, packed=_packed(args, st))
     if not variants and problems:
         raise UserError(problems[0], RECIPE_INVALID)
     for v in variants:
@@ -51,13 +79,16 @@ def _cmd_render(args) -> int:
 
 def _cmd_lint(args) -> int:
     st = load(args.stack)
-    problems, variants = check_all(st, _recipes(args, st))
+    problems, variants = check_all(st, _recipes(args, st), mode=args.variants, packed=_packed(args, st))
     for p in problems:
         print(p)
     if problems:
         raise UserError(f"{len(problems)} recipe problem(s), the first: {problems[0]}", RECIPE_INVALID)
-    print(f"recipes ok against {st.path.name}: {len(variants)} outputs rendered by rattler-build "
-          f"({', '.join(sorted({f'{v.subdir}/{v.dist}' for v in variants}))})")
+    used = variants[0].stack.describe() if variants and variants[0].stack else "?"
+    print(f"recipes ok against {st.path.name}: {len(variants)} outputs rendered by rattler-build under {used}:")
+    for v in sorted(variants, key=lambda v: (v.recipe_path.parent.name, v.name, v.subdir, v.build_string)):
+        print(f"  {v.subdir}/{v.dist}  cuda={v.variant.get('cuda_compiler_version', '-')} "
+              f"python={v.variant.get('python', v.variant.get('python_min', '-'))}")
     return 0
 
 
@@ -67,16 +98,29 @@ def _cmd_channel(args) -> int:
     st = load(args.stack)
     res = build_channel(st, out=Path(args.out), recipes_dir=_recipes(args, st),
                         mirror=[Path(args.sources)] if args.sources else None,
-                        work=Path(args.work) if args.work else None, run_install_test=not args.no_install_test)
-    print(f"channel {res.channel}:")
+                        work=Path(args.work) if args.work else None, run_install_test=not args.no_install_test,
+                        mode=args.variants)
+    print(f"channel {res.channel} (variants: {res.variants}):")
     for p in res.packages:
         print(f"  {p.relative_to(res.channel)}  {p.stat().st_size / 1e6:.2f} MB")
     if res.rendered_only:
         print(f"  rendered + checked, not built here: {', '.join(res.rendered_only)}")
     if res.install:
-        print(f"  install test ({', '.join(res.install['virtual_packages'])}): "
-              f"{', '.join(res.install['packages'])} ok")
+        _print_install(res.install)
+    print("  seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in res.seconds.items()))
     return 0
+
+
+def _print_install(res: dict) -> None:
+    print(f"  install check ({', '.join(res['virtual_packages'])}):")
+    for fn, r in res["packages"].items():
+        print(f"    {fn}: installed in {r['prefix']}, recipe tests passed")
+    env = res.get("environment")
+    if env:
+        print(f"    `{' '.join(env['specs'])}` -> {env['prefix']}: {env['ucx_info']} ({env['ucx_info_path']}); "
+              f"ucxx maps {env['libucp']}; stack id {env['stack_id']}")
+    print("    stood in (conda-forge/rapidsai, not reachable here): " +
+          ", ".join(f"{n} {p['version']}" for n, p in sorted(res["placeholders"].items())))
 
 
 def _cmd_test_install(args) -> int:
@@ -84,13 +128,10 @@ def _cmd_test_install(args) -> int:
 
     st = load(args.stack)
     work = Path(args.work) if args.work else st.root / "build" / "conda-install-test"
-    res = install_test(Path(args.channel), work=work, cuda=args.cuda or f"{st.cuda_major}.0", glibc=args.glibc)
+    res = install_test(st, Path(args.channel), work=work, cuda=args.cuda or f"{st.cuda_major}.0", glibc=args.glibc)
     if args.json:
         write_output_file(args.json, json.dumps(res, indent=2, sort_keys=True) + "\n", what="the results")
-    for fn, r in res["packages"].items():
-        where = f"installed in {r['prefix']}" if "prefix" in r else "checked (conda-forge dependencies not here)"
-        print(f"{fn}: {where}, recipe tests passed")
-    print(f"virtual packages: {', '.join(res['virtual_packages'])}")
+    _print_install(res)
     return 0
 
 
@@ -102,11 +143,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = s.add_parser("regen", help="write the recipes' generated lines from stack.toml (make regen)")
     g.add_argument("--check", action="store_true", help="fail (exit 60) if they are out of date, write nothing")
     g.set_defaults(func=_cmd_regen)
+    k = s.add_parser("pack", help="the recipes as a build or a feedstock takes them: the carried patches copied in "
+                                  "and listed")
+    add_output(k, "--out", kind="dir", required=True, help="directory to write", note=PACKED_HELP)
+    k.set_defaults(func=_cmd_pack)
+    variants_help = ("variant config: conda-forge (its global pinning + stack.toml [conda].migrations, from "
+                     "$UCX_DASK_GPU_CONDA_PINNING or stack.toml [conda].pinning), fallback "
+                     "(recipes/conda_build_config.yaml), auto (the first where present; default)")
+    w = s.add_parser("variants", help="write one recipe's stacked variant config as a rattler-build variants file")
+    w.add_argument("--recipe", required=True, choices=settings.RECIPES)
+    w.add_argument("--platform", default="linux-64", help="target platform (default: linux-64)")
+    w.add_argument("--cuda", help="only this CUDA version's job (cuda_compiler_version and the keys zipped with it)")
+    add_output(w, "--out", required=True, help="the variants file to write")
+    w.set_defaults(func=_cmd_variants)
     r = s.add_parser("render", help="print every output rattler-build renders, every variant and platform")
     r.add_argument("--recipe", help="only this recipe (directory name)")
-    r.set_defaults(func=_cmd_render)
-    s.add_parser("lint", help="render with rattler-build, lint, check against stack.toml").set_defaults(func=_cmd_lint)
+    l_ = s.add_parser("lint", help="render with rattler-build, lint, check against stack.toml")
     c = s.add_parser("channel", help="build the local channel: check, build, index, install + test")
+    for sp in (w, r, l_, c):
+        sp.add_argument("--variants", choices=MODES, default="auto", help=variants_help)
+    for sp in (r, l_):
+        add_output(sp, "--packed", kind="dir", help="where the packed recipes go (default: <repo>/build/conda-recipes)",
+                   note=PACKED_HELP)
+    r.set_defaults(func=_cmd_render)
+    l_.set_defaults(func=_cmd_lint)
     add_output(c, "--out", kind="dir", required=True, help="channel directory to create",
                note="new or empty, or a channel this command made before, which is replaced whole once everything "
                     "passed; any other directory, or a file, is refused (exit 9)")
@@ -118,7 +178,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_cmd_channel)
     t = s.add_parser("test-install", help="install the channel's packages into fresh prefixes and run their tests")
     t.add_argument("--channel", required=True)
-    t.add_argument("--cuda", help="__cuda virtual package version to declare (default: <stack cuda_major>.0)")
+    t.add_argument("--cuda", help="__cuda and cuda-version to install for (default: <stack cuda_major>.0)")
     t.add_argument("--glibc", help="__glibc virtual package version to declare (default: this machine's)")
     add_output(t, "--work", kind="dir", help="scratch directory (default: <repo>/build/conda-install-test)",
                note=WORK_DIR_HELP)

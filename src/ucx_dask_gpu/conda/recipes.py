@@ -1,12 +1,14 @@
 """Render the v1 recipes with the real rattler-build (py-rattler-build), for every variant, and check them.
 
-rattler-build parses each recipe.yaml (its schema: unknown keys, wrong types and bad Jinja are errors), evaluates it
-for every combination of the variant config (recipes/conda_build_config.yaml, the stand-in for the keys of
-conda-forge's global pinning, then the recipe's own conda_build_config.yaml) on linux-64 and linux-aarch64, and gives
-the rendered (stage1) recipe of every output. What rattler-build does not check and conda-smithy's linter would
-(about, maintainers, tests, checksums, `stdlib` with compilers, CFEP-25 for noarch python) and what this project
-requires (the rendered recipes agree with stack.toml and the lock; the generated lines are up to date) is checked
-here, on rattler-build's rendering.
+The recipes are packed first (settings.pack: the patches of ucx-src-build copied in and listed), as a build or a
+feedstock takes them. rattler-build parses each recipe.yaml (its schema: unknown keys, wrong types and bad Jinja are
+errors), evaluates it for every combination of the variant config (variants.py: conda-forge's global pinning + the
+migrators the feedstocks opt into + the recipe's own conda_build_config.yaml, or the fallback for the first two where
+conda-forge-pinning is absent) on linux-64 and linux-aarch64, and gives the rendered (stage1) recipe of every output.
+What rattler-build does not check and conda-smithy's linter would (about, maintainers, tests, checksums, `stdlib`
+with compilers, CFEP-25 for noarch python, build strings) and what this project requires (no CPU-only variant, the
+rendered recipes agree with stack.toml and the lock, the generated lines are up to date) is checked here, on
+rattler-build's rendering.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from ..errors import RECIPE_INVALID, UserError
 from ..stack import Stack
 from . import settings as cfg
+from . import variants as vstack
 
 PLATFORMS = ("linux-64", "linux-aarch64")
 BUILD_PLATFORM = "linux-64"
@@ -32,6 +35,7 @@ class Variant:
     stage1: dict
     outputs_in_recipe: int
     template: str
+    stack: vstack.VariantStack | None = None
 
     @property
     def name(self) -> str:
@@ -96,36 +100,56 @@ def spec_text(spec) -> str:
     return str(spec)
 
 
-def variant_files(recipes_dir: Path, recipe: str) -> list[Path]:
-    files = [recipes_dir / cfg.PINNING_PATH.name]
-    local = recipes_dir / recipe / "conda_build_config.yaml"
-    return files + ([local] if local.is_file() else [])
+def _not_skipped(stage0_dict: dict, config, render_config) -> set[str] | None:
+    """Build strings of the variants a single-output recipe's `build.skip` keeps, or None for a multi-output recipe.
+
+    py-rattler-build's render() drops skipped outputs of a multi-output recipe but returns every variant of a
+    single-output one (the rattler-build CLI skips them): the same recipe as one output of a multi-output twin gives
+    the same variants and build strings, with the skips applied."""
+    from rattler_build import Stage0Recipe
+
+    if "outputs" in stage0_dict:
+        return None
+    raw = stage0_dict
+    twin = {k: raw[k] for k in ("schema_version", "context", "source", "build", "about", "extra") if k in raw}
+    twin["recipe"] = {"name": f"{raw['package']['name']}-split", "version": raw["package"]["version"]}
+    twin["outputs"] = [{k: raw[k] for k in ("package", "requirements", "tests", "about") if k in raw}]
+    return {str(r.recipe.to_dict()["build"].get("string"))
+            for r in Stage0Recipe.from_dict(twin).render(config, render_config)}
 
 
-def render_recipe(recipes_dir: Path, recipe: str, platforms: tuple[str, ...] = PLATFORMS) -> list[Variant]:
-    """Every rendered output of one recipe for every variant and platform (rattler-build); duplicates (a noarch
-    output rendered once per variant of its siblings) once."""
-    from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, VariantConfig
+def render_recipe(recipes_dir: Path, recipe: str, platforms: tuple[str, ...] = PLATFORMS,
+                  stack: vstack.VariantStack | None = None) -> list[Variant]:
+    """Every rendered output of one (packed) recipe for every variant and platform (rattler-build), skipped
+    variants left out; duplicates (a noarch output rendered once per variant of its siblings) once. `stack`: the
+    variant stack (default: the fallback beside the recipes)."""
+    from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe
     from rattler_build._rattler_build import RattlerBuildError
 
     path = recipes_dir / recipe / "recipe.yaml"
     if not path.is_file():
         raise UserError(f"{path}: missing", RECIPE_INVALID)
+    stack = stack or vstack.VariantStack(vstack.FALLBACK, (recipes_dir / vstack.CBC,))
     template = path.read_text()
     try:
         stage0 = Stage0Recipe.from_file(path)
-        config = VariantConfig.from_files([str(p) for p in variant_files(recipes_dir, recipe)])
         out: dict[tuple, Variant] = {}
         for platform in platforms:
-            rendered = stage0.render(config, RenderConfig(platform=PlatformConfig(target_platform=platform)))
+            config = vstack.config(stack, platform, recipes_dir / recipe / vstack.CBC)
+            render_config = RenderConfig(platform=PlatformConfig(target_platform=platform))
+            kept = _not_skipped(stage0.to_dict(), config, render_config)
+            rendered = stage0.render(config, render_config)
             for r in rendered:
-                v = Variant(path, platform, {k: str(x) for k, x in r.variant.items()}, r.recipe.to_dict(),
-                            len({x.recipe.package.name for x in rendered}), template)
+                stage1 = r.recipe.to_dict()
+                if kept is not None and str(stage1["build"].get("string")) not in kept:
+                    continue
+                v = Variant(path, platform, {k: str(x) for k, x in r.variant.items()}, stage1,
+                            len({x.recipe.package.name for x in rendered}), template, stack)
                 out.setdefault((v.subdir, v.dist), v)
     except (RattlerBuildError, ValueError) as e:
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-        raise UserError(f"{path.relative_to(recipes_dir.parent)}: rattler-build rejects it: {first}",
-                        RECIPE_INVALID) from None
+        raise UserError(f"recipes/{recipe}/recipe.yaml: rattler-build rejects it under {stack.kind} variants: "
+                        f"{first}", RECIPE_INVALID) from None
     return list(out.values())
 
 
@@ -260,29 +284,55 @@ def check_against_stack(v: Variant, st: Stack) -> list[str]:
     return out
 
 
+BUILD_STRING = re.compile(r"^[A-Za-z0-9_.]+$")
+
+
 def check_variants(variants: list[Variant], st: Stack) -> list[str]:
-    """Every CUDA version of stack.toml is rendered for the CUDA recipes, on every platform."""
+    """Every CUDA version of stack.toml is rendered for the CUDA outputs on every platform, and nothing else (no
+    CPU-only `cudaNone` variant); build strings are build strings; python outputs start at python_min; a noarch
+    output is one package."""
+    s = cfg.settings(st)
     out = []
-    want = set(cfg.settings(st).cuda_versions)
-    for recipe in ("ucx", "ucxx"):
+    want = set(s.cuda_versions)
+    for name in ("ucx", "libucxx", "ucxx"):
         for platform in PLATFORMS:
-            got = {v.variant.get("cuda_compiler_version") for v in variants
-                   if v.recipe_path.parent.name == recipe and v.platform == platform and v.subdir != "noarch"}
+            got = {v.variant.get("cuda_compiler_version") for v in variants if v.name == name and v.platform == platform}
             if got != want:
-                out.append(f"{recipe}: renders CUDA {sorted(filter(None, got))} on {platform}, stack.toml lists "
+                out.append(f"{name}: renders CUDA {sorted(map(str, got))} on {platform}, stack.toml lists "
                            f"{sorted(want)}")
+    for v in variants:
+        if not BUILD_STRING.match(v.build_string):
+            out.append(f"{v.recipe_path.parent.name}/{v.name}: build string {v.build_string!r} is not one (letters, "
+                       f"digits, _ and . only)")
+        py = v.variant.get("python")
+        if py and v.noarch is None and _version_key(py.split()[0].rstrip(".*")) < _version_key(s.python_min):
+            out.append(f"{v.recipe_path.parent.name}/{v.name}: built for python {py}, below python_min {s.python_min}")
+    noarch = [v.name for v in variants if v.subdir == "noarch"]
+    for name in sorted({n for n in noarch if noarch.count(n) > 1}):
+        out.append(f"{name}: noarch, yet rendered as {noarch.count(name)} packages (a variable of the other outputs' "
+                   f"variants reaches it)")
     return out
 
 
-def check_all(st: Stack, recipes_dir: Path | None = None) -> tuple[list[str], list[Variant]]:
-    """Drift of the generated lines, then every recipe rendered by rattler-build and checked.
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version))
+
+
+def check_all(st: Stack, recipes_dir: Path | None = None, *, mode: str = "auto",
+              packed: Path | None = None) -> tuple[list[str], list[Variant]]:
+    """Drift of the generated lines, then every recipe packed (into `packed`, default <repo>/build/conda-recipes),
+    rendered by rattler-build under the variant stack `mode` chooses (variants.choose) and checked.
     Returns (problems, every rendered output)."""
     recipes_dir = (recipes_dir or st.root / "recipes").resolve()
     problems = [f"{p} is out of date with stack.toml; run `make regen`" for p in cfg.drift(st, recipes_dir)]
+    stack = vstack.choose(st, recipes_dir, mode)
+    packed = cfg.pack(st, (packed or st.root / "build" / "conda-recipes").resolve(), recipes_dir)
+    if stack.kind == vstack.FALLBACK:
+        stack = vstack.VariantStack(vstack.FALLBACK, (packed / vstack.CBC,))
     variants: list[Variant] = []
     for recipe in cfg.RECIPES:
         try:
-            rendered = render_recipe(recipes_dir, recipe)
+            rendered = render_recipe(packed, recipe, stack=stack)
         except UserError as e:
             problems.append(str(e))
             continue
@@ -316,7 +366,7 @@ def check_conda_forge_yml(st: Stack, recipes_dir: Path) -> list[str]:
         out.append(f"{path.name}: conda_build_tool must be rattler-build (the recipes are v1 recipe.yaml)")
     image = (data.get("os_version") or {}).get("linux_64", "cos7")
     glibc = OS_VERSION_GLIBC.get(str(image))
-    want = cfg.settings(st).c_stdlib_version
+    want = st.conda.c_stdlib_version
     if glibc is None:
         out.append(f"{path.name}: os_version linux_64 {image!r} is not one of {', '.join(OS_VERSION_GLIBC)}")
     elif tuple(map(int, glibc.split("."))) < tuple(map(int, want.split("."))):

@@ -1,24 +1,30 @@
-"""What the recipes take from stack.toml, validated, and the recipe files generated from it (`conda regen`).
+"""What the recipes take from stack.toml, validated, the recipe files generated from it (`conda regen`), and the
+recipes packed for a build or a feedstock (`conda pack`).
 
 stack.toml is the only place a version, URL or sha256 is written. The recipes are self-contained (a feedstock copies
 one folder), so the values they need are written INTO them by `ucx-dask-gpu conda regen` (`make regen`):
 - each recipe.yaml's `context:` lines between the "Generated from stack.toml" and "End of generated lines" markers;
 - recipes/ucx/build.sh's configure flags and recipes/ucxx/build_*.sh's CMake options between the same markers;
-- recipes/<recipe>/conda_build_config.yaml (the recipe's own variant keys: CUDA versions, the glibc floor);
-- recipes/ucx/patches/ and recipes/ucxx/patches/ (copies of the patches ucx-src-build carries: patches/<UCX version>/
-  and patches/ucxx-<UCXX version>/) and their list in the recipe;
-- recipes/conda_build_config.yaml: the few keys of conda-forge's global pinning (conda-forge-pinning) these recipes
-  read, for rendering where conda-forge-pinning is unreachable.
+- recipes/ucx-dask-gpu/recipe.yaml's entry points: every command of pyproject.toml's [project.scripts];
+- the conda_build_config.yaml of the python recipes (ucxx, ucx-dask-gpu): python_min, the one key of conda-forge's
+  global pinning they override;
+- recipes/conda_build_config.yaml: the fallback for conda-forge's global pinning + migrators (variants.py), the keys
+  these recipes read, for rendering where conda-forge-pinning is absent.
 `conda regen --check` (and the recipe check of `conda lint|channel`) reports drift without writing.
+
+The patches the from-source build carries (ucx-src-build/patches/<UCX version>/, patches/ucxx-<UCXX version>/) are
+stored there once: `pack` copies every one of them into the packed recipe's patches/ and lists them where the recipe
+says (a `# <conda pack: patches>` line in its source), so a patch added to that folder is in the next package.
 """
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import RECIPE_INVALID, UserError
-from ..fsutil import atomic_write_bytes
+from ..errors import OUTPUT_REFUSED, RECIPE_INVALID, UserError
+from ..fsutil import atomic_path, atomic_write_bytes
 from ..stack.lock import canonical, load_lock
 from ..stack import SourceArchive, Stack
 
@@ -36,7 +42,8 @@ class CondaSettings:
     rapids_cmake: SourceArchive
     cpm: SourceArchive
     cuda_versions: tuple[str, ...]
-    c_stdlib_version: str
+    c_stdlib_versions: tuple[str, ...]
+    python: str
     python_min: str
     metapackage: tuple[str, ...]
     home: str
@@ -59,8 +66,9 @@ def settings(st: Stack) -> CondaSettings:
         rapids_cmake=st.ucxx.rapids_cmake,
         cpm=st.ucxx.cpm,
         cuda_versions=c.cuda_versions,
-        c_stdlib_version=c.c_stdlib_version,
-        python_min=st.python.version,
+        c_stdlib_versions=c.c_stdlib_versions,
+        python=st.python.version,
+        python_min=c.python_min,
         metapackage=c.metapackage,
         home=c.about.home,
         ucx_home=c.about.ucx_home,
@@ -88,6 +96,10 @@ def context_key(package: str) -> str:
 
 # The recipes whose main source carries ucx-src-build's patches, and the folder of ucx-src-build/patches they are in.
 PATCHED_RECIPES = ("ucx", "ucxx")
+# The recipes with python outputs: their conda_build_config.yaml sets python_min.
+PYTHON_RECIPES = ("ucxx", "ucx-dask-gpu")
+# The line of a recipe's source where `pack` lists the patches (same indentation as the source's keys).
+PATCHES_MARKER = "# <conda pack: patches>"
 
 
 def patch_folder(st: Stack, recipe: str) -> str:
@@ -143,6 +155,18 @@ def configure_lines(st: Stack) -> list[str]:
         ["configure_flags=("] + [f"    {f}" for f in st.configure_flags] + [")"]
 
 
+def entry_point_lines(st: Stack) -> list[str]:
+    """The metapackage's entry points: every command pyproject.toml's [project.scripts] installs."""
+    import tomllib
+
+    try:
+        scripts = tomllib.loads((st.root / "pyproject.toml").read_text())["project"]["scripts"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError) as e:
+        raise UserError(f"pyproject.toml: no [project.scripts] to declare as entry points ({e})", RECIPE_INVALID) \
+            from None
+    return [f"      - {name} = {target}" for name, target in scripts.items()]
+
+
 def ucxx_cmake_lines(st: Stack, package: str) -> list[str]:
     """The CMake options of one [[ucxx.build.packages]] entry, as the from-source wheels use them, minus the
     CMAKE_INSTALL_* directories of the wheel layout (a conda package installs into $PREFIX/lib, include)."""
@@ -169,35 +193,41 @@ def replace_region(text: str, lines: list[str], where: str, occurrence: int = 0)
     return "".join(src[: start + 1] + [ln + "\n" for ln in lines] + src[end:])
 
 
-def _variants_yaml(keys: dict[str, list[str]], comment: str) -> str:
+def _variants_yaml(keys: dict[str, list[str]], comment: str, zip_keys: list[list[str]] | None = None) -> str:
     out = [GENERATED_HEADER.rstrip(), comment]
     for key, values in keys.items():
         out.append(f"{key}:")
         out += [f"  - {_yaml_str(v)}" for v in values]
+    if zip_keys:
+        out.append("zip_keys:")
+        out += [f"  - [{', '.join(group)}]" for group in zip_keys]
     return "\n".join(out) + "\n"
 
 
-def pinning_standin(st: Stack) -> str:
+def pinning_fallback(st: Stack) -> str:
+    """recipes/conda_build_config.yaml: what conda-forge's pinning + migrators give the keys these recipes read."""
     s = settings(st)
     return _variants_yaml(
-        {"c_stdlib": ["sysroot"], "cuda_compiler": ["cuda-nvcc"], "python": [s.python_min],
-         "python_min": [s.python_min]},
-        "# The keys of conda-forge's global pinning (conda-forge-pinning) that recipes/*/recipe.yaml read, for\n"
-        "# rendering where conda-forge-pinning is unreachable. On conda-forge the real pinning takes its place; each\n"
-        "# recipe's own conda_build_config.yaml (CUDA versions, glibc floor) applies on top of either.")
+        {"c_stdlib": ["sysroot"], "c_stdlib_version": list(s.c_stdlib_versions), "cuda_compiler": ["cuda-nvcc"],
+         "cuda_compiler_version": list(s.cuda_versions), "python": [f"{s.python}.* *_cpython"]},
+        "# The fallback for conda-forge's global pinning (conda-forge-pinning) + the migrators the feedstocks opt into\n"
+        "# (stack.toml [conda]), where conda-forge-pinning is absent: the keys recipes/*/recipe.yaml read, with the\n"
+        "# values that stack gives them (CUDA versions zipped with their glibc floor; the image's python). Each\n"
+        "# recipe's own conda_build_config.yaml applies on top of either.",
+        zip_keys=[["c_stdlib_version", "cuda_compiler_version"]])
 
 
 def recipe_variants(st: Stack) -> str:
-    s = settings(st)
+    """A python recipe's conda_build_config.yaml: its python_min above conda-forge's floor (CFEP-25)."""
     return _variants_yaml(
-        {"cuda_compiler_version": list(s.cuda_versions), "c_stdlib_version": [s.c_stdlib_version]},
-        "# This recipe's variants: one package per CUDA version; the glibc floor of the linux packages.")
+        {"python_min": [settings(st).python_min]},
+        "# What this feedstock overrides of conda-forge's pinning: python_min, UCXX's requires-python (CFEP-25).")
 
 
 def generated_files(st: Stack, recipes_dir: Path | None = None) -> dict[Path, bytes]:
     """Every generated file (or file with generated lines) under recipes/, as it should be: path -> bytes."""
     recipes_dir = recipes_dir or st.root / "recipes"
-    out: dict[Path, bytes] = {recipes_dir / PINNING_PATH.name: pinning_standin(st).encode()}
+    out: dict[Path, bytes] = {recipes_dir / PINNING_PATH.name: pinning_fallback(st).encode()}
     for recipe in RECIPES:
         rdir = recipes_dir / recipe
         path = rdir / "recipe.yaml"
@@ -206,12 +236,9 @@ def generated_files(st: Stack, recipes_dir: Path | None = None) -> dict[Path, by
         except OSError as e:
             raise UserError(f"cannot read {path}: {e.strerror}", RECIPE_INVALID) from None
         text = replace_region(text, context_lines(st, recipe), str(path))
-        if recipe in PATCHED_RECIPES:
-            # ucx has one source (`source:` map, 2 spaces), ucxx a list whose first entry is UCXX (4 spaces).
-            text = replace_region(text, patch_lines(st, recipe, "  " if recipe == "ucx" else "    "), str(path),
-                                  occurrence=1)
-            for patch in carried_patches(st, recipe):
-                out[rdir / "patches" / patch.name] = patch.read_bytes()
+        if recipe == st.name:
+            text = replace_region(text, entry_point_lines(st), str(path), occurrence=1)
+        out[path] = text.encode()
         if recipe == "ucx":
             build_sh = rdir / "build.sh"
             out[build_sh] = replace_region(build_sh.read_text(), configure_lines(st), str(build_sh)).encode()
@@ -219,20 +246,8 @@ def generated_files(st: Stack, recipes_dir: Path | None = None) -> dict[Path, by
             for package, script in (("libucxx", "build_libucxx.sh"), ("ucxx", "build_ucxx.sh")):
                 sh = rdir / script
                 out[sh] = replace_region(sh.read_text(), ucxx_cmake_lines(st, package), str(sh)).encode()
-        out[path] = text.encode()
-        if recipe != st.name:
+        if recipe in PYTHON_RECIPES:
             out[rdir / "conda_build_config.yaml"] = recipe_variants(st).encode()
-    return out
-
-
-def stale_patches(st: Stack, recipes_dir: Path | None = None) -> list[Path]:
-    """Patches in recipes/<recipe>/patches/ that ucx-src-build no longer carries (a version change): removed by
-    regen."""
-    out = []
-    for recipe in PATCHED_RECIPES:
-        d = (recipes_dir or st.root / "recipes") / recipe / "patches"
-        want = {p.name for p in carried_patches(st, recipe)}
-        out += sorted(p for p in d.glob("*.patch") if p.name not in want) if d.is_dir() else []
     return out
 
 
@@ -243,19 +258,66 @@ def drift(st: Stack, recipes_dir: Path | None = None) -> list[str]:
         have = path.read_bytes() if path.is_file() else None
         if have != want:
             out.append(str(path.relative_to(st.root)) if path.is_relative_to(st.root) else str(path))
-    out += [f"{p} (not a patch ucx-src-build carries)" for p in stale_patches(st, recipes_dir)]
     return out
 
 
 def regen(st: Stack, recipes_dir: Path | None = None) -> list[Path]:
-    """Write every generated file that changed; returns the paths written or removed."""
+    """Write every generated file that changed; returns the paths written."""
     changed = []
     for path, want in generated_files(st, recipes_dir).items():
         if not path.is_file() or path.read_bytes() != want:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(path, want, mode=0o755 if path.suffix == ".sh" else 0o644)
             changed.append(path)
-    for p in stale_patches(st, recipes_dir):
-        p.unlink()
-        changed.append(p)
     return changed
+
+
+# --- packing ----------------------------------------------------------------------------------------------------
+
+def _packed_recipe_text(st: Stack, recipe: str, text: str, origin: Path) -> str:
+    """The recipe as packed: the patch list at its marker, a `path:` source made absolute (it names the folder the
+    recipe came from; a feedstock gives the release archive instead, docs/conda.md)."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        indent = line[: len(line) - len(line.lstrip())]
+        if stripped == PATCHES_MARKER:
+            if recipe not in PATCHED_RECIPES:
+                raise UserError(f"recipes/{recipe}/recipe.yaml: a patches marker, but ucx-src-build carries no "
+                                f"patches for it", RECIPE_INVALID)
+            out += [ln + "\n" for ln in patch_lines(st, recipe, indent)]
+            continue
+        m = re.match(r"^(\s*(?:- )?path: )(\S+)\s*$", line)
+        if m and not m.group(2).startswith(("/", "$")):
+            line = f"{m.group(1)}{(origin / m.group(2)).resolve()}\n"
+        out.append(line)
+    if recipe in PATCHED_RECIPES and carried_patches(st, recipe) and \
+            not any(ln.strip() == PATCHES_MARKER for ln in text.splitlines()):
+        raise UserError(f"recipes/{recipe}/recipe.yaml: no '{PATCHES_MARKER}' line in its source, so the patches of "
+                        f"ucx-src-build/patches/{patch_folder(st, recipe)}/ would not be applied", RECIPE_INVALID)
+    return "".join(out)
+
+
+def pack(st: Stack, dest: Path, recipes_dir: Path | None = None) -> Path:
+    """Every recipe folder as a build or a feedstock takes it, into `dest` (replaced whole): the committed folder,
+    the patches of ucx-src-build copied into patches/ and listed, and the fallback variant config beside them."""
+    recipes_dir = (recipes_dir or st.root / "recipes").resolve()
+    mine = set(RECIPES) | {PINNING_PATH.name}
+    if dest.is_file() or (dest.is_dir() and any(p.name not in mine for p in dest.iterdir())):
+        raise UserError(f"{dest}: not empty and not recipes this command packed; give a new or empty directory",
+                        OUTPUT_REFUSED)
+    with atomic_path(dest, replace_dir=True) as tmp:
+        tmp.mkdir(parents=True)
+        shutil.copy2(recipes_dir / PINNING_PATH.name, tmp / PINNING_PATH.name)
+        for recipe in RECIPES:
+            origin = recipes_dir / recipe
+            if not (origin / "recipe.yaml").is_file():
+                raise UserError(f"{origin / 'recipe.yaml'}: missing", RECIPE_INVALID)
+            shutil.copytree(origin, tmp / recipe, ignore=shutil.ignore_patterns("patches"))
+            text = (origin / "recipe.yaml").read_text()
+            (tmp / recipe / "recipe.yaml").write_text(_packed_recipe_text(st, recipe, text, origin))
+            if recipe in PATCHED_RECIPES:
+                for patch in carried_patches(st, recipe):
+                    (tmp / recipe / "patches").mkdir(exist_ok=True)
+                    shutil.copy2(patch, tmp / recipe / "patches" / patch.name)
+    return dest

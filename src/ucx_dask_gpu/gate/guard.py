@@ -51,7 +51,7 @@ logger = logging.getLogger("distributed.ucx_dask_gpu.guard")
 # The scheduler handler a nanny (or a worker without one) asks before registering; rpc names ops with underscores.
 ADMIT = "ucx_dask_gpu_admit"
 # How long after its process started a worker gives up waiting for its scheduler when no --death-timeout is given
-# (README "The image"); at least MIN_WAIT_S of waiting, whenever the pre-check starts.
+# (docs/image.md); at least MIN_WAIT_S of waiting, whenever the pre-check starts.
 START_WAIT_S = 30.0
 MIN_WAIT_S = 10.0
 # With --death-timeout, dask ends the whole start then: the pre-check ends this much earlier, with its line.

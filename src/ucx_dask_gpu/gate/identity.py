@@ -41,7 +41,7 @@ MAX_LISTED = 20
 # raises it) from an import that failed.
 REFUSAL_PREFIX = "ucx-dask-gpu guard: refused"
 
-# The environment contract (README "Environment gate"), by distribution name without CUDA suffix:
+# The environment contract (docs/environment-gate.md), by distribution name without CUDA suffix:
 # - cloudpickle, msgpack: how graphs, functions and messages are serialised;
 # - dask, distributed: the graph format, the protocol and the scheduler's own code (the scheduler unpickles graphs);
 # - numpy, pandas, pyarrow, cupy, rmm: the data that travels, and how it is serialised (rmm: GPU buffers);

@@ -174,7 +174,8 @@ def dask_identity(addr: Address, deadline: float, security=None) -> dict:
     args = (security or Security()).get_connection_args("client")
     if addr.scheme == "tls" and args.get("ssl_context") is None:
         raise UserError(f"{addr} speaks TLS, and this client has no TLS certificate: set distributed.comm.tls.ca-file, "
-                        "distributed.comm.tls.client.cert and .key in its dask config (README \"Mutual TLS\")",
+                        "distributed.comm.tls.client.cert and .key in its dask config (docs/environment-gate.md, "
+                        "\"Mutual TLS\")",
                         TLS_REFUSED)
     timeout = max(deadline - time.monotonic(), 0.5)
     return asyncio.run(asyncio.wait_for(_dask_identity(addr, args, timeout), timeout))

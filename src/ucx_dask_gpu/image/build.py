@@ -457,7 +457,7 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
             for i in leftovers.step_ids((work / "logs" / log).read_text(errors="replace"))]
     if normalise:
         # Reproducible image + SBOM: sorted/clamped layers, config at SOURCE_DATE_EPOCH, SBOM layer; image.json,
-        # layers.json and sbom.cdx.json land in <cache>/image/<tag>/repro (README "Reproducible image and SBOM").
+        # layers.json and sbom.cdx.json land in <cache>/image/<tag>/repro (docs/reproducibility.md).
         norm = step("normalise", finish_build, st, tag, cache, extra_wheels + ([own_wheel] if own_wheel else []))
         say(f"normalised {tag}: {norm.image_id} (docker build gave {norm.source_image_id[:19]})")
         made.append(norm.image_id)

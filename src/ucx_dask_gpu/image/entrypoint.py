@@ -5,10 +5,7 @@
     docker run IMAGE dask worker ADDRESS ...       worker         (also: dask-worker, python -m distributed.cli.dask_worker)
     docker run IMAGE dask cuda worker ADDRESS ...  GPU worker     (also: dask-cuda-worker, python -m dask_cuda.cli)
     docker run IMAGE dask cuda config ADDRESS      a GPU cluster's configuration (also: dask-cuda-config)
-    docker run IMAGE ucx-dask-gpu COMMAND ...      client workloads, doctor, verify-nvlink, bench
-    docker run IMAGE python ...                    any client script
-    docker run IMAGE ucx_info|ucx_perftest ...     UCX tools
-    docker run IMAGE bash|sh                       a shell, for debugging
+    docker run IMAGE ANY COMMAND ...               run as it is: ucx-dask-gpu, python, ucx_info, bash, a script
 
 The legacy spellings are what launchers emit (the dask Helm chart and the dask-kubernetes operator run
 `dask-scheduler`/`dask-worker`/`dask-cuda-worker`, dask-jobqueue `python -m distributed.cli.dask_worker`); distributed
@@ -16,8 +13,10 @@ no longer installs `dask-scheduler` and `dask-worker`, so they are exec'd as `da
 package also installs `dask-scheduler` and `dask-worker` commands that come here (`legacy_main`), for launchers that
 bypass the entrypoint (Apptainer `exec`, a Kubernetes `command:`).
 
-Anything else ends with one line on stderr and exit code UNKNOWN_ROLE, before anything starts: a typo in a compose
-file or a job script must not turn into a container that runs the wrong thing or idles. Before a Dask role starts:
+Any other command is exec'd unchanged, with the image's environment and dask config (/etc/dask), as users of the
+Dask, RAPIDS and docker-library images expect (`exec "$@"`); `dask` with other words (`dask info versions`) is dask's
+own command line. A command the image does not have (a typo in a compose file or a job script) ends with one line
+naming the roles and NO_SUCH_COMMAND, before anything starts. Before a Dask role starts:
 - transports: the image's /etc/dask leaves them to UCX on every host; settings that contradict each other (e.g.
   UCX_TLS next to distributed-ucxx flags) end with one line and TRANSPORT_CONFLICT;
 - a GPU worker needs a GPU: without one visible, one line naming what is missing and NO_GPU;
@@ -37,7 +36,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import NO_GPU, TRANSPORT_CONFLICT, UNKNOWN_ROLE, UserError
+from ..errors import NO_GPU, NO_SUCH_COMMAND, TRANSPORT_CONFLICT, UserError
 from ..gate.daskconfig import collect_for
 from ..gate.identity import GUARD
 from ..gate.peer import parse_address
@@ -64,11 +63,10 @@ PYTHON_MODULES = {
     "dask_cuda.cli": "cuda-worker",
 }
 PYTHONS = ("python", "python3")
-# Commands run as they are (anything may follow).
-COMMANDS = ("ucx-dask-gpu", *PYTHONS, "ucx_info", "ucx_perftest", "bash", "sh")
+# What a refusal lists: the roles, then examples of the commands the image has.
 USAGE_LINE = ("dask scheduler | dask worker ADDRESS | dask cuda worker ADDRESS | dask cuda config | "
               "dask-scheduler | dask-worker | dask-cuda-worker | python -m distributed.cli.dask_scheduler|dask_worker "
-              "| ucx-dask-gpu COMMAND | python ... | ucx_info | ucx_perftest | bash")
+              "| or a command the image has: ucx-dask-gpu COMMAND, python ..., ucx_info, ucx_perftest, bash")
 DASK_KINDS = ("scheduler", "worker", "cuda-worker")
 # Set to the pid of the process the entrypoint execs: that process is a checked role (rolehook.py). Not UCX_-prefixed
 # (UCX warns about every UCX_* variable it does not know), not DASK_-prefixed (dask reads those as config).
@@ -77,7 +75,7 @@ ROLE_CHECKED_ENV = "UCXDASKGPU_ROLE_CHECKED_PID"
 
 @dataclass(frozen=True)
 class Role:
-    kind: str              # scheduler | worker | cuda-worker | cuda-config | command
+    kind: str              # scheduler | worker | cuda-worker | cuda-config | command (anything else, run as it is)
     argv: tuple[str, ...]  # what is exec'd
     words: int = 1         # how many words of argv name the role (`dask cuda worker`: 3; `python -m X`: 3)
 
@@ -88,14 +86,11 @@ def _is_python(word: str) -> bool:
         word == name or os.path.isabs(word))
 
 
-def _unknown(argv: list[str], n: int) -> UserError:
-    return UserError(f"unknown role {' '.join(argv[:n])!r}; run one of: {USAGE_LINE}", UNKNOWN_ROLE)
-
-
 def classify(argv: list[str]) -> Role:
-    """The role `argv` asks for and the command to exec, or UserError(UNKNOWN_ROLE) naming what was asked."""
-    if not argv:
-        raise UserError(f"no role given; run one of: {USAGE_LINE}", UNKNOWN_ROLE)
+    """The role `argv` asks for and the command to exec: a Dask role in any spelling, else the command as it is;
+    UserError(NO_SUCH_COMMAND) when there is no command at all."""
+    if not argv or not argv[0]:
+        raise UserError(f"no command given; run one of: {USAGE_LINE}", NO_SUCH_COMMAND)
     first = argv[0]
     if first in LEGACY:
         words = LEGACY[first]
@@ -104,19 +99,13 @@ def classify(argv: list[str]) -> Role:
         for words, kind in DASK_ROLES.items():
             if tuple(argv[:len(words)]) == words:
                 return Role(kind, tuple(argv), len(words))
-        n = 3 if argv[1:2] == ["cuda"] else 2
-        raise _unknown(argv, n)
-    if _is_python(first):
-        if len(argv) > 2 and argv[1] == "-m" and argv[2] in PYTHON_MODULES:
-            return Role(PYTHON_MODULES[argv[2]], tuple(argv), 3)
-        return Role("command", tuple(argv))
-    if first in COMMANDS:
-        return Role("command", tuple(argv))
-    raise _unknown(argv, 1)
+    if _is_python(first) and len(argv) > 2 and argv[1] == "-m" and argv[2] in PYTHON_MODULES:
+        return Role(PYTHON_MODULES[argv[2]], tuple(argv), 3)
+    return Role("command", tuple(argv))
 
 
 def resolve(argv: list[str]) -> list[str]:
-    """The command to exec for `argv` (legacy spellings rewritten), or UserError(UNKNOWN_ROLE)."""
+    """The command to exec for `argv` (legacy spellings rewritten)."""
     return list(classify(argv).argv)
 
 
@@ -197,10 +186,13 @@ def run(argv: list[str]) -> int:
     exe = str(sibling) if role.argv[0] == "dask" and sibling.exists() else role.argv[0]
     try:
         os.execvpe(exe, list(role.argv), env)
+    except FileNotFoundError:
+        where = "no such file" if "/" in role.argv[0] else "not on PATH"
+        print(f"ucx-dask-gpu image: no command {role.argv[0]!r} in this image ({where}); run one of: {USAGE_LINE}",
+              file=sys.stderr)
     except OSError as e:
         print(f"ucx-dask-gpu image: cannot run {role.argv[0]!r}: {e.strerror}", file=sys.stderr)
-        return UNKNOWN_ROLE
-    return 0  # not reached
+    return NO_SUCH_COMMAND
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,6 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from ..errors import UserError
 from ..fsutil import write_output_dir
 from .entrypoint import DASK_KINDS, LEGACY, PYTHON_MODULES, ROLE_CHECKED_ENV, classify, run
 
@@ -69,11 +68,7 @@ def route() -> None:
     argv = role_command(list(getattr(sys, "orig_argv", [])))
     if argv is None or os.environ.get(ROLE_CHECKED_ENV) == str(os.getpid()):
         return
-    try:
-        role = classify(argv)
-    except UserError:  # `dask info`, `dask --help`: not a role, nothing to check
-        return
-    if role.kind not in DASK_KINDS:
+    if classify(argv).kind not in DASK_KINDS:  # `dask info`, `dask --help`: not a role, nothing to check
         return
     code = run(argv)  # execs the role; returns only after its one line (a refusal) was printed
     sys.stderr.flush()

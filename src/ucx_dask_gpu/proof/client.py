@@ -103,7 +103,7 @@ def import_failure(e: ImportError, scheduler: str | None, protocol: str) -> User
     if scheme_ in ("ucx", "ucxx"):
         return UserError(f"UCX binding not loadable: {type(e).__name__}: {text}; UCXX's libucxx.so needs our UCX's "
                          "libucp.so.0 loaded or on the loader path: set up this Python with `ucx-src-build/build.sh "
-                         "install-ucxx --python PYTHON --wheels DIR --ucx-prefix DIR` (README \"Environment gate\")",
+                         "install-ucxx --python PYTHON --wheels DIR --ucx-prefix DIR` (docs/environment-gate.md)",
                          BINDING_NOT_LOADABLE)
     return UserError(f"a library the client needs is not loadable: {type(e).__name__}: {text}", BINDING_NOT_LOADABLE)
 

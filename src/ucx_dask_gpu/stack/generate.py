@@ -26,9 +26,14 @@ def _requirement(spec: str):
 def render_environment_yml(st: Stack) -> str:
     """Conda dev environment: tools unpinned, every top-level requirement pinned at its locked version."""
     pins = load_lock(st.lock_path())
-    lines = [GENERATED.format(cmd="env-yml").rstrip(), f"name: {st.name}-dev", "channels:"]
+    lines = [GENERATED.format(cmd="env-yml").rstrip(),
+             "# The channels of README's install line, in its order; like its --strict-channel-priority, create it after",
+             "# `conda config --set channel_priority strict`. UCX and UCXX come from this project's channel (recipes/).",
+             f"name: {st.name}-dev", "channels:"]
     lines += [f"  - {c}" for c in st.conda.channels]
     lines += ["dependencies:", f"  - python={st.python.version}", f"  - cuda-version={st.cuda_major}.0"]
+    lines += [f"  - ucx={st.ucx.version}", f"  - ucxx={st.ucxx.source.version}",
+              f"  - distributed-ucxx={st.ucxx.source.version}"]
     lines += [f"  - {tool}" for tool in st.conda.dev_tools]
     names = {canonical(k): v for k, v in st.conda.names.items()}
     seen = set()

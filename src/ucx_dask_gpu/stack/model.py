@@ -159,14 +159,22 @@ class CondaAbout:
 class CondaSpec:
     """[conda]: the development environment and the recipes' settings."""
 
-    channels: tuple[str, ...]
+    channels: tuple[str, ...]         # install priority order: this project's channel first
+    pinning: str                      # conda-forge-pinning's recipe/ folder, relative to the repository root
+    migrations: tuple[str, ...]       # migrators (pinning/migrations/<name>.yaml) the feedstocks opt into
     cuda_versions: tuple[str, ...]
+    c_stdlib_versions: tuple[str, ...]  # the glibc floor zipped with each of cuda_versions
+    python_min: str
     dev_tools: tuple[str, ...]
     cuda_managed: tuple[str, ...]
     names: Mapping[str, str]          # PyPI name -> conda-forge name ("" = not a conda package)
-    c_stdlib_version: str
     metapackage: tuple[str, ...]
     about: CondaAbout
+
+    @property
+    def c_stdlib_version(self) -> str:
+        """The newest glibc floor of the linux packages (what a build image must have at least)."""
+        return max(self.c_stdlib_versions, key=lambda v: tuple(map(int, v.split("."))))
 
 
 @dataclass(frozen=True)
@@ -419,9 +427,20 @@ def _conda(t: dict, where: str) -> CondaSpec:
     for i, v in enumerate(cuda_versions):
         if not re.match(r"^\d+\.\d+$", v):
             raise StackError(f"{where}.cuda_versions[{i}]", f"expected MAJOR.MINOR, got {v!r}")
-    glibc = t.get("c_stdlib_version")
-    if not isinstance(glibc, str) or not re.match(r"^2\.\d+$", glibc):
-        raise StackError(f"{where}.c_stdlib_version", f"expected a glibc version 2.MINOR, got {glibc!r}")
+    glibcs = _str_list(t, "c_stdlib_versions", where)
+    for i, v in enumerate(glibcs):
+        if not re.match(r"^2\.\d+$", v):
+            raise StackError(f"{where}.c_stdlib_versions[{i}]", f"expected a glibc version 2.MINOR, got {v!r}")
+    if len(glibcs) != len(cuda_versions):
+        raise StackError(f"{where}.c_stdlib_versions", f"one per cuda_versions entry ({len(cuda_versions)}), got "
+                                                       f"{len(glibcs)}")
+    python_min = _get(t, "python_min", where, str)
+    if not re.match(r"^3\.\d+$", python_min):
+        raise StackError(f"{where}.python_min", f"expected 3.N, got {python_min!r}")
+    migrations = _str_list(t, "migrations", where, required=False)
+    for i, m in enumerate(migrations):
+        if not re.match(r"^[A-Za-z0-9_.-]+$", m):
+            raise StackError(f"{where}.migrations[{i}]", f"expected a migrator name (migrations/<name>.yaml), got {m!r}")
     meta = t.get("metapackage")
     if not isinstance(meta, list) or not meta or not all(isinstance(n, str) and re.match(r"^[a-z0-9][a-z0-9._-]*$", n)
                                                          for n in meta):
@@ -431,11 +450,14 @@ def _conda(t: dict, where: str) -> CondaSpec:
         raise StackError(f"{where}.about", "missing (a table with home, ucx_home, ucx_dev_url, ucxx_home)")
     return CondaSpec(
         channels=_str_list(t, "channels", where),
+        pinning=_get(t, "pinning", where, str),
+        migrations=migrations,
         cuda_versions=cuda_versions,
+        c_stdlib_versions=glibcs,
+        python_min=python_min,
         dev_tools=_str_list(t, "dev_tools", where),
         cuda_managed=_str_list(t, "cuda_managed", where),
         names=MappingProxyType(dict(names)),
-        c_stdlib_version=glibc,
         metapackage=tuple(meta),
         about=CondaAbout(**{k: _http_url(about, k, f"{where}.about")
                             for k in ("ucx_home", "ucx_dev_url", "home", "ucxx_home")}),
