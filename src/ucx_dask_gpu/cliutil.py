@@ -1,5 +1,6 @@
-"""The pieces every entry point shares: a parser whose errors are one line, options that name an output, and running a
-parsed command with the project's exit codes (its outputs checked first). Standard library only: the UCX build
+"""The pieces every entry point shares: a parser whose errors are one line, options that name an output, byte sizes
+as dask spells them, progress lines, and running a parsed command with the project's exit codes (its outputs checked
+first). Standard library only: the UCX build
 (ucxbuild) runs with a bare python3 and imports this, and keeping cli.py (which lists every command) out of its
 imports keeps the UCX build's inputs small.
 """
@@ -8,8 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
+import time
 
-from .errors import UserError
+from .errors import USAGE, UserError
 from .fsutil import OutputDir, OutputFile, check_output_dir, check_output_file
 
 FILE_HELP = "a file: an existing directory there is refused (exit 9), nothing in it touched"
@@ -17,6 +20,93 @@ WORK_DIR_HELP = ("a directory, created when missing: the command's own folders i
                  "replaced on every run; one holding anything else is refused (exit 9)")
 DIR_HELP = ("a directory, created when missing: only the files named here are written in it, everything else in it "
             "is left alone; a file there is refused (exit 9)")
+
+
+# Byte sizes, one convention everywhere: dask's (dask.utils.parse_bytes, whose exact semantics parse_bytes below has,
+# without importing dask: commands that start on a bare python3 parse sizes as the rest do).
+SIZE_HELP = "sizes as dask spells them: 64MB or 64M = 64*10^6 bytes, 64MiB = 64*2^20"
+_DECIMAL = {"kB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15}
+_BINARY = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
+BYTE_SIZES = {**{k.lower(): v for k, v in {**_DECIMAL, **_BINARY, "B": 1, "": 1}.items()},
+              **{k[0].lower(): v for k, v in _DECIMAL.items()},          # k, m, g, t, p: decimal, as kB ...
+              **{k[:-1].lower(): v for k, v in _BINARY.items()}}         # ki, mi, ...: binary, as KiB ...
+
+
+def parse_bytes(s: float | str) -> int:
+    """'100MB' -> 100000000, '1 MiB' -> 1048576, '5.4kB' -> 5400, '1e6' -> 1000000, 'MB' -> 1000000; ValueError
+    otherwise. What dask.utils.parse_bytes returns for every input (a unit test compares them)."""
+    if isinstance(s, (int, float)):
+        return int(s)
+    s = s.replace(" ", "")
+    if not any(char.isdigit() for char in s):
+        s = f"1{s}"
+    index = len(s)
+    while index > 0 and s[index - 1].isalpha():
+        index -= 1
+    prefix, suffix = s[:index], s[index:]
+    try:
+        n = float(prefix)
+    except ValueError as e:
+        raise ValueError(f"Could not interpret '{prefix}' as a number") from e
+    try:
+        multiplier = BYTE_SIZES[suffix.lower()]
+    except KeyError as e:
+        raise ValueError(f"Could not interpret '{suffix}' as a byte unit") from e
+    return int(n * multiplier)
+
+
+def _checked_size(text: str, minimum: int) -> int:
+    try:
+        size = parse_bytes(text)
+    except (ValueError, TypeError):
+        raise ValueError(f"{text!r}: not a byte size ({SIZE_HELP})") from None
+    if size < minimum:
+        raise ValueError(f"{text!r}: {size} bytes, at least {minimum} needed")
+    return size
+
+
+def parse_size(text: str, option: str, minimum: int = 1) -> int:
+    """A byte size given to `option` (parse_bytes), at least `minimum`; UserError(USAGE), one line, otherwise."""
+    try:
+        return _checked_size(text, minimum)
+    except ValueError as e:
+        raise UserError(f"{option} {e}", USAGE) from None
+
+
+def size_type(minimum: int = 1):
+    """An argparse `type=` for a byte size: a bad one is the parser's one-line error (exit 2)."""
+    def byte_size(text: str) -> int:
+        try:
+            return _checked_size(text, minimum)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return byte_size
+
+
+class Progress:
+    """A command's progress lines: `prefix` + the message, flushed, on stderr (on stdout where `stream` says so: the
+    commands whose stdout is a log of their steps); nothing when `quiet`. `timed`: each line says the seconds since
+    the start; `total`: each step says which of `total` it is, and the seconds. Safe to call from several threads."""
+
+    def __init__(self, prefix: str = "", *, stream: str = "stderr", quiet: bool = False, timed: bool = False,
+                 total: int | None = None):
+        self.prefix, self.stream, self.quiet, self.timed, self.total = prefix, stream, quiet, timed, total
+        self.step, self.start, self.lock = 0, time.monotonic(), threading.Lock()
+
+    def __call__(self, msg: str, step: bool = True) -> None:
+        with self.lock:
+            if self.total is not None and step:
+                self.step += 1
+            if self.quiet:
+                return
+            head, elapsed = "", time.monotonic() - self.start
+            if self.total is not None:
+                head = f"[{self.step}/{self.total} {elapsed:5.0f}s] " if step else " " * 16
+            elif self.timed:
+                head = f"[{elapsed:7.1f}s] "
+            # the stream is looked up at each line: a caller that redirects sys.stdout/stderr gets the lines
+            print(f"{self.prefix}{head}{msg}", file=getattr(sys, self.stream), flush=True)
 
 
 class Parser(argparse.ArgumentParser):

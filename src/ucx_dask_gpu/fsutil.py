@@ -1,5 +1,5 @@
 """Files: written so that readers never see half a file (temp path in the same directory, then rename), their sha256,
-and whether one is an ELF binary; and the outputs a user names on a command line: checked before the work starts,
+whether one is an ELF binary, which shared library a process has mapped; and the outputs a user names on a command line: checked before the work starts,
 written after it without removing or replacing anything else, and kept somewhere when that write fails.
 Standard library only."""
 from __future__ import annotations
@@ -36,6 +36,21 @@ def is_elf(path: str | os.PathLike) -> bool:
         return False
     with open(path, "rb") as f:
         return f.read(4) == ELF_MAGIC
+
+
+def mapped_library(name: str, pid: int | str = "self") -> str | None:
+    """The file a process (this one by default) has mapped whose name starts with `name` (`libucp.so` finds
+    /opt/ucx/lib/libucp.so.0.0.0): the library the loader really chose. None when none is (not loaded yet), or the
+    process is gone."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if len(fields) == 6 and fields[5].startswith("/") and os.path.basename(fields[5]).startswith(name):
+                    return fields[5].rstrip("\n")
+    except OSError:
+        pass
+    return None
 
 
 @contextlib.contextmanager

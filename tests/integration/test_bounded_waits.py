@@ -27,6 +27,7 @@ import pytest
 
 from ucx_dask_gpu.errors import ALL_WORKERS_LOST, NOT_A_SCHEDULER, SCHEDULER_LOST, SCHEDULER_UNREACHABLE
 from ucx_dask_gpu.gate import tls
+from ucx_dask_gpu.ucx.perftest import free_port
 from ucx_dask_gpu.gate.guard import START_WAIT_S
 
 pytestmark = pytest.mark.integration
@@ -35,10 +36,6 @@ DASK_WORKER = Path(sys.executable).parent / "dask-worker"  # this package's cons
 MARGIN_S = 20.0
 UCX_LOG = re.compile(r"^\[\d+\.\d+\] \[[^]]+\] +\S+:\d+ +UCX +WARN ")
 
-
-def free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as s:
-        return s.getsockname()[1]
 
 
 def error_lines(text: str) -> list[str]:

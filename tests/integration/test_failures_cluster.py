@@ -20,6 +20,7 @@ import pytest
 
 from ucx_dask_gpu.errors import NO_WORKERS, NOT_A_SCHEDULER, SCHEDULER_UNREACHABLE, TLS_REFUSED, UserError
 from ucx_dask_gpu.gate import tls
+from ucx_dask_gpu.ucx.perftest import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -32,10 +33,6 @@ SILENT_SERVER = textwrap.dedent("""
         held.append(s.accept()[0])  # accept, then never say a word
 """)
 
-
-def free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as s:
-        return s.getsockname()[1]
 
 
 @pytest.fixture

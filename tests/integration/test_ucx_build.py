@@ -17,7 +17,7 @@ import pytest
 
 from ucx_dask_gpu.ucx import doctor, info as ucxinfo
 from ucx_dask_gpu.ucxbuild import relocate, verify
-from ucx_dask_gpu.ucx.install import BUILD_INFO, UCXX_BUILD_INFO
+from ucx_dask_gpu.ucx.install import BUILD_INFO, SHARE, read_build_info, read_ucxx_build_info
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ def prefix() -> Path:
 
 @pytest.fixture(scope="module")
 def info(prefix) -> dict:
-    return json.loads((prefix / BUILD_INFO).read_text())
+    return read_build_info(prefix)
 
 
 @pytest.fixture(scope="module")
@@ -217,11 +217,10 @@ def test_doctor_says_ucxx_runs_on_our_ucx_and_is_our_build(prefix, info):
 
 
 def test_doctor_notices_ucxx_libraries_that_are_not_our_build(tmp_path):
-    real = json.loads((Path(sys.prefix) / UCXX_BUILD_INFO).read_text())
+    real = read_ucxx_build_info(Path(sys.prefix) / SHARE)
     pkg = next(p for p in real["packages"] if p["shared_libraries"])
     lib = next(iter(pkg["shared_libraries"]))
     pkg["shared_libraries"][lib] = "0" * 64
-    fake = tmp_path / "ucxx-build-info.json"
-    fake.write_text(json.dumps(real))
-    prov = doctor.ucxx_provenance(fake)
+    (tmp_path / "ucxx-build-info.json").write_text(json.dumps(real))
+    prov = doctor.ucxx_provenance(tmp_path)
     assert not prov["from_source"] and prov["differing"] == [f"{lib} differs from the build"]

@@ -27,7 +27,7 @@ from packaging.requirements import Requirement
 from ucx_dask_gpu import stack
 from ucx_dask_gpu.fsutil import sha256_file
 from ucx_dask_gpu.ucxbuild import ucxx as ucxxbuild
-from ucx_dask_gpu.ucxbuild.build import BUILD_INFO
+from ucx_dask_gpu.ucx.install import UCXX_BUILD_INFO, read_build_info, read_ucxx_build_info
 from ucx_dask_gpu.ucxbuild.fetch import default_cache_dir, fetch_source, local_dirs
 
 pytestmark = pytest.mark.integration
@@ -46,10 +46,11 @@ def st() -> stack.Stack:
 
 @pytest.fixture(scope="module")
 def info() -> dict:
-    path = WHEELS / ucxxbuild.UCXX_BUILD_INFO
-    if not path.is_file():
-        pytest.fail(f"no UCXX wheels at {WHEELS} (missing {path.name}): run `make ucxx` first, or set UCXX_WHEELS")
-    return json.loads(path.read_text())
+    info = read_ucxx_build_info(WHEELS)
+    if info is None:
+        pytest.fail(f"no UCXX wheels at {WHEELS} (missing {UCXX_BUILD_INFO}): run `make ucxx` first, or set "
+                    "UCXX_WHEELS")
+    return info
 
 
 def _clean_env(extra: dict | None = None) -> dict:
@@ -87,7 +88,7 @@ def test_build_info_records_sources_options_and_isolation(info, st):
     assert f"-DCCCL_DIR={st.build_root}/ucxx/venv/" in " ".join(info["cmake_args"])
     assert info["network_isolation"] in ("unshare --net", "unshare --net --map-root-user", "only loopback")
     assert info["matrix_entry"] == st.ucxx.matrix_entry
-    ucx = json.loads((PREFIX / BUILD_INFO).read_text())
+    ucx = read_build_info(PREFIX)
     assert info["ucx"] == ucxxbuild.ucx_identity(ucx), "built against the UCX `make ucx` made"
     assert [p["package"] for p in info["packages"]] == [p.name for p in st.ucxx.packages]
     assert info["patches"] == [{"name": f"{p.parent.name}/{p.name}", "sha256": sha256_file(p)}
@@ -133,8 +134,9 @@ def test_the_venv_holds_our_wheels_and_no_libucx_wheel(info):
 def test_ucxx_imports_on_our_ucx(st):
     r = _python("""
         import ucxx
+        from ucx_dask_gpu.fsutil import mapped_library
         print(".".join(map(str, ucxx.get_ucx_version())))
-        print(next(l.split()[-1] for l in open("/proc/self/maps") if "libucp.so" in l))
+        print(mapped_library("libucp.so"))
     """)
     assert r.returncode == 0, r.stderr[-2000:]
     version, libucp = r.stdout.split()
@@ -146,9 +148,10 @@ CLUSTER = """
     import json
     import dask.array as da
     from distributed import Client, LocalCluster
+    from ucx_dask_gpu.fsutil import mapped_library
 
     def maps():
-        return next(l.split()[-1] for l in open("/proc/self/maps") if "libucp.so" in l)
+        return mapped_library("libucp.so")
 
     if __name__ == "__main__":
         with LocalCluster(protocol="ucx", n_workers=2, threads_per_worker=1, dashboard_address=None,

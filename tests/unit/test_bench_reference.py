@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from ucx_dask_gpu.cliutil import Progress
 from ucx_dask_gpu.bench import reference as ref
 from ucx_dask_gpu.bench.stats import GB
 
@@ -202,6 +203,6 @@ def test_reference_stuck_in_teardown_is_stopped_after_the_grace(tmp_path, monkey
                     "time.sleep(120)\n")
     t = time.monotonic()
     out = common.run_local_cupy([sys.executable, str(fake), str(FIXTURES / "local_cupy_cpu_tcp_transpose.txt")], {},
-                                60, common.Progress(quiet=True), "ref")
+                                60, Progress(quiet=True), "ref")
     assert time.monotonic() - t < 30
     assert out["status"] == "ok" and out["teardown"].startswith("stopped in its teardown") and out["wall_s"]

@@ -122,3 +122,18 @@ def test_prefix_of_library():
 def test_ucxx_uses_our_ucx_only_from_the_minimum_version(st, version, expected):
     """What doctor says of a UCX: UCXX refuses one older than stack.toml [ucxx].min_ucx at import."""
     assert install.ucxx_can_use(st, version) is expected
+
+
+def test_one_reader_per_build_info_file(tmp_path):
+    """The UCX prefix's build-info.json and the UCXX wheels' ucxx-build-info.json: read one way everywhere; absent or
+    not JSON is None (each caller says what that means for it)."""
+    assert install.read_build_info(tmp_path) is None and install.read_build_info(None) is None
+    assert install.read_ucxx_build_info(tmp_path) is None
+    (tmp_path / install.BUILD_INFO).parent.mkdir(parents=True)
+    (tmp_path / install.BUILD_INFO).write_text('{"ucx_version": "1.20.1"}')
+    (tmp_path / install.UCXX_BUILD_INFO).write_text("not json")
+    assert install.read_build_info(tmp_path) == {"ucx_version": "1.20.1"}
+    assert install.at(tmp_path).kind == "source" and install.read_ucxx_build_info(tmp_path) is None
+    (tmp_path / install.INSTALLED_UCXX_BUILD_INFO).write_text('{"packages": []}')
+    assert install.read_ucxx_build_info(tmp_path / install.SHARE) == {"packages": []}
+    assert install.INSTALLED_UCXX_BUILD_INFO.name == install.UCXX_BUILD_INFO == "ucxx-build-info.json"

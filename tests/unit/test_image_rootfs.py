@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from ucx_dask_gpu import cli
+from ucx_dask_gpu.cliutil import SIZE_HELP, parse_size
 from ucx_dask_gpu.errors import OUTPUT_REFUSED, ROOTFS_INVALID, USAGE, UserError
 from ucx_dask_gpu.image import chroot, rootfs
 
@@ -146,18 +148,23 @@ def test_a_corrupt_archive_with_valid_part_hashes_is_caught_at_unpack(tree, tmp_
     assert not (tmp_path / "root").exists()
 
 
-def test_sizes():
-    assert rootfs.parse_size("56MiB") == 56 * MIB and rootfs.parse_size("58M") == 58 * MIB
-    assert rootfs.parse_size("1048576") == MIB
-    with pytest.raises(ValueError):
-        rootfs.parse_size("lots")
+def test_part_sizes_are_dasks_units(tmp_path):
+    """--part-size as every size option: 56MiB = 56*2^20, 58M = 58*10^6; a bad one is one line, exit 2."""
+    for text, part in (("56MiB", 56 * MIB), ("58M", 58 * 10**6), ("1048576", MIB)):
+        assert cli.build_parser().parse_args(["image", "export-rootfs", "img", str(tmp_path / "x"), "--part-size",
+                                              text]).part_size == text
+        assert parse_size(text, "--part-size") == part
+    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "image", "export-rootfs", "img", str(tmp_path / "x"),
+                           "--part-size", "lots"], capture_output=True, text=True)
+    assert proc.returncode == USAGE and proc.stderr.strip().endswith("--part-size 'lots': not a byte size "
+                                                                     f"({SIZE_HELP})")
 
 
 def test_part_size_is_the_users_option_with_a_default_of_one_gib():
     help_text = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "image", "export-rootfs", "--help"],
                                capture_output=True, text=True, check=True).stdout
     assert "--part-size" in help_text and "default 1GiB" in " ".join(help_text.split())
-    assert rootfs.parse_size(rootfs.DEFAULT_PART_SIZE) == 1 << 30
+    assert parse_size(rootfs.DEFAULT_PART_SIZE, "--part-size") == 1 << 30
 
 
 LDCONFIG = """\

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import cli
+from ucx_dask_gpu import cli, stack
 from ucx_dask_gpu.oci import archive
 from ucx_dask_gpu.oci import layer as oci_layer
 from ucx_dask_gpu.oci import compare as oci_compare
 from ucx_dask_gpu.errors import BAD_ARCHIVE, NOT_REPRODUCIBLE, UserError
 
-EPOCH = 1764460800
+EPOCH = stack.load().source_date_epoch
 LATER = EPOCH + 86400 * 400
 EARLIER = EPOCH - 86400 * 700
 

@@ -10,7 +10,7 @@ from ucx_dask_gpu.oci import sbom
 from ucx_dask_gpu.errors import SBOM_INVALID, SBOM_MISMATCH
 from ucx_dask_gpu.stack.lock import Pin, load_lock
 
-EPOCH = 1764460800
+EPOCH = stack.load().source_date_epoch
 
 DPKG_STATUS = """\
 Package: base-files

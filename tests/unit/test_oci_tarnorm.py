@@ -9,10 +9,11 @@ import tarfile
 
 import pytest
 
+from ucx_dask_gpu import stack
 from ucx_dask_gpu.oci import tarnorm
 from ucx_dask_gpu.errors import BAD_ARCHIVE, UserError
 
-EPOCH = 1764460800
+EPOCH = stack.load().source_date_epoch
 LATER = EPOCH + 86400 * 400
 EARLIER = EPOCH - 86400 * 700
 

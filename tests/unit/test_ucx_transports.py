@@ -4,11 +4,14 @@ from a recorded tree, and the warnings."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import dask
 import pytest
 
+from ucx_dask_gpu.fsutil import mapped_library
 from ucx_dask_gpu.ucx import transports as t
 from ucx_dask_gpu.ucx.info import parse_devices
 
@@ -174,3 +177,21 @@ def test_summary_is_one_line_naming_each_kind_of_peer():
     assert "other hosts: tcp (eth0, lo)" in line and "IPC private, PID private" in line
     line = t.summary(t.plan(t.settings(ucxx({"tcp": True}), {}), CPU, HOST), HOST)
     assert "UCX_TLS=tcp from dask config distributed-ucxx tcp=True" in line and "no GPU seen by UCX" in line
+
+
+def test_mapped_library_names_the_file_the_loader_chose():
+    """By name prefix, from /proc/PID/maps: this process's libc, a child's, none for a library nobody loaded or for a
+    process that is gone; mapped_libucp is that for libucp.so."""
+    libc = mapped_library("libc.so")
+    assert libc and os.path.basename(libc).startswith("libc.so") and os.path.isfile(libc)
+    assert mapped_library("libnothing-like-this.so") is None
+    assert t.mapped_libucp(os.getpid()) == mapped_library("libucp.so")
+    # -S: no site, so no environment start-up preload of a UCX either
+    child = subprocess.Popen([sys.executable, "-S", "-c", "print('up', flush=True); import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"up\n"  # exec'd: its maps are its own, not the forked parent's
+        assert mapped_library("libc.so", child.pid) == libc and t.mapped_libucp(child.pid) is None
+    finally:
+        child.communicate(b"")
+    assert mapped_library("libc.so", child.pid) is None

@@ -96,7 +96,8 @@ def test_missing_perftest_variants(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("args, what", [
-    (["--sizes", "1Q"], "not a message size"),
+    (["--sizes", "1Q"], "--sizes '1Q': not a byte size"),
+    (["--target-bytes", "1Q"], "--target-bytes: '1Q': not a byte size"),
     (["--ucx-env", "CUDA_VISIBLE_DEVICES=0,1"], "set by verify-nvlink itself"),
     (["--variant", "LD_LIBRARY_PATH=/tmp"], "set by verify-nvlink itself"),
     (["--gpus", "zero"], "--gpus"),

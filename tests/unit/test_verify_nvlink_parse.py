@@ -305,8 +305,9 @@ def test_nvidia_smi_gt_parse_matches_query_gpu():
 
 def test_sizes():
     assert verify.parse_sizes(verify.DEFAULT_SIZES) == [1 << 20, 64 << 20, 256 << 20]
-    assert verify.parse_sizes("268435456, 1m,4k,1MiB") == [4096, 1 << 20, 1 << 28]
-    for bad in ("1Q", "", "0", "-4k", "1.5M"):
+    # dask's units, as every size option: 1m and 4k are decimal, 1MiB binary
+    assert verify.parse_sizes("268435456, 1m,4k,1MiB,4KiB") == [4000, 4096, 10**6, 1 << 20, 1 << 28]
+    for bad in ("1Q", "", "0", "-4k", "0.5"):
         with pytest.raises(UserError) as e:
             verify.parse_sizes(bad)
         assert e.value.exit_code == USAGE

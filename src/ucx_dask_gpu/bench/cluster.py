@@ -22,6 +22,7 @@ import sys
 import time
 import traceback
 
+from ..cliutil import Progress
 from ..gate.identity import compare_versions
 from ..proof.client import close_workers, warm_up
 from ..ucx.transports import mapped_libucp
@@ -31,8 +32,7 @@ PROGRESS, ANSWER = "@@ ", "@@= "
 SETTLE_S = 10.0
 
 
-def say(msg: str) -> None:
-    print(PROGRESS + msg, flush=True)
+say = Progress(PROGRESS, stream="stdout")  # the driver forwards these lines as its own progress
 
 
 def answer(obj: dict) -> None:

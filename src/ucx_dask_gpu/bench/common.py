@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import nvml
-from ..cliutil import Parser, add_output, run_parsed
+from ..cliutil import SIZE_HELP, Parser, Progress, add_output, parse_bytes, run_parsed
 from ..errors import BENCH_DEPENDENCY, BENCH_FAILED, ONE_GPU, REFERENCE_FAILED, USAGE, UserError
 from ..report import command_line
 from . import cluster, config, provenance, reference, render, stats
@@ -100,11 +100,10 @@ class ArrayStudy(Study):
             p.add_argument("--second-size", type=_number(int, 1, "an integer"),
                            help=f"columns; default {g[1]} ({c[1]} with --cpu)")
         p.add_argument("--chunks", help=f"block edge(s) in elements (4096 or 4096,2048) or a size ('128 MiB'); "
-                                        f"default {g[2]!r} ({c[2]!r} with --cpu)")
+                                        f"default {g[2]!r} ({c[2]!r} with --cpu); {SIZE_HELP}")
 
     def params(self, args, cpu: bool) -> dict:
         from dask.array.core import normalize_chunks
-        from dask.utils import parse_bytes
 
         size, second, text = self.cpu_defaults if cpu else self.gpu_defaults
         size, second = args.size or size, getattr(args, "second_size", None) or second
@@ -178,18 +177,6 @@ def scalar(v) -> float:
 
 
 # --- child processes ------------------------------------------------------------------------------------------------
-
-class Progress:
-    """Progress lines on stderr, prefixed with the seconds since the run started."""
-
-    def __init__(self, quiet: bool = False):
-        self.start, self.quiet, self.lock = time.monotonic(), quiet, threading.Lock()
-
-    def __call__(self, msg: str) -> None:
-        if not self.quiet:
-            with self.lock:
-                print(f"[{time.monotonic() - self.start:7.1f}s] {msg}", file=sys.stderr, flush=True)
-
 
 class Child:
     """A child process in its own session (it and the workers it spawns stop together); its progress lines forwarded,
@@ -676,7 +663,7 @@ def reference_run(opts: Options, kind: str, target: Record | None, records: dict
 
 def execute(opts: Options, command: str) -> dict:
     """Run everything; returns the report payload."""
-    progress, budget = Progress(opts.quiet), Budget(opts.budget)
+    progress, budget = Progress(quiet=opts.quiet, timed=True), Budget(opts.budget)
     started = datetime.now(timezone.utc)
     prov = provenance.collect(command, opts.gpus if opts.mode != "cpu" else None)
     hosts: list[Host] = []

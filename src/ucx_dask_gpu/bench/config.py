@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cliutil import parse_bytes
 from ..errors import BENCH_CONFIG, USAGE, UserError
 from ..gate import daskconfig
 
@@ -167,8 +168,6 @@ def check_cluster_value(name: str, value, where: str) -> None:
 
 
 def _size_or_fraction(value) -> bool:
-    from dask.utils import parse_bytes
-
     if isinstance(value, bool):
         return False
     if isinstance(value, (int, float)):

@@ -17,6 +17,7 @@ import ast
 import re
 from typing import Sequence
 
+from ..cliutil import parse_bytes
 from .stats import GB, median
 
 TOOL = "dask_cuda.benchmarks.local_cupy"
@@ -41,8 +42,6 @@ def command(python: str, operation: str, protocol: str, size: int, chunk: int, r
 
 
 def parse_bytes_text(text: str) -> int:
-    from dask.utils import parse_bytes  # dask is imported where output is read
-
     try:
         return parse_bytes(text.strip())
     except (ValueError, TypeError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
+from ..cliutil import SIZE_HELP, parse_bytes
 from ..errors import USAGE, UserError
 from . import cluster, common, trace
 
@@ -67,14 +68,12 @@ class Transfer(common.Study):
     workers = 2
 
     def add_arguments(self, p) -> None:
-        p.add_argument("--sizes", help="block sizes, dask's spelling (default 8,1MiB,128MiB; 8,1MiB,32MiB with --cpu)")
+        p.add_argument("--sizes", help=f"block sizes (default 8,1MiB,128MiB; 8,1MiB,32MiB with --cpu); {SIZE_HELP}")
         p.add_argument("--trace", type=int, default=0, metavar="N",
                        help="after the timed rounds, N untimed rounds with every step of each transfer traced inside "
                             "the workers: where its time goes, how many UCX operations it needs (default 0)")
 
     def params(self, args, cpu: bool) -> dict:
-        from dask.utils import parse_bytes
-
         text = args.sizes or ("8,1MiB,32MiB" if cpu else "8,1MiB,128MiB")
         try:
             sizes = [parse_bytes(s.strip()) for s in text.split(",")]

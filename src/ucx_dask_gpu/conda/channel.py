@@ -37,8 +37,9 @@ from pathlib import Path
 
 import yaml
 
+from ..cliutil import Progress
 from ..errors import INSTALL_FAILED, OUTPUT_REFUSED, RECIPE_INVALID, UserError
-from ..fsutil import atomic_path, claim_work_dir
+from ..fsutil import atomic_path, claim_work_dir, is_elf
 from ..stack import Stack
 from ..ucxbuild.fetch import local_dirs
 from . import placeholders, recipes, standin
@@ -47,7 +48,6 @@ from .recipes import BUILD_PLATFORM, Variant
 SUBDIRS = (BUILD_PLATFORM, "noarch")
 # Loaded only where a GPU is: a CPU-only host (and this machine) has none of them; the recipe allows them absent.
 GPU_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1", "libcudart.so.12", "libcudart.so.13")
-ELF_MAGIC = b"\x7fELF"
 # What the channel build and the install test make in a --work directory (their own, replaced on every run:
 # claim_work_dir refuses a directory holding more).
 WORK_NAMES = ("logs", "standin", "rattler-build", "recipes", "placeholders", "install-test", "install-check.json",
@@ -64,8 +64,7 @@ class ChannelResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def say(msg: str) -> None:
-    print(f"[conda] {msg}", flush=True)
+say = Progress("[conda] ", stream="stdout")
 
 
 # --- index ----------------------------------------------------------------------------------------------------------
@@ -134,13 +133,6 @@ def solve(channels: list[Path], specs: list[str], vps) -> list:
         first = str(e).strip().splitlines()
         raise UserError(f"cannot solve {' '.join(specs)} from {channels[0]}: {' '.join(first[:8])}",
                         INSTALL_FAILED) from None
-
-
-def is_elf(path: Path) -> bool:
-    if path.is_symlink() or not path.is_file():
-        return False
-    with open(path, "rb") as f:
-        return f.read(4) == ELF_MAGIC
 
 
 def conda_files(prefix: Path, name: str) -> set[str]:

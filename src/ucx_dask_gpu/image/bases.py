@@ -21,11 +21,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from ..cliutil import Progress
 from ..errors import BUILD_FAILED, SOURCE_UNREACHABLE, USAGE, UserError
 from ..fsutil import atomic_path
 from ..oci.archive import LABEL_PREFIX
@@ -69,8 +69,7 @@ def base_key(st: Stack, kind: str) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def say(msg: str) -> None:
-    print(f"base: {msg}", file=sys.stderr, flush=True)
+say = Progress("base: ")
 
 
 def clean_bases(st: Stack) -> None:

@@ -33,27 +33,26 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cliutil import Progress
 from ..errors import BUILD_FAILED, HASH_MISMATCH, UCX_NOT_FOUND, UserError
 from ..fsutil import atomic_write_text, sha256_file
 from ..gate import identity
 from ..stack import STACK_ID_FILE, Stack
 from ..stack.lock import canonical, load_lock
-from ..ucx.install import BUILD_INFO
-from ..ucxbuild.ucxx import UCXX_BUILD_INFO, ucx_identity
+from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO, read_ucxx_build_info
+from ..ucxbuild.ucxx import ucx_identity
 from . import bases, leftovers, wheelhouse
 from .docker import docker, docker_bin, engine_version, human_size, image_inspect
 from .labels import build_labels
 from .normalise import finish_build
 from .paths import UCX_SOURCES, image_ref, stage_ref, work_dir
 
-BUILD_INFO_NAME = BUILD_INFO.name
 # Records in the image's /etc/ucx-dask-gpu of what was installed on top of the lock, by sha256.
 EXTRA_LOCK_NAME = "extra-requirements.txt"
 UCXX_LOCK_NAME = "ucxx-requirements.txt"
 
 
-def say(msg: str) -> None:
-    print(f"image: {msg}", file=sys.stderr, flush=True)
+say = Progress("image: ")
 
 
 @dataclass
@@ -185,12 +184,11 @@ def stage_ucx_context(st: Stack, ctx: Path, ucx_sources: Path) -> None:
 
 def read_ucxx_wheels(st: Stack, directory: Path) -> tuple[list[Path], dict]:
     """The UCXX wheels of `ucx-src-build/build.sh ucxx --out DIR`, each checked against its build info."""
-    try:
-        info = json.loads((directory / UCXX_BUILD_INFO).read_text())
-    except (OSError, ValueError):
+    info = read_ucxx_build_info(directory)
+    if info is None:
         raise UserError(f"no UCXX wheels in {directory} (no {UCXX_BUILD_INFO}): build them first with `make ucxx` "
                         f"(ucx-src-build/build.sh ucxx --ucx-prefix <a UCX build> --out {directory})",
-                        UCX_NOT_FOUND) from None
+                        UCX_NOT_FOUND)
     if info.get("ucxx_version") != st.ucxx.source.version:
         raise UserError(f"{directory}: UCXX {info.get('ucxx_version')}, stack.toml pins {st.ucxx.source.version}: "
                         "rebuild with `make ucxx`", UCX_NOT_FOUND)
@@ -437,7 +435,7 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
     timings["docker_build_ucx"] = round(time.monotonic() - t_ucx, 1)
     step("verify_ucx", verify_ucx_stage, st, stage_tag)
 
-    info_path = work / BUILD_INFO_NAME
+    info_path = work / BUILD_INFO.name
     info = copy_build_info(st, stage_tag, info_path)
     info["_sha256"] = sha256_file(info_path)
     check_ucxx_matches_ucx(ucxx_info, info)

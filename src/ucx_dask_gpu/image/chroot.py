@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cliutil import Progress
 from ..errors import ROOTFS_INVALID, UserError
 from ..fsutil import atomic_write_text, write_output_dir
 from ..ucx.perftest import free_port, parse_proto_tables
@@ -54,8 +55,7 @@ PASS_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DIS
 _LDCONFIG_RE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
 
 
-def say(msg: str) -> None:
-    print(f"rootfs: {msg}", flush=True)
+say = Progress("rootfs: ", stream="stdout")
 
 
 # --- the root: mounts, hosts, driver --------------------------------------------------------------------------------

@@ -12,14 +12,14 @@ from pathlib import Path
 
 from ..errors import (NO_DOCKER, NO_GPU, NOT_REPRODUCIBLE, ROOTFS_INVALID, SBOM_INVALID, SBOM_MISMATCH, USAGE,
                       VERDICT_FAILED, UserError)
-from ..cliutil import add_output
+from ..cliutil import SIZE_HELP, add_output, parse_size
 from ..fsutil import write_output_file
 from ..oci import sbom as sbommod
 from ..oci.compare import compare, render_compare
 from ..oci.layer import normalise_rootfs_tar
 from ..stack import load
 from ..stack.lock import canonical, load_lock
-from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO
+from ..ucx.install import BUILD_INFO, INSTALLED_UCXX_BUILD_INFO
 from . import chroot, compose, leftovers, normalise, reprocheck, rolehook, rootfs
 from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
@@ -158,10 +158,7 @@ def _cmd_compose(args) -> int:
 
 
 def _cmd_export_rootfs(args) -> int:
-    try:
-        part = rootfs.parse_size(args.part_size)
-    except ValueError as e:
-        raise UserError(str(e), USAGE) from None
+    part = parse_size(args.part_size, "--part-size")
     engine_version()
     m = rootfs.export_rootfs(args.image, args.dir, part_size=part, level=args.level, compression=args.compression)
     print(f"{args.dir}: {m['image']} ({m['image_id'][:19]}), rootfs {m['rootfs_bytes'] / 1e6:.0f} MB -> "
@@ -338,7 +335,7 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
                note="a new directory, made whole at the end: an existing one, or a file there, is refused (exit 9)")
     x.add_argument("--part-size", default=rootfs.DEFAULT_PART_SIZE,
                    help=f"largest part, e.g. 200MiB (default {rootfs.DEFAULT_PART_SIZE}): size it for how the parts "
-                        "travel (a file-size or upload limit, removable media)")
+                        f"travel (a file-size or upload limit, removable media); {SIZE_HELP}")
     x.add_argument("--level", type=int, default=19, help="compression level (default 19; xz: at most 9)")
     x.add_argument("--compression", choices=sorted(rootfs.COMPRESSIONS), default="xz",
                    help="xz (default: Python's standard library decodes it, nothing to install) or zstd (--long; the "
@@ -521,7 +518,7 @@ def _cmd_sbom_check(args) -> int:
         text = _read(args.sbom, "SBOM") if args.sbom else _from_image(args.image, "/" + sbommod.SBOM_IN_IMAGE)
         status = _from_image(args.image, "/var/lib/dpkg/status")
         info_text = _from_image(args.image, f"{st.image.ucx_prefix}/{BUILD_INFO}")
-        ucxx_text = _from_image(args.image, f"{st.image.venv}/{UCXX_BUILD_INFO}")
+        ucxx_text = _from_image(args.image, f"{st.image.venv}/{INSTALLED_UCXX_BUILD_INFO}")
     else:
         if not args.sbom:
             raise UserError("sbom check: give an SBOM file, --image IMAGE, or both", USAGE)

@@ -33,6 +33,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cliutil import Progress
 from ..errors import CLUSTER_FAILED, USAGE, UserError
 from ..gate import tls
 from ..oci.archive import LABEL_PREFIX
@@ -48,8 +49,7 @@ STOP_GRACE_S = 30
 CLUSTER_LABEL = LABEL_PREFIX + "cluster"
 
 
-def say(msg: str) -> None:
-    print(f"cluster: {msg}", flush=True)
+say = Progress("cluster: ", stream="stdout")
 
 
 def has_traceback(log: str) -> bool:

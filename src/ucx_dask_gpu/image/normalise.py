@@ -25,13 +25,13 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cliutil import Progress
 from ..errors import BAD_ARCHIVE, USAGE, UserError
 from ..fsutil import sha256_file, write_output_dir
 from ..oci import sbom as sbommod
@@ -50,8 +50,7 @@ SBOM_JSON = "sbom.cdx.json"
 ARCHIVE = "image.tar"
 
 
-def say(msg: str) -> None:
-    print(f"repro: {msg}", file=sys.stderr, flush=True)
+say = Progress("repro: ")
 
 
 # --- the whole image ---------------------------------------------------------------------------------------------------

@@ -27,16 +27,16 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..cliutil import Progress
 from ..errors import BUILD_FAILED, OUTPUT_REFUSED, USAGE, UserError
 from ..fsutil import sha256_file
 from ..oci.compare import compare as compare_images
 from ..oci.compare import render_compare
 from ..oci.tarnorm import sort_key, tar_tree
 from ..stack import STACK_ENV, Stack
-from ..ucx.install import BUILD_INFO
+from ..ucx.install import BUILD_INFO, read_ucxx_build_info
 from ..ucxbuild.fetch import CACHE_ENV as SOURCE_CACHE_ENV
 from ..ucxbuild.fetch import default_cache_dir, local_dirs
-from ..ucxbuild.ucxx import UCXX_BUILD_INFO
 from . import leftovers, normalise
 from .bases import clean_bases
 from .docker import docker, image_inspect
@@ -50,8 +50,7 @@ _OURS = (STACK_ENV, SOURCE_CACHE_ENV, CACHE_ENV, UCXX_WHEELS_ENV, "UCX_PREFIX", 
          "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
 
 
-def say(msg: str) -> None:
-    print(f"repro: {msg}", file=sys.stderr, flush=True)
+say = Progress("repro: ")
 
 
 @dataclass(frozen=True)
@@ -264,10 +263,9 @@ def record_outputs(st: Stack, b: Build, work: Path) -> None:
     res = tar_tree(b.prefix, work / b.label / PREFIX_TAR, st.source_date_epoch)
     b.prefix_tar_sha256 = res.sha256
     b.prefix_entries = [e.as_list() for e in res.entries]
-    try:
-        info = json.loads((b.wheels_dir / UCXX_BUILD_INFO).read_text())
-    except (OSError, ValueError):
-        raise UserError(f"{b.wheels_dir}: no UCXX wheels there (make ucxx)", USAGE) from None
+    info = read_ucxx_build_info(b.wheels_dir)
+    if info is None:
+        raise UserError(f"{b.wheels_dir}: no UCXX wheels there (make ucxx)", USAGE)
     b.wheels = {p["wheel"]: sha256_file(b.wheels_dir / p["wheel"]) for p in info["packages"]}
 
 

@@ -27,7 +27,6 @@ import hashlib
 import json
 import lzma
 import os
-import re
 import secrets
 import shutil
 import subprocess
@@ -340,12 +339,3 @@ def read_image_config(d: str | os.PathLike) -> dict:
         return json.loads((Path(d) / CONFIG).read_text())
     except (OSError, ValueError):
         raise UserError(f"no readable {CONFIG} in {d}", ROOTFS_INVALID) from None
-
-
-def parse_size(text: str) -> int:
-    """'1GiB', '200M', '1048576' -> bytes (K, M, G: powers of 1024)."""
-    m = re.fullmatch(r"\s*(\d+)\s*(|[KMG]i?B?)\s*", text, re.I)
-    if not m:
-        raise ValueError(f"not a size: {text!r}")
-    unit = m.group(2)[:1].upper()
-    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[unit]

@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..cliutil import Progress
 from ..errors import BAD_STACK, BUILD_FAILED, HASH_MISMATCH, SOURCE_UNREACHABLE, UserError
 from ..fsutil import atomic_path, atomic_write_text, sha256_file
 from ..stack.lock import Pin, canonical, load_lock
@@ -29,8 +30,7 @@ LOCK_NAME = "requirements.txt"  # the lock, copied next to its wheels (what the 
 _WHEEL_RE = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl$")
 
 
-def say(msg: str) -> None:
-    print(f"wheelhouse: {msg}", file=sys.stderr, flush=True)
+say = Progress("wheelhouse: ")
 
 
 def pip_platforms(platform: str) -> list[str]:

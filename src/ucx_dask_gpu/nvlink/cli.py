@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 
 from .. import nvml
-from ..cliutil import add_output, standalone_main
+from ..cliutil import SIZE_HELP, add_output, parse_bytes, size_type, standalone_main
 from ..errors import PERFTEST_FAILED, USAGE, UserError
 from ..report import command_line, format_table, write_report
 from . import verify
@@ -15,8 +15,8 @@ from .report import (STEM, TABLE_HEADERS, build_payload, recorded_command, rende
                      table_rows)
 from .undertest import child_env, cuda_runtime_dirs, preflight, resolve_install
 from .verdict import Thresholds, size_label
-from .verify import (DEFAULT_GOALS, DEFAULT_SIZES, RunSpec, Verifier, parse_assignment, parse_goals, parse_size,
-                     parse_sizes, parse_variant, select_pairs)
+from .verify import (DEFAULT_GOALS, DEFAULT_SIZES, RunSpec, Verifier, parse_assignment, parse_goals, parse_sizes,
+                     parse_variant, select_pairs)
 
 
 def register(subparsers) -> None:
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--ucx-prefix", action="append", metavar="DIR|pip|path",
                    help="UCX to test (repeatable, compared side by side): a prefix with bin/ucx_perftest, 'pip' for "
                         "the libucx wheel of this Python, 'path' for ucx_perftest on PATH (default: PATH, then pip)")
-    p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes (default {DEFAULT_SIZES})")
+    p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes (default {DEFAULT_SIZES}); {SIZE_HELP}")
     p.add_argument("--all-pairs", action="store_true", help="also measure pairs without NVLink (informational)")
     p.add_argument("--gpus", help="only these GPU indices (comma-separated, nvidia-smi numbering)")
     p.add_argument("--ucx-env", action="append", default=[], metavar="KEY=VAL", help="setting for every run")
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
     p.add_argument("--transport-evidence", choices=("auto", "lanes"), default="auto",
                    help="auto: protocol tables where UCX prints them, lanes+ablation otherwise; lanes: always both")
     p.add_argument("--goals", default=DEFAULT_GOALS, help=f"benchmark goals SIZE=RATIO (default {DEFAULT_GOALS})")
-    p.add_argument("--target-bytes", type=parse_size, default=parse_size("128GiB"),
+    p.add_argument("--target-bytes", type=size_type(), default=parse_bytes("128GiB"),
                    help="bytes per perftest run, sets the iterations (default 128GiB)")
     p.add_argument("--iters", type=int, help="fixed iterations per run instead of --target-bytes")
     p.add_argument("--memcpy-samples", type=int, default=21, help="cudaMemcpyPeer samples per size (median)")
@@ -69,7 +69,7 @@ def run(args) -> int:
     base_env = dict(parse_assignment(e, "--ucx-env") for e in args.ucx_env)
     variants = [parse_variant(v) for v in args.variant]
     if args.variant_sizes:
-        parse_sizes(args.variant_sizes)
+        parse_sizes(args.variant_sizes, "--variant-sizes")
     only = None
     if args.gpus:
         try:

@@ -23,11 +23,11 @@ import math
 import re
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import nvml
+from ..cliutil import Progress, parse_size
 from ..errors import NO_GPU, NO_NVLINK, ONE_GPU, PERFTEST_FAILED, USAGE, UserError
 from ..ucx import perftest as pt
 from .gpuside import GpuSide
@@ -39,24 +39,15 @@ DEFAULT_SIZES = "1MiB,64MiB,256MiB"
 DEFAULT_GOALS = "256MiB=0.97,1MiB=0.50"
 # Never settable by --ucx-env/--variant: they are what makes the measurement honest.
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LD_LIBRARY_PATH"}
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
 
 # --- argument helpers (pure) ----------------------------------------------------------------------------------------
 
-def parse_size(text: str) -> int:
-    """'1MiB', '64M', '256mib', '4k', '268435456' -> bytes (binary units: perftest sizes are powers of two)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS or int(m.group(1)) <= 0:
-        raise UserError(f"not a message size: {text!r} (use e.g. 1MiB, 64MiB, 268435456)", USAGE)
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
-
-
-def parse_sizes(text: str) -> list[int]:
-    sizes = sorted({parse_size(s) for s in text.split(",") if s.strip()})
+def parse_sizes(text: str, option: str = "--sizes") -> list[int]:
+    """'1MiB,64MiB,268435456' -> the distinct message sizes in bytes, smallest first (dask's units: 64MB = 64*10^6)."""
+    sizes = sorted({parse_size(s, option) for s in text.split(",") if s.strip()})
     if not sizes:
-        raise UserError("--sizes: no size given", USAGE)
+        raise UserError(f"{option}: no size given", USAGE)
     return sizes
 
 
@@ -84,7 +75,7 @@ def parse_goals(text: str) -> dict[int, float]:
     for item in filter(None, (s.strip() for s in text.split(","))):
         k, sep, v = item.partition("=")
         try:
-            out[parse_size(k)] = float(v)
+            out[parse_size(k, "--goals")] = float(v)
         except ValueError:
             raise UserError(f"--goals: expected SIZE=RATIO, got {item!r}", USAGE) from None
         if not sep:
@@ -144,18 +135,6 @@ class RunSpec:
         return self.variant is None
 
 
-class Progress:
-    def __init__(self, total: int, quiet: bool):
-        self.total, self.i, self.quiet, self.t0 = total, 0, quiet, time.monotonic()
-
-    def say(self, msg: str, step: bool = True) -> None:
-        if step:
-            self.i += 1
-        if not self.quiet:
-            head = f"[{self.i}/{self.total} {time.monotonic() - self.t0:5.0f}s]" if step else "               "
-            print(f"verify-nvlink {head} {msg}", flush=True)
-
-
 def _peer_links(a, b) -> list[int]:
     return sorted(ln for ln, peer in a.links.items() if peer == b.pci_bus_id)
 
@@ -171,11 +150,12 @@ class Verifier:
         self.raw = Path(args.raw_dir) if args.raw_dir else None
         self.baseline: dict[tuple[str, str], dict] = {}
         self.errors: list[str] = []
-        self.variant_sizes = parse_sizes(args.variant_sizes) if getattr(args, "variant_sizes", None) else sizes
+        self.variant_sizes = parse_sizes(args.variant_sizes, "--variant-sizes") \
+            if getattr(args, "variant_sizes", None) else sizes
         live = [r for r in runs if not r.inst.preflight_error]
         n_meas = sum(len(pairs) * len(self.sizes_for(r)) for r in live)
         n_abl = sum(len(pairs) for r in live if evidence_mode(r.inst, self._env(r), args.transport_evidence) == "lanes")
-        self.progress = Progress(len(pairs) + n_meas + n_abl, args.quiet)
+        self.progress = Progress("verify-nvlink ", stream="stdout", quiet=args.quiet, total=len(pairs) + n_meas + n_abl)
 
     def _env(self, run: RunSpec) -> dict[str, str]:
         return child_env(run.inst, self.cuda_dirs, {**self.base_env, **(run.variant or {})})
@@ -207,10 +187,10 @@ class Verifier:
                      "counter_fraction": frac}
             summary = ", ".join(f"{size_label(r['msg_bytes'])} {r['gbps']:.1f}" for r in res["results"])
             counted = f"{frac:.0%}" if frac is not None else "n/a"
-            self.progress.say(f"cudaMemcpyPeer GPU{src.index}->GPU{dst.index}: {summary} GB/s "
-                              f"(NVLink counters saw {counted} of the bytes)")
+            self.progress(f"cudaMemcpyPeer GPU{src.index}->GPU{dst.index}: {summary} GB/s "
+                          f"(NVLink counters saw {counted} of the bytes)")
         else:
-            self.progress.say(f"cudaMemcpyPeer GPU{src.index}->GPU{dst.index}: FAILED: {err}")
+            self.progress(f"cudaMemcpyPeer GPU{src.index}->GPU{dst.index}: FAILED: {err}")
         self.baseline[(src.uuid, dst.uuid)] = entry
 
     def memcpy_gbps(self, src, dst, size: int) -> float | None:
@@ -261,9 +241,9 @@ class Verifier:
             exp = (n + w) * size
             tx = r["counters_src"]["data_tx"]
             shown = f"{tx / exp:.0%}" if tx is not None else "n/a"
-            self.progress.say(f"{run.label} GPU{src.index}->GPU{dst.index} {size_label(size)}: "
-                              f"{r['result'].gbps:.1f} GB/s, NVLink counters {shown} of {exp / 1e9:.1f} GB "
-                              f"({r['out'].wall_s:.1f}s)")
+            self.progress(f"{run.label} GPU{src.index}->GPU{dst.index} {size_label(size)}: "
+                          f"{r['result'].gbps:.1f} GB/s, NVLink counters {shown} of {exp / 1e9:.1f} GB "
+                          f"({r['out'].wall_s:.1f}s)")
             sizes_out.append((size, n, w, r))
         ablation = None
         if mode == "lanes":
@@ -277,11 +257,11 @@ class Verifier:
                             "iterations": na, "nvlink_tx_bytes": ra["counters_src"]["data_tx"],
                             "nvlink_rx_bytes": ra["counters_dst"]["data_rx"],
                             "lanes": pt.parse_lanes(ra["out"].client_out), "error": None}
-                self.progress.say(f"{run.label} GPU{src.index}->GPU{dst.index} {size_label(big)} with "
-                                  f"UCX_TLS={abl_env['UCX_TLS']}: {ra['result'].gbps:.1f} GB/s (ablation)")
+                self.progress(f"{run.label} GPU{src.index}->GPU{dst.index} {size_label(big)} with "
+                              f"UCX_TLS={abl_env['UCX_TLS']}: {ra['result'].gbps:.1f} GB/s (ablation)")
             except UserError as e:
                 ablation = {"UCX_TLS": abl_env["UCX_TLS"], "msg_bytes": big, "ucx_gbps": None, "error": str(e)}
-                self.progress.say(f"{run.label} GPU{src.index}->GPU{dst.index} ablation failed: {e}")
+                self.progress(f"{run.label} GPU{src.index}->GPU{dst.index} ablation failed: {e}")
         return {"mode": mode, "sizes": sizes_out, "ablation": ablation}
 
     def pair_record(self, run: RunSpec, src, dst, m: dict) -> dict:
@@ -324,7 +304,7 @@ class Verifier:
                 entry["error"] = str(e)
                 self.errors.append(str(e))
                 why = "a study" if not run.counts_for_exit else "--keep-going"
-                self.progress.say(f"{run.label}: {e} ({why}: next run)", step=False)
+                self.progress(f"{run.label}: {e} ({why}: next run)", step=False)
             out.append(entry)
         return out
 

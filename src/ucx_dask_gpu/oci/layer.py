@@ -23,7 +23,7 @@ from typing import Callable
 from ..errors import BAD_ARCHIVE, UserError
 from ..fsutil import atomic_path
 from ..stack import STACK_ID_FILE
-from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO
+from ..ucx.install import BUILD_INFO, INSTALLED_UCXX_BUILD_INFO
 from . import tarnorm
 from .sbom import SBOM_IN_IMAGE
 
@@ -104,7 +104,7 @@ class Overlay:
     def watch(name: str) -> bool:
         return (name in ("var/lib/dpkg/status", "usr/lib/os-release", STACK_ID_IN_LAYER)
                 or name.endswith(f"/{BUILD_INFO}")
-                or name.endswith(f"/{UCXX_BUILD_INFO}")
+                or name.endswith(f"/{INSTALLED_UCXX_BUILD_INFO}")
                 or (name.endswith(".dist-info/METADATA") and name.count("/") >= 1))
 
     def whiteout(self, name: str) -> None:

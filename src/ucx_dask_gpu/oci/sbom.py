@@ -29,7 +29,7 @@ from importlib.metadata import PackageNotFoundError, version
 from ..errors import SBOM_GENERATOR, SBOM_MISMATCH, UserError
 from ..stack import Stack
 from ..stack.lock import Pin, canonical, load_lock
-from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO
+from ..ucx.install import BUILD_INFO, INSTALLED_UCXX_BUILD_INFO
 from .archive import LABEL_PREFIX
 
 # Where the image carries its SBOM (its own last layer).
@@ -251,7 +251,7 @@ def sbom_from_overlay(st: Stack, files: dict[str, bytes], labels: dict[str, str]
         except ValueError:
             raise UserError(f"/{info_paths[0]} in the image is not JSON", SBOM_MISMATCH) from None
         info_sha = hashlib.sha256(raw).hexdigest()
-    ucxx_paths = sorted(p for p in files if p.endswith(f"/{UCXX_BUILD_INFO}"))
+    ucxx_paths = sorted(p for p in files if p.endswith(f"/{INSTALLED_UCXX_BUILD_INFO}"))
     try:
         ucxx_info = json.loads(files[ucxx_paths[0]]) if ucxx_paths else None
     except ValueError:

@@ -15,7 +15,7 @@ import sys
 
 from ..cliutil import add_output
 from ..errors import USAGE, VERDICT_FAILED, UserError
-from ..fsutil import write_output_file
+from ..fsutil import mapped_library, write_output_file
 from ..gate.peer import parse_address
 from .client import connect
 from .from_map import FORMATS, NUMERIC_COLUMNS, prepare_dataset, run_from_map
@@ -70,9 +70,8 @@ def _quiet_client(debug: bool) -> None:
         os.environ["DASK_LOGGING__DISTRIBUTED"] = "debug"
         return
     quiet = dict(QUIET_UCXX)
-    with open("/proc/self/maps") as maps:
-        if not any("/libucs.so" in line for line in maps):
-            quiet.update(QUIET_UCX)
+    if mapped_library("libucs.so") is None:
+        quiet.update(QUIET_UCX)
     for k, v in quiet.items():
         os.environ.setdefault(k, v)
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")

@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Callable, Iterator
 
+from ..cliutil import Progress
 from ..errors import (ALL_WORKERS_LOST, BINDING_NOT_LOADABLE, ENV_MISMATCH, NO_WORKERS, NOT_A_SCHEDULER,
                       SCHEDULER_LOST, SCHEDULER_UNREACHABLE, WORKLOAD_FAILED, UserError)
 from ..gate.daskconfig import STARTUP
@@ -34,8 +35,7 @@ POLL_S = 1.0
 LOST_AFTER_S = 30.0
 
 
-def say(msg: str) -> None:
-    print(f"workload: {msg}", file=sys.stderr, flush=True)
+say = Progress("workload: ")
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..cliutil import add_output
+from ..cliutil import SIZE_HELP, add_output
 from ..errors import SYSFS_UNREADABLE, UserError
 from ..fsutil import write_output_file
 from . import cluster
@@ -49,9 +49,12 @@ def register(sub) -> None:
     c.add_argument("--dashboard-address", default=":8787", help="dashboard address, or 'none' (default :8787)")
     add_output(c, "--scheduler-file", metavar="FILE",
                help="write {address} here once the cluster is up (Client(scheduler_file=FILE)); removed at stop")
-    c.add_argument("--rmm-pool-size", default=None, help="RMM pool per worker (e.g. 0.8 or 20GB); needs rmm")
+    c.add_argument("--rmm-pool-size", default=None,
+                   help=f"RMM pool per worker: a fraction of the GPU's memory or a size (0.8, 20GB); needs rmm; "
+                        f"{SIZE_HELP}")
     c.add_argument("--device-memory-limit", default="default",
-                   help="dask-cuda's device spill threshold per worker (default: dask-cuda's; 0 = no spilling)")
+                   help="dask-cuda's device spill threshold per worker, a fraction or a size as --rmm-pool-size "
+                        "(default: dask-cuda's; 0 = no spilling)")
     c.add_argument("--no-pin", action="store_true", help="do not set CPU affinity")
     c.add_argument("--dry-run", action="store_true", help="print the plan and the per-worker settings, start nothing")
     c.set_defaults(func=run_cluster)

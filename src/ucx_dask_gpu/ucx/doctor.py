@@ -40,14 +40,19 @@ from ..report import format_table
 from ..stack import Stack, load
 from . import info as ucxinfo
 from . import transports
-from .install import BUILD_INFO, UCXX_BUILD_INFO, at, choose, prefix_of_library, read_build_info, ucxx_can_use
+from .install import (BUILD_INFO, SHARE, UCXX_BUILD_INFO, at, choose, prefix_of_library, read_build_info,
+                      read_ucxx_build_info, ucxx_can_use)
 
 
 # Runs in a child: load UCX (a path/soname, or by importing UCXX as Dask does), then report which files the loader
-# mapped and the version libucp itself reports.
+# mapped and the version libucp itself reports. It finds this package at the path it is given (`-S`: no site).
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 _PROBE = r"""
-import ctypes, json, os, sys
+import ctypes, json, sys
 mode, target = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+from ucx_dask_gpu.fsutil import mapped_library
+del sys.path[0]
 out = {}
 try:
     if mode == "ucxx":
@@ -60,15 +65,8 @@ except ModuleNotFoundError as e:
     out["missing"] = str(e.name)
 except Exception as e:
     out["error"] = f"{type(e).__name__}: {e}"
-libs = {}
-with open("/proc/self/maps") as maps:
-    for line in maps:
-        parts = line.split(None, 5)
-        if len(parts) == 6 and parts[5].startswith("/"):
-            path = parts[5].strip()
-            for name in ("libucp.so", "libucs.so", "libuct.so", "libucm.so"):
-                if os.path.basename(path).startswith(name):
-                    libs.setdefault(name, path)
+libs = {name: path for name in ("libucp.so", "libucs.so", "libuct.so", "libucm.so")
+        if (path := mapped_library(name)) is not None}
 out["libraries"] = libs
 if "libucp.so" in libs:
     fn = ctypes.CDLL(libs["libucp.so"], ctypes.RTLD_LOCAL).ucp_get_version_string
@@ -81,8 +79,8 @@ print(json.dumps(out))
 def _probe(mode: str, target: str, env: dict | None = None) -> dict:
     isolated = ["-S"] if mode == "load" else []  # loading a prefix needs only ctypes; importing UCXX needs site
     try:
-        proc = subprocess.run([sys.executable, *isolated, "-c", _PROBE, mode, target], capture_output=True,
-                              text=True, timeout=120, env=env)
+        proc = subprocess.run([sys.executable, *isolated, "-c", _PROBE, mode, target, PACKAGE_PARENT],
+                              capture_output=True, text=True, timeout=120, env=env)
     except subprocess.TimeoutExpired:
         return {"error": "probe timed out"}
     try:
@@ -164,13 +162,14 @@ def _dist(*names: str):
     return None
 
 
-def ucxx_provenance(path: Path | None = None) -> dict:
+def ucxx_provenance(share: Path | None = None) -> dict:
     """Are the installed UCXX libraries the ones our build made? Compares each shared library recorded in
-    <sys.prefix>/share/ucx-dask-gpu/ucxx-build-info.json with the installed file, by sha256."""
-    path = path or Path(sys.prefix) / UCXX_BUILD_INFO
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError):
+    <sys.prefix>/share/ucx-dask-gpu/ucxx-build-info.json (or the one in `share`) with the installed file, by
+    sha256."""
+    share = share or Path(sys.prefix) / SHARE
+    path = share / UCXX_BUILD_INFO
+    info = read_ucxx_build_info(share)
+    if info is None:
         return {"from_source": False, "why": f"no {path}"}
     differing, checked = [], 0
     for pkg in info.get("packages", []):

@@ -18,24 +18,36 @@ from pathlib import Path
 from ..errors import UCX_NOT_FOUND, UserError
 from ..stack import Stack
 
+# Our records below a prefix (a UCX prefix, a Python environment's).
+SHARE = Path("share/ucx-dask-gpu")
 # What our build writes into every prefix it makes (ucx-src-build); its presence is what makes a UCX "ours".
-BUILD_INFO = Path("share/ucx-dask-gpu/build-info.json")
-# What our UCXX build installs below a Python environment's prefix: which wheels, built from what, against which UCX.
-UCXX_BUILD_INFO = Path("share/ucx-dask-gpu/ucxx-build-info.json")
+BUILD_INFO = SHARE / "build-info.json"
+# What our UCXX build writes next to its wheels: which wheels, built from what, against which UCX (a file name).
+UCXX_BUILD_INFO = "ucxx-build-info.json"
+# Where `install-ucxx` puts that file below a Python environment's prefix.
+INSTALLED_UCXX_BUILD_INFO = SHARE / UCXX_BUILD_INFO
 PREFIX_ENV = "UCX_DASK_GPU_UCX_PREFIX"
 # What a Python environment loads at start-up to put our UCX under UCXX (`ucx-src-build/build.sh install-ucxx`).
 PRELOAD_PTH = "ucx-dask-gpu-ucx.pth"
 LOADER = "loader search path"
 
 
-def read_build_info(prefix: str | os.PathLike | None) -> dict | None:
-    """The prefix's build-info.json; None when there is none (not our build) or it is not JSON."""
-    if prefix is None:
-        return None
+def _read_json(path: Path) -> dict | None:
     try:
-        return json.loads((Path(prefix) / BUILD_INFO).read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def read_build_info(prefix: str | os.PathLike | None) -> dict | None:
+    """The UCX prefix's build-info.json; None when there is none (not our build) or it is not JSON."""
+    return None if prefix is None else _read_json(Path(prefix) / BUILD_INFO)
+
+
+def read_ucxx_build_info(directory: str | os.PathLike) -> dict | None:
+    """The ucxx-build-info.json in `directory` (UCXX wheels our build made, or an environment's SHARE); None when
+    there is none or it is not JSON."""
+    return _read_json(Path(directory) / UCXX_BUILD_INFO)
 
 
 def prefix_of_library(path: str | None) -> Path | None:

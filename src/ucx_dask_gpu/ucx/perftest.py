@@ -162,7 +162,8 @@ def transports_in(config: str) -> tuple[str, ...]:
 
 
 def parse_memunits(s: str) -> int | None:
-    """UCX memunits as printed in ranges: '6031', '8K', '1M', 'inf' (None)."""
+    """UCX memunits as printed in ranges: '6031', '8K', '1M', 'inf' (None). UCX's own notation, binary (8K = 8192):
+    what UCX prints, not a size a user gives (those are dask's: cliutil.parse_bytes)."""
     s = s.strip()
     if s == "inf":
         return None

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import UserError
+from ..fsutil import mapped_library
 from . import info as ucxinfo
 from .info import UcxDevices
 from .install import at, prefix_of_library
@@ -309,11 +310,7 @@ def peer_facts(p: Plan, host: HostFacts) -> dict:
 
 def mapped_libucp(pid: int | str = "self") -> str | None:
     """The libucp.so a process (this one by default) has mapped (None before UCX is loaded, or when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/maps") as maps:
-            return next((line.split()[-1] for line in maps if "/libucp.so" in line), None)
-    except OSError:
-        return None
+    return mapped_library("libucp.so", pid)
 
 
 def observe(config: Mapping, environ: Mapping[str, str], ucx_prefix: str | os.PathLike | None = None,

@@ -30,7 +30,7 @@ from pathlib import Path
 from ..errors import BUILD_FAILED, MISSING_CAPABILITY, USAGE, UserError
 from ..fsutil import atomic_path, atomic_write_text, claim_work_dir, sha256_file
 from ..stack import Stack
-from ..ucx.install import BUILD_INFO
+from ..ucx.install import BUILD_INFO, read_build_info
 from . import cuda as cudamod
 from . import relocate, repro
 from .fetch import FetchedSource, default_cache_dir, fetch_source, say, warn
@@ -394,9 +394,8 @@ def input_key(stack: Stack, opts: BuildOptions, patches: list[Path]) -> str:
 
 def up_to_date(prefix: Path, key: str) -> bool:
     """--prefix holds our build with this input key, every file as its build info records it."""
-    try:
-        info = json.loads((prefix / BUILD_INFO).read_text())
-    except (OSError, ValueError):
+    info = read_build_info(prefix)
+    if info is None:
         return False
     return info.get("input_key") == key and file_manifest(prefix) == info.get("files")
 
@@ -412,7 +411,7 @@ def build(stack: Stack, opts: BuildOptions) -> dict:
         if up_to_date(prefix, key):
             say(f"{prefix}: UCX built from the same inputs already (input key {key}); nothing to do")
             repro.write_stamp(opts.stamp, key)
-            return json.loads((prefix / BUILD_INFO).read_text())
+            return read_build_info(prefix)
         info = _build_in_work_dir(stack, opts, key)
     repro.write_stamp(opts.stamp, key)
     return info

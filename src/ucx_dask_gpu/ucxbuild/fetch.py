@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import socket
-import sys
 import tarfile
 import tempfile
 import time
@@ -30,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cliutil import Progress
 from ..errors import HASH_MISMATCH, SOURCE_UNREACHABLE, UserError
 from ..fsutil import atomic_write_text, sha256_file
 from ..stack import Artifact, SourceArchive, Stack
@@ -43,13 +43,9 @@ CONNECT_TIMEOUT_S = 15.0
 USER_AGENT = "ucx-dask-gpu-fetch/1"
 
 
-def say(msg: str) -> None:
-    """Progress: stdout, flushed (stderr is kept for the one-line error and warnings)."""
-    print(f"[ucx-src-build] {msg}", flush=True)
-
-
-def warn(msg: str) -> None:
-    print(f"ucx-src-build: WARNING: {msg}", file=sys.stderr, flush=True)
+# Progress on stdout (stderr is kept for the one-line error and warnings).
+say = Progress("[ucx-src-build] ", stream="stdout")
+warn = Progress("ucx-src-build: WARNING: ")
 
 
 @dataclass(frozen=True)

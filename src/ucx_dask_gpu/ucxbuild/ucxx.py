@@ -37,13 +37,12 @@ from pathlib import Path
 from ..errors import BUILD_FAILED, MISSING_CAPABILITY, OUTPUT_REFUSED, UCX_NOT_FOUND, UserError
 from ..fsutil import ELF_MAGIC, atomic_path, atomic_write_text, claim_work_dir, sha256_file
 from ..stack import Stack
-from ..ucx.install import BUILD_INFO, PRELOAD_PTH
-from ..ucx.install import UCXX_BUILD_INFO as INSTALLED_BUILD_INFO
+from ..ucx.install import (BUILD_INFO, INSTALLED_UCXX_BUILD_INFO, PRELOAD_PTH, UCXX_BUILD_INFO, read_build_info,
+                           read_ucxx_build_info)
 from . import repro
 from .build import _fmt_s, _print_tail, apply_patches, compiler_version, patches_for, run_logged, unpack_tree
 from .fetch import default_cache_dir, fetch_sources, say
 
-UCXX_BUILD_INFO = INSTALLED_BUILD_INFO.name
 # What the build makes in a --work-dir (its own, replaced on every run: claim_work_dir refuses a directory with more).
 WORK_FOLDERS = ("logs", "src", "venv", "cuda-toolkit", "dist", "wheels")
 
@@ -64,15 +63,6 @@ class UcxxOptions:
 
 
 # --- inputs ----------------------------------------------------------------------------------------------------
-
-def read_ucx_build_info(prefix: Path) -> dict:
-    path = prefix / BUILD_INFO
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        raise UserError(f"--ucx-prefix {prefix}: no {BUILD_INFO} (build UCX first: ucx-src-build/build.sh build)",
-                        UCX_NOT_FOUND) from None
-
 
 def python_tag() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -294,7 +284,10 @@ def build_ucxx(stack: Stack, opts: UcxxOptions) -> dict:
 
 def _build_or_reuse(stack: Stack, opts: UcxxOptions) -> dict:
     prefix = opts.ucx_prefix.resolve()
-    ucx_info = read_ucx_build_info(prefix)
+    ucx_info = read_build_info(prefix)
+    if ucx_info is None:
+        raise UserError(f"--ucx-prefix {prefix}: no {BUILD_INFO} (build UCX first: ucx-src-build/build.sh build)",
+                        UCX_NOT_FOUND)
     if ucx_info.get("ucx_version") != stack.ucx.version:
         raise UserError(f"--ucx-prefix {prefix} holds UCX {ucx_info.get('ucx_version')}, stack.toml pins "
                         f"{stack.ucx.version}: build that UCX first", UCX_NOT_FOUND)
@@ -307,7 +300,7 @@ def _build_or_reuse(stack: Stack, opts: UcxxOptions) -> dict:
     if _complete(cached):
         _install_output(cached, out)
         say(f"UCXX {stack.ucxx.source.version} wheels: cached build {key} (same inputs) -> {out}")
-        return json.loads((out / UCXX_BUILD_INFO).read_text())
+        return read_ucxx_build_info(out)
 
     own_work = opts.work_dir is None
     work = Path(tempfile.mkdtemp(prefix="ucxx-build-")) if own_work else \
@@ -331,9 +324,9 @@ def _build_or_reuse(stack: Stack, opts: UcxxOptions) -> dict:
 
 
 def _complete(d: Path) -> bool:
+    info = read_ucxx_build_info(d)
     try:
-        info = json.loads((d / UCXX_BUILD_INFO).read_text())
-        return all(sha256_file(d / p["wheel"]) == p["sha256"] for p in info["packages"])
+        return info is not None and all(sha256_file(d / p["wheel"]) == p["sha256"] for p in info["packages"])
     except (OSError, ValueError, KeyError):
         return False
 
@@ -345,9 +338,9 @@ def replaceable_output(out: Path) -> bool:
     names = {p.name for p in out.iterdir()}
     if not names:
         return True
+    info = read_ucxx_build_info(out)
     try:
-        info = json.loads((out / UCXX_BUILD_INFO).read_text())
-        return names <= {UCXX_BUILD_INFO, *(p["wheel"] for p in info["packages"])}
+        return info is not None and names <= {UCXX_BUILD_INFO, *(p["wheel"] for p in info["packages"])}
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -477,11 +470,10 @@ def install_ucxx(python: Path, wheels_dir: Path, ucx_prefix: Path) -> Path:
     lib = ucx_prefix.resolve() / "lib" / "libucp.so.0"
     if not lib.exists():
         raise UserError(f"--ucx-prefix {ucx_prefix}: no lib/libucp.so.0", UCX_NOT_FOUND)
-    try:
-        info = json.loads((wheels_dir / UCXX_BUILD_INFO).read_text())
-    except (OSError, ValueError):
+    info = read_ucxx_build_info(wheels_dir)
+    if info is None:
         raise UserError(f"{wheels_dir}: no {UCXX_BUILD_INFO} (build the wheels first: `build.sh ucxx`)",
-                        UCX_NOT_FOUND) from None
+                        UCX_NOT_FOUND)
     wheels = [wheels_dir / p["wheel"] for p in info["packages"]]
     for w, p in zip(wheels, info["packages"]):
         if not w.is_file() or sha256_file(w) != p["sha256"]:
@@ -493,7 +485,7 @@ def install_ucxx(python: Path, wheels_dir: Path, ucx_prefix: Path) -> Path:
         raise UserError(f"installing the UCXX wheels into {python} failed: {tail}", BUILD_FAILED)
     env_prefix = Path(subprocess.run([str(python), "-c", "import sys; print(sys.prefix)"], capture_output=True,
                                      text=True, check=True).stdout.strip())
-    dest = env_prefix / INSTALLED_BUILD_INFO
+    dest = env_prefix / INSTALLED_UCXX_BUILD_INFO
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(wheels_dir / UCXX_BUILD_INFO, dest)
     pth = site_packages(python) / PRELOAD_PTH

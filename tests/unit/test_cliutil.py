@@ -1,0 +1,91 @@
+"""What every command shares: byte sizes parsed exactly as dask parses them, and progress lines."""
+from __future__ import annotations
+
+import io
+import threading
+
+import pytest
+from dask.utils import parse_bytes as dask_parse_bytes
+
+from ucx_dask_gpu import cliutil
+from ucx_dask_gpu.errors import USAGE, UserError
+
+SIZES = ["0", "8", "100", "1e6", "1e6 kB", "5.4 kB", "5kB", "64MB", "64M", "64m", "64mb", "64MiB", "64mib", "64Mi",
+         "1KiB", "1kib", "1K", "1k", "1GiB", "1G", "1.5GiB", "2TB", "2TiB", "1PB", "1PiB", "MB", "MiB", "kB", "",
+         " 128 MiB ", "128MiB ", "-1MB", "0.5", "3B", "3b", "10 GB", "1_000", "1e3MiB", 123, 4.9, True]
+REFUSED = ["5 foos", "1e", "inf", "nan", "abc", "1.2.3MB", "MB1", "1 XB", "--1"]
+
+
+@pytest.mark.parametrize("text", SIZES)
+def test_parse_bytes_is_dasks(text):
+    assert cliutil.parse_bytes(text) == dask_parse_bytes(text)
+
+
+@pytest.mark.parametrize("text", REFUSED)
+def test_parse_bytes_refuses_what_dask_refuses(text):
+    with pytest.raises(ValueError) as ours:
+        cliutil.parse_bytes(text)
+    with pytest.raises(ValueError) as dasks:
+        dask_parse_bytes(text)
+    assert str(ours.value) == str(dasks.value)
+
+
+def test_the_units_are_dasks():
+    from dask.utils import byte_sizes
+
+    assert cliutil.BYTE_SIZES == byte_sizes
+
+
+def test_the_convention_said_in_help_is_the_parsers():
+    assert cliutil.parse_bytes("64MB") == cliutil.parse_bytes("64M") == 64 * 10**6
+    assert cliutil.parse_bytes("64MiB") == 64 * 2**20
+    assert "64MB" in cliutil.SIZE_HELP and "64MiB" in cliutil.SIZE_HELP
+
+
+def test_parse_size_is_one_line_exit_2_naming_the_option():
+    assert cliutil.parse_size("1MiB", "--sizes") == 1 << 20
+    for text, why in (("12 parsecs", "not a byte size"), ("0", "at least 1"), ("0.5", "at least 1")):
+        with pytest.raises(UserError) as e:
+            cliutil.parse_size(text, "--sizes")
+        assert e.value.exit_code == USAGE and str(e.value).startswith(f"--sizes {text!r}") and why in str(e.value)
+    assert cliutil.parse_size("0", "--x", minimum=0) == 0
+
+
+def test_progress_lines(monkeypatch):
+    err, out = io.StringIO(), io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    monkeypatch.setattr("sys.stdout", out)
+    cliutil.Progress("image: ")("one")
+    cliutil.Progress("[conda] ", stream="stdout")("two")
+    cliutil.Progress("x: ", quiet=True)("never")
+    cliutil.Progress(timed=True)("three")
+    steps = cliutil.Progress("verify-nvlink ", stream="stdout", total=2)
+    steps("a")
+    steps("aside", step=False)
+    steps("b")
+    assert err.getvalue().splitlines()[:1] == ["image: one"]
+    assert err.getvalue().splitlines()[1].endswith("s] three") and err.getvalue().splitlines()[1].startswith("[")
+    assert out.getvalue().splitlines()[0] == "[conda] two"
+    assert [line.split("] ")[0].split()[1] for line in out.getvalue().splitlines()[1::2]] == ["[1/2", "[2/2"]
+    assert out.getvalue().splitlines()[2] == "verify-nvlink " + " " * 16 + "aside"
+    assert "never" not in err.getvalue() + out.getvalue()
+
+
+def test_quiet_progress_still_counts_steps():
+    p = cliutil.Progress(quiet=True, total=3)
+    threads = [threading.Thread(target=p, args=("x",)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert p.step == 3
+
+
+def test_a_bad_size_option_is_the_parsers_one_line(capsys):
+    p = cliutil.Parser(prog="x")
+    p.add_argument("--size", type=cliutil.size_type(), default=cliutil.parse_bytes("1GiB"))
+    assert p.parse_args(["--size", "64MB"]).size == 64 * 10**6
+    with pytest.raises(SystemExit) as e:
+        p.parse_args(["--size", "1Q"])
+    err = capsys.readouterr().err
+    assert e.value.code == USAGE and len(err.strip().splitlines()) == 1 and "argument --size: '1Q'" in err
