@@ -76,11 +76,16 @@ def test_committed_recipes_are_clean_and_render_every_variant(tmp_path):
     assert [d.split("-0")[0] for d in noarch] == ["distributed-ucxx", "ucx-dask-gpu"]  # once each, not per variant
 
 
-def _pinning():
+def _pinning(monkeypatch=None):
+    """The checkout's stack; with `monkeypatch`, the pinning it finds handed on by $UCX_DASK_GPU_CONDA_PINNING to a
+    copied tree (whose relative [conda].pinning leads elsewhere)."""
     st = load(REPO / "stack.toml")
-    if variants.pinning_dir(st) is None:
+    found = variants.pinning_dir(st)
+    if found is None:
         pytest.skip(f"conda-forge's pinning is not at {variants.pinning_location(st)} "
                     f"(${variants.PINNING_ENV} or stack.toml [conda].pinning): not rendered under it here")
+    if monkeypatch is not None:
+        monkeypatch.setenv(variants.PINNING_ENV, str(found))
     return st
 
 
@@ -118,16 +123,16 @@ def test_migrator_values_are_appended_to_the_zipped_lists():
     assert "__migrator" not in variants.migrator_variants(stack.files[1])
 
 
-def test_a_zipped_key_the_recipe_overrides_alone_is_refused_as_conda_smithy_would(repo, tmp_path):
-    _pinning()
+def test_a_zipped_key_the_recipe_overrides_alone_is_refused_as_conda_smithy_would(repo, tmp_path, monkeypatch):
+    _pinning(monkeypatch)
     (repo / "recipes/ucx/conda_build_config.yaml").write_text('c_stdlib_version:\n  - "2.28"\n')
     found = check_all(load(repo / "stack.toml"), repo / "recipes", mode=CONDA_FORGE, packed=tmp_path / "p")[0]
     assert any("recipes/ucx/recipe.yaml: rattler-build rejects it" in p and "InvalidZipKeyLength" in p
                for p in found), found
 
 
-def test_a_cpu_only_variant_is_caught(repo, tmp_path):
-    _pinning()
+def test_a_cpu_only_variant_is_caught(repo, tmp_path, monkeypatch):
+    _pinning(monkeypatch)
     edit(repo / "recipes/ucx/recipe.yaml", '    - cuda_compiler_version == "None"\n', "")
     found = check_all(load(repo / "stack.toml"), repo / "recipes", mode=CONDA_FORGE, packed=tmp_path / "p")[0]
     assert any(p.startswith("ucx: renders CUDA ['12.9', '13.0', 'None'] on linux-64") for p in found), found
