@@ -59,6 +59,21 @@ def recorded_side(h200):
     return RecordedGpuSide
 
 
+@pytest.fixture
+def recorded_host(monkeypatch, h200, recorded_side):
+    """The recorded H200 pair as the host's GPUs and driver, GpuSide recorded; `recorded_host(preflight)` also
+    replaces the ucx_info preflight. Returns the GPUs."""
+    gpus = h200.smi_gpus()
+
+    def use(preflight):
+        monkeypatch.setattr(nvml, "discover", lambda: gpus)
+        monkeypatch.setattr(nvml, "driver_version", lambda: "580.159.04")
+        monkeypatch.setattr(nvlink_cli, "preflight", preflight)
+        monkeypatch.setattr(nvlink_cli, "GpuSide", recorded_side)
+        return gpus
+    return use
+
+
 def test_run_and_variant_one_pair_on_host_memory(tmp_path, h200, recorded_side):
     gpus = h200.smi_gpus()
     args = build_parser().parse_args(["verify-nvlink", "--ucx-prefix", OURS, "--sizes", "64KiB,1MiB", "--iters", "100",
@@ -126,18 +141,14 @@ def test_unsafe_visible_devices_declares_every_gpu(h200, recorded_side):
     assert safe.visible_for(gpus[1]) == gpus[1].uuid and safe.declared(gpus[1].uuid) == [gpus[1].uuid]
 
 
-def test_command_end_to_end_with_recorded_gpu_side(tmp_path, monkeypatch, capsys, h200, recorded_side):
+def test_command_end_to_end_with_recorded_gpu_side(tmp_path, monkeypatch, capsys, recorded_host):
     """`verify-nvlink` as typed, down to the report files; only discovery, the ucx_info preflight (which refuses a UCX
     without CUDA transports, as here) and the GPU side are the recorded stand-ins."""
-    gpus = h200.smi_gpus()
 
     def preflight(inst, env):
         inst.version, inst.proto_v2_default, inst.proto_used = "1.21.0", True, True
 
-    monkeypatch.setattr(nvml, "discover", lambda: gpus)
-    monkeypatch.setattr(nvml, "driver_version", lambda: "580.159.04")
-    monkeypatch.setattr(nvlink_cli, "preflight", preflight)
-    monkeypatch.setattr(nvlink_cli, "GpuSide", recorded_side)
+    recorded_host(preflight)
     out = tmp_path / "report"
     argv = ["verify-nvlink", "--ucx-prefix", OURS, "--sizes", "1MiB", "--iters", "50", "--memory-type", "host",
             "--out", str(out)]
@@ -154,10 +165,9 @@ def test_command_end_to_end_with_recorded_gpu_side(tmp_path, monkeypatch, capsys
                                                      "verify-nvlink.png"]
 
 
-def test_keep_going_reports_a_ucx_that_cannot_start(tmp_path, monkeypatch, capsys, h200, recorded_side):
+def test_keep_going_reports_a_ucx_that_cannot_start(tmp_path, monkeypatch, capsys, recorded_host):
     """Two UCX under test, the second one broken (as a from-source prefix without libcudart would be): with
     --keep-going the first is still measured and the report says why the second has no numbers (exit 14)."""
-    gpus = h200.smi_gpus()
     broken = tmp_path / "broken-ucx"  # a second UCX under test: the same files under another name
     broken.symlink_to(OURS)
 
@@ -167,10 +177,7 @@ def test_keep_going_reports_a_ucx_that_cannot_start(tmp_path, monkeypatch, capsy
                             PERFTEST_FAILED)
         inst.version, inst.proto_v2_default, inst.proto_used = "1.21.0", True, True
 
-    monkeypatch.setattr(nvml, "discover", lambda: gpus)
-    monkeypatch.setattr(nvml, "driver_version", lambda: "580.159.04")
-    monkeypatch.setattr(nvlink_cli, "preflight", preflight)
-    monkeypatch.setattr(nvlink_cli, "GpuSide", recorded_side)
+    recorded_host(preflight)
     out = tmp_path / "report"
     rc = main(["verify-nvlink", "--ucx-prefix", OURS, "--ucx-prefix", str(broken), "--gpus", "0,1",
                "--sizes", "64KiB", "--iters", "20", "--memory-type", "host", "--keep-going", "--out", str(out), "-q"])
