@@ -46,7 +46,7 @@ from . import placeholders, recipes, standin
 from .recipes import BUILD_PLATFORM, Variant
 
 SUBDIRS = (BUILD_PLATFORM, "noarch")
-# Loaded only where a GPU is: a CPU-only host (and this machine) has none of them; the recipe allows them absent.
+# Loaded only where a GPU is: a CPU-only host has none of them; the recipe allows them absent.
 GPU_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1", "libcudart.so.12", "libcudart.so.13")
 # What the channel build and the install test make in a --work directory (their own, replaced on every run:
 # claim_work_dir refuses a directory holding more).

@@ -1,6 +1,6 @@
 """Metadata-only packages standing in for the conda-forge and rapidsai packages this channel's packages depend on.
 
-Neither channel is reachable here, yet rattler-build must solve ucxx's host environment (libucxx needs cuda-version)
+Where neither channel is reachable, rattler-build still must solve ucxx's host environment (libucxx needs cuda-version)
 and py-rattler must solve `ucx-dask-gpu cuda-version=<major>.0` the way a user's conda does. For every dependency of
 the channel's packages that the channel does not provide, a placeholder channel gets one empty package of that name:
 at the version the Python lock pins it (by its conda name, stack.toml [conda.names]), python at this machine's
