@@ -128,3 +128,28 @@ def test_an_import_error_from_client_is_named_for_what_it_is():
     assert import_failure(unloadable, None, "ucx").exit_code == BINDING_NOT_LOADABLE  # a local ucx cluster
     tcp = import_failure(ModuleNotFoundError("No module named 'pyarrow'"), "tcp://s:8786", "tcp")
     assert tcp.exit_code == BINDING_NOT_LOADABLE and "not loadable: ModuleNotFoundError" in str(tcp)
+
+
+def test_closing_the_client_after_the_scheduler_went_away_keeps_the_runs_outcome():
+    """distributed's Client.close() reconnects first once its scheduler is gone; over UCX that connect can raise
+    UCXX's own error (not an OSError), which must not replace the run's answer or its one line."""
+    ucxx = pytest.importorskip("ucxx", reason="the UCX binding is not installed in this Python")
+    from ucx_dask_gpu.proof.client import close_client
+
+    class ClosesLikeAClientWhoseSchedulerRejects:
+        closed = 0
+
+        def __init__(self, error: BaseException):
+            self.error = error
+
+        def close(self):
+            self.closed += 1
+            raise self.error
+
+    rejected = ClosesLikeAClientWhoseSchedulerRejects(
+        ucxx.exceptions.UCXRejectedError("Endpoint 0x7f5940ac9080 error: Operation rejected by remote peer"))
+    close_client(rejected)
+    assert rejected.closed == 1
+    interrupted = ClosesLikeAClientWhoseSchedulerRejects(KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):  # the user's ^C is not a close error
+        close_client(interrupted)

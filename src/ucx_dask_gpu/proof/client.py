@@ -75,7 +75,7 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, th
         except (OSError, TimeoutError) as e:
             where = scheduler or f"a local {protocol} cluster"
             raise UserError(f"cannot connect to {where}: {e}", SCHEDULER_UNREACHABLE) from None
-        with client:
+        try:
             wait_for_workers(client, min_workers, wait_workers)
             try:
                 yield client
@@ -88,9 +88,19 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, th
                 if cluster is not None:
                     with contextlib.suppress(Exception):  # best effort: cluster.close() below ends them anyway
                         close_workers(client, cluster, 30)
+        finally:
+            close_client(client)
     finally:
         if cluster is not None:
             cluster.close()
+
+
+def close_client(client) -> None:
+    """Close the Client, best effort: the run's outcome (its answer, or the one line saying why there is none) is
+    already decided. Once the scheduler is gone distributed's close first tries to reconnect and raises what that
+    connect raised, over UCX a UCXX error such as UCXXRejectedError ("rejected by remote peer"), not an OSError."""
+    with contextlib.suppress(Exception, *CANCELLED):
+        client.close()
 
 
 def import_failure(e: ImportError, scheduler: str | None, protocol: str) -> UserError:
