@@ -5,8 +5,9 @@
 # PLATFORM: linux-64 | linux-aarch64, this machine's (rattler-build builds and tests natively); CUDA: one of
 # stack.toml [conda].cuda_versions; PINNING_DIR: a checkout of conda-forge-pinning-feedstock's recipe/ folder
 # (conda_build_config.yaml + migrations/). Needs on PATH: rattler-build, micromamba, python3 with py-rattler-build and
-# pyyaml. Writes build/conda-recipes/ (the packed recipes), build/variants/ (the stacked variant configs) and
-# build/channel/ (the packages, indexed by rattler-build, their recipe tests passed).
+# pyyaml. Writes build/conda-recipes/ (the packed recipes), build/variants/ (the stacked variant configs),
+# build/channel/ (the packages, indexed by rattler-build, their recipe tests passed) and build/conda-install-check/
+# (the install line's environment: this script's own directory, replaced on every run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
