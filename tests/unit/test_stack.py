@@ -213,3 +213,56 @@ def test_lock_only_an_unknown_lock_is_one_line(capsys):
     assert main(["stack", "lock", "--only", "locks/nope.txt"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["ucx-dask-gpu stack: error: --only: not a lock of stack.toml: locks/nope.txt"]
+
+
+# --- keys no consumer reads, and bounds ---------------------------------------------------------------------------
+
+def test_a_misspelled_key_is_refused_with_the_nearest_known_one(raw):
+    msg = bad(raw, lambda d: d["ucxx"].__setitem__("min_uxc", "1.19"))
+    assert msg == "stack.toml.ucxx.min_uxc: unknown key (did you mean min_ucx?)"
+    assert "packages[1].pth: unknown key (did you mean path?)" in \
+        bad(raw, lambda d: d["ucxx"]["build"]["packages"][1].__setitem__("pth", "x"))
+    assert bad(raw, lambda d: d.__setitem__("zzz", {})) == "stack.toml.zzz: unknown key"
+
+
+def test_a_missing_key_beside_a_misspelling_names_both(raw):
+    msg = bad(raw, lambda d: d["ucxx"].__setitem__("min_uxc", d["ucxx"].pop("min_ucx")))
+    assert msg == "stack.toml.ucxx.min_ucx: missing (is 'min_uxc' a misspelling?)"
+
+
+def test_free_form_tables_take_any_key(raw):
+    data = copy.deepcopy(raw)
+    data["conda"]["names"]["some-new-wheel"] = "some-new-package"
+    assert parse(data).conda.names["some-new-wheel"] == "some-new-package"
+
+
+def test_strings_and_nesting_are_bounded(raw):
+    long = "1" * (stack.model.MAX_STRING + 1)
+    assert "a string of 4097 characters" in bad(raw, lambda d: d["ucxx"].__setitem__("min_ucx", long))
+    assert "a key of 4097 characters" in bad(raw, lambda d: d["ucxx"].__setitem__(long, 1))
+    deep: list = []
+    for _ in range(100):
+        deep = [deep]
+    assert "nested more than 16 levels" in bad(raw, lambda d: d["stack"].__setitem__("x", deep))
+
+
+@pytest.mark.parametrize("text, why", [
+    ("a = " + "[" * 1000 + "]" * 1000 + "\n", "nested more than 16 levels deep"),
+    ("a = " + "{b = " * 1000 + "1" + "}" * 1000 + "\n", "nested more than 16 levels deep"),
+    ('a = "' + "x" * (1 << 20) + '"\n', "larger than 1048576 bytes"),
+])
+def test_a_hostile_file_is_one_line_before_the_toml_parser_runs(tmp_path, text, why):
+    f = tmp_path / "stack.toml"
+    f.write_text(text)
+    with pytest.raises(UserError) as e:
+        stack.load(f)
+    assert e.value.exit_code == BAD_STACK and why in str(e.value)
+
+
+@pytest.mark.parametrize("text, depth", [
+    ('a = "[[[[["\n', 0), ("a = '{{{'  # [[[\n", 0), ('a = """\n[[[\n"""\n', 0), ('a = "\\"[["\n', 0),
+    ("a = [[1], {b = [2]}]\n", 3), ("[[t.u]]\n", 2),
+])
+def test_toml_depth_skips_strings_and_comments(text, depth):
+    assert stack.model.toml_depth(text) == depth
+    tomllib.loads(text)

@@ -9,6 +9,7 @@ the UCX source archive); every other table is one frozen section: `st.ucxx`, `st
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
@@ -26,6 +27,11 @@ VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([-+~.][0-9A-Za-z.+~-]+)?$")
 BUILD_DETECTED_FLAGS = frozenset({"--prefix", "--with-cuda", "--without-cuda", "--with-verbs", "--without-verbs",
                                   "--with-rdmacm", "--without-rdmacm", "--with-gdrcopy", "--without-gdrcopy"})
 STACK_ENV = "UCX_DASK_GPU_STACK"
+# Bounds checked before anything recurses or allocates per value: a stack.toml is ~20 kB, 5 levels deep, its longest
+# string under 200 characters; a file far past these is a mistake or hostile, refused with one line (exit 3).
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 16
+MAX_STRING = 4096
 # Where the image records its stack id (computed from what it installed: gate/identity.py), next to its other records.
 STACK_ID_FILE = Path("/etc/ucx-dask-gpu/stack-id")
 
@@ -61,6 +67,7 @@ class SourceArchive:
     urls: tuple[str, ...]
     content_tree: str  # git tree id of the archive's content
     sha256: str  # a known archive file with that content, accepted without unpacking
+    git: str  # the upstream repository (clone URL) whose commit `commit` the tag names: conda recipes pin it
 
 
 @dataclass(frozen=True)
@@ -221,7 +228,8 @@ class Stack:
 def _get(table: dict, key: str, where: str, typ: type | tuple[type, ...], required: bool = True, default=None):
     if key not in table:
         if required:
-            raise StackError(f"{where}.{key}", "missing")
+            near = difflib.get_close_matches(key, [k for k in table if isinstance(k, str)], n=1)
+            raise StackError(f"{where}.{key}", "missing" + (f" (is {near[0]!r} a misspelling?)" if near else ""))
         return default
     value = table[key]
     # bool is an int subclass; a version written as `true` is still wrong.
@@ -311,6 +319,7 @@ def _source_archive(t: dict, where: str, name: str) -> SourceArchive:
         urls=urls,
         content_tree=_hexdigits(t, "content_tree", where, 40),
         sha256=_sha256(t, where),
+        git=_url(_get(t, "git", where, str), f"{where}.git"),
     )
 
 
@@ -464,7 +473,70 @@ def _conda(t: dict, where: str) -> CondaSpec:
     )
 
 
+class _Table(dict):
+    """A TOML table that remembers which keys the model asked for: whatever it never asked for is a key no consumer
+    reads (a misspelling that would otherwise pass as "ok")."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.asked: set[str] = set()
+
+    def __contains__(self, key):
+        self.asked.add(key)
+        return super().__contains__(key)
+
+    def __getitem__(self, key):
+        self.asked.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.asked.add(key)
+        return super().get(key, default)
+
+    def items(self):  # a free-form mapping (conda.names): every key is read
+        self.asked.update(self.keys())
+        return super().items()
+
+
+def _tracked(value: Any, where: str, depth: int = 0) -> Any:
+    """A copy of the parsed data with every table a _Table; strings and nesting bounded (the depth is checked before
+    going one level deeper, so this recursion stays short)."""
+    if depth > MAX_DEPTH:
+        raise StackError(where, f"nested more than {MAX_DEPTH} levels deep")
+    if isinstance(value, str) and len(value) > MAX_STRING:
+        raise StackError(where, f"a string of {len(value)} characters (at most {MAX_STRING})")
+    if isinstance(value, dict):
+        for k in value:
+            if len(str(k)) > MAX_STRING:
+                raise StackError(where, f"a key of {len(str(k))} characters (at most {MAX_STRING})")
+        return _Table({k: _tracked(v, f"{where}.{k}", depth + 1) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_tracked(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    return value
+
+
+def _unknown_key(value: Any, where: str) -> None:
+    """The first key (in file order) the model never asked for, with the nearest one it knows."""
+    if isinstance(value, _Table):
+        for k in dict.keys(value):
+            if k not in value.asked:
+                near = difflib.get_close_matches(k, [a for a in value.asked if isinstance(a, str)], n=1)
+                raise StackError(f"{where}.{k}", "unknown key" + (f" (did you mean {near[0]}?)" if near else ""))
+            _unknown_key(dict.__getitem__(value, k), f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _unknown_key(v, f"{where}[{i}]")
+
+
 def parse(data: dict[str, Any], path: Path) -> Stack:
+    w = path.name
+    data = _tracked(data, w)
+    st = _parse(data, path)
+    _unknown_key(data, w)
+    return st
+
+
+def _parse(data: dict[str, Any], path: Path) -> Stack:
     w = path.name
     if _get(data, "schema", w, int) != 1:
         raise StackError(f"{w}.schema", f"unsupported schema {data['schema']!r} (this tool reads 1)")
@@ -536,14 +608,46 @@ def find_stack_file() -> Path:
     raise UserError(f"no stack.toml found (set {STACK_ENV}=/path/to/stack.toml)", BAD_STACK)
 
 
+def toml_depth(text: str) -> int:
+    """How deeply arrays and inline tables nest in TOML text, strings and comments skipped: tomllib recurses once per
+    level (1,000 levels end in a RecursionError), so this is read first, in one pass without recursion."""
+    depth = deepest = i = 0
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        elif c == "#":
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+        elif c in "\"'":
+            quote = text[i:i + 3] if text[i:i + 3] in ('"""', "'''") else c
+            j = i + len(quote)
+            while j < n and not text.startswith(quote, j):
+                j += 2 if c == '"' and text[j] == "\\" else 1  # a basic string's escape: \" does not end it
+            i = j + len(quote) - 1
+        i += 1
+    return deepest
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}", BAD_STACK) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise UserError(f"{path}: larger than {MAX_FILE_BYTES} bytes (a stack.toml is a few kB)", BAD_STACK)
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        line = raw[:e.start].count(b"\n") + 1
         raise UserError(f"{path}: not UTF-8 (byte 0x{e.object[e.start]:02x} on line {line})", BAD_STACK) from None
+    if toml_depth(text) > MAX_DEPTH:
+        raise UserError(f"{path}: arrays or tables nested more than {MAX_DEPTH} levels deep", BAD_STACK)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
