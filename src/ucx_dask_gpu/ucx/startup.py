@@ -1,7 +1,8 @@
 """Dask preload: every worker says at start-up, in one log line, which UCX transports it will use (and warns about
 what keeps it from better ones) and which dask config is in force; the scheduler warns when two GPU workers of one
 kernel cannot use cuda_ipc between them because their containers do not share IPC/PID namespaces; on every role it
-applies our settings distributed has no config key for (gate/tuning.py: BatchedSend intervals, a worker's RMM pool).
+applies our settings distributed has no config key for (gate/tuning.py: BatchedSend intervals, a worker's RMM pool)
+and says in one line how UCXX waits (a warning when the process would keep a core busy while idle).
 
 The image's dask config loads it on every role, next to the guard:
 
@@ -24,8 +25,10 @@ The image's dask config loads it on every role, next to the guard:
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import sys
 
 import dask.config
 from distributed import Client, Nanny, Scheduler, Worker
@@ -75,6 +78,42 @@ def config_line() -> str:
         return f"dask config: cannot tell ({type(e).__name__}: {e})"
 
 
+def ucxx_progress() -> tuple[str, bool] | None:
+    """How UCXX progresses this process's event loop: (progress mode, whether an idle loop sleeps on UCX's events);
+    None where this loop runs no UCXX (tcp, or before distributed-ucxx started it). Read, never started, from here."""
+    core = sys.modules.get("ucxx.core")
+    context = sys.modules.get("ucxx._lib_async.application_context")
+    if core is None or context is None or core._ctx is None:
+        return None
+    try:
+        task = context.ProgressTasks.get(asyncio.get_running_loop())
+    except RuntimeError:
+        return None
+    if task is None:
+        return None
+    mode = core._ctx.progress_mode
+    # Only the event-driven blocking mode (distributed-ucxx's default with UCXX patch 0010) sleeps while idle;
+    # polling, blocking with polled requests (UCXPY_ENABLE_PYTHON_FUTURE=0, or an event loop without a selector such
+    # as uvloop) and the thread modes' progress thread each keep a core busy.
+    return mode, mode == "blocking" and bool(getattr(task, "event_driven", False))
+
+
+def progress_check(role: str) -> None:
+    """One line per process: how UCXX waits, and a warning when an idle process will keep a core busy."""
+    progress = ucxx_progress()
+    if progress is None:
+        return
+    mode, sleeps = progress
+    if sleeps:
+        logger.info("ucx-dask-gpu %s: UCXX progress %s, event driven (idle: sleeps)", role, mode)
+    else:
+        logger.warning("ucx-dask-gpu %s: UCXX progress %s polls: this process keeps a core busy even when idle "
+                       "(UCXPY_PROGRESS_MODE=%s, UCXPY_ENABLE_PYTHON_FUTURE=%s, event loop %s)", role, mode,
+                       os.environ.get("UCXPY_PROGRESS_MODE", "unset"),
+                       os.environ.get("UCXPY_ENABLE_PYTHON_FUTURE", "unset"),
+                       type(asyncio.get_running_loop()).__module__)
+
+
 def worker_setup(worker) -> None:
     plan, host, why = transports.observe(dask.config.config, os.environ)
     logger.info("ucx-dask-gpu %s; %s", transports.summary(plan, host), config_line())
@@ -97,4 +136,5 @@ async def dask_setup(dask_object) -> None:
     elif isinstance(dask_object, Nanny):
         add_worker_preloads(dask_object, [__name__])
     if isinstance(dask_object, (Scheduler, Worker, Client)):
+        progress_check(type(dask_object).__name__.lower())
         await tuning.apply(dask_object)
