@@ -31,7 +31,7 @@ def test_recorded_results_have_the_stable_fields(payload):
         if r["name"] == payload["baseline"]:
             assert ratio is None
         else:
-            assert ratio["ci95"][0] <= ratio["median"] <= ratio["ci95"][1] and ratio["verdict"] in ("keeps", "noise")
+            assert ratio["ci95"][0] <= ratio["median"] <= ratio["ci95"][1] and ratio["verdict"] in ("faster", "slower", "noise")
     for cid, lib in prov["libucp"].items():
         assert all(p.endswith(".so.0.0.0") or p is None for p in lib["workers"].values())
 

@@ -28,7 +28,8 @@ def test_the_interval_holds_the_true_ratio_and_excludes_one_for_a_real_effect():
     base, faster = lognormal(rng, 100e-3, 15), lognormal(rng, 80e-3, 15)
     r = stats.bootstrap_ratio(faster, base, seed=3)
     assert r["ci95"][0] <= 0.8 <= r["ci95"][1]
-    assert r["ci95"][1] < 1.0 and r["verdict"] == "keeps"
+    assert r["ci95"][1] < 1.0 and r["verdict"] == "faster"
+    assert stats.bootstrap_ratio(base, faster, seed=3)["verdict"] == "slower"
     assert r["median"] == pytest.approx(stats.median(faster) / stats.median(base), abs=1e-4)
     assert (r["n"], r["n_baseline"], r["resamples"], r["seed"]) == (15, 15, 2000, 3)
 
@@ -56,8 +57,10 @@ def test_coverage_is_near_the_level_on_synthetic_data():
     assert held >= 32, held
 
 
-def test_verdict_and_empty_input():
-    assert stats.verdict(1.01, 1.2) == "keeps" and stats.verdict(0.5, 0.99) == "keeps"
+def test_verdict_has_a_direction_and_empty_input():
+    """Ratios are of times: below 1.0 the variant is faster, above it slower (an 8 B transfer 1.09x [1.007, 1.168]
+    of its baseline is slower, never a reason to keep a setting)."""
+    assert stats.verdict(1.007, 1.168) == "slower" and stats.verdict(0.5, 0.99) == "faster"
     assert stats.verdict(0.9, 1.1) == "noise" and stats.verdict(1.0, 1.3) == "noise"
     assert stats.bootstrap_ratio([], [1.0]) is None and stats.bootstrap_ratio([1.0], []) is None
 
@@ -91,3 +94,12 @@ def test_bytes_moved_notes():
                      "different work"]
     notes = stats.bytes_moved_notes({"a": [1e6, 2e6], "b": [1.5e6, 1.5e6]}, "b")
     assert any("varied between repetitions (a 1.0-2.0 MB)" in n for n in notes)
+
+
+def test_a_ratio_only_between_variants_that_moved_the_same_bytes():
+    base = [1_000_000_000] * 5
+    assert stats.same_work([1_040_000_000] * 5, base) and stats.same_work([], [])
+    assert not stats.same_work([1_548_000_000] * 5, [1_011_000_000] * 5) and not stats.same_work([1], [])
+    d = stats.different_work([1_548_000_000], [1_011_000_000])
+    assert d["verdict"] == "different work" and d["median"] is None and d["ci95"] is None
+    assert (d["bytes_moved_median"], d["baseline_bytes_moved_median"]) == (1_548_000_000, 1_011_000_000)

@@ -29,12 +29,16 @@ def run_entry(opts, rec, base) -> dict:
     v, primary = rec.variant, opts.study.primary(opts.params)
     names = list(dict.fromkeys(m for r in rec.reps for m in r["metrics"]))
     samples = {m: [round(x, 6) for x in rec.metric(m)] for m in names}
-    ratios = {} if rec is base else {m: stats.bootstrap_ratio(rec.metric(m), base.metric(m), opts.resamples,
-                                                              opts.seed) for m in names}
+    moved, base_moved = [r["bytes"] for r in rec.reps], [r["bytes"] for r in base.reps]
+    if rec is base:
+        ratios = {}
+    elif stats.same_work(moved, base_moved):
+        ratios = {m: stats.bootstrap_ratio(rec.metric(m), base.metric(m), opts.resamples, opts.seed) for m in names}
+    else:
+        ratios = {m: stats.different_work(moved, base_moved) for m in names}
     transfers = [t for r in rec.reps for t in r.get("transfers", [])]
     workers = (rec.host.facts or {}).get("workers", [])
     p2p = stats.p2p(transfers, workers, len(rec.reps), MIB) if transfers else None
-    moved = [r["bytes"] for r in rec.reps]
     return {
         "name": v.name, "label": v.label, "protocol": v.protocol, "config": v.config, "settings": dict(v.settings),
         "environment": dict(v.env), "unset": list(v.unset), "client_side": rec.overlay, "cluster": rec.host.id,
@@ -122,7 +126,7 @@ def result_rows(payload: dict) -> tuple[list[str], list[list]]:
             ratio = r["ratios"].get(m) or {}
             rows.append([r["name"], m, r["status"], s["n"], _ms(s["median"]),
                          f"{_ms(s['q25'], 2)}-{_ms(s['q75'], 2)}", ratio.get("median"),
-                         "-" if not ratio else f"{ratio['ci95'][0]}-{ratio['ci95'][1]}",
+                         "-" if not ratio.get("ci95") else f"{ratio['ci95'][0]}-{ratio['ci95'][1]}",
                          ratio.get("verdict", "baseline" if r["name"] == payload["baseline"] else "-"),
                          _mb(r["bytes_moved"]["median"])])
         if not r["summary"]:
@@ -187,7 +191,9 @@ def markdown(payload: dict) -> str:
           f"{payload['measurement']['warmup_rounds']} untimed rounds; {payload['measurement']['interleaving']}. "
           "`x baseline` is the ratio of medians (< 1: faster), its interval a percentile bootstrap "
           f"({payload['measurement']['bootstrap']['resamples']} resamples, seed "
-          f"{payload['measurement']['bootstrap']['seed']}); verdict `keeps` where the interval excludes 1.0. "
+          f"{payload['measurement']['bootstrap']['seed']}); verdict `faster` / `slower` where the interval lies below / "
+          "above 1.0, `noise` where it holds 1.0, `different work` (no ratio) where the variant's median bytes moved "
+          f"per repetition differ from the baseline's by more than {stats.SAME_WORK:.0%}. "
           f"Input: {payload['measurement']['placement']}; MB/rep: bytes moved between workers per repetition "
           "(transfer logs).", ""]
     if payload["references"]:

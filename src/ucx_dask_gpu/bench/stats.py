@@ -15,6 +15,7 @@ GB = 1e9
 RESAMPLES = 2000
 LEVEL = 0.95
 BYTES_TOLERANCE = 0.01  # variants whose median bytes moved per repetition differ by more are flagged
+SAME_WORK = 0.05  # beyond this difference in median bytes moved per repetition two variants did other work: no ratio
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:
@@ -43,8 +44,24 @@ def summary(values: Sequence[float]) -> dict:
 
 
 def verdict(lo: float, hi: float) -> str:
-    """'keeps' when the interval excludes 1.0 (the effect is real at this level), else 'noise'."""
-    return "keeps" if lo > 1.0 or hi < 1.0 else "noise"
+    """Of a ratio of times (variant / baseline): 'faster' when the whole interval is below 1.0, 'slower' when it is
+    above, else 'noise' (no effect at this level)."""
+    return "faster" if hi < 1.0 else "slower" if lo > 1.0 else "noise"
+
+
+def same_work(moved: Sequence[int], baseline_moved: Sequence[int], tolerance: float = SAME_WORK) -> bool:
+    """Whether two variants moved the same bytes between workers per repetition (medians within `tolerance`): only
+    then does a ratio of their times compare the same work."""
+    a, b = median(moved), median(baseline_moved)
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a - b) <= tolerance * max(a, b, 1)
+
+
+def different_work(moved: Sequence[int], baseline_moved: Sequence[int]) -> dict:
+    """What stands where a ratio would: the variants moved other amounts of data, so their times are not compared."""
+    return {"median": None, "ci95": None, "verdict": "different work",
+            "bytes_moved_median": median(moved), "baseline_bytes_moved_median": median(baseline_moved)}
 
 
 def bootstrap_ratio(samples: Sequence[float], baseline: Sequence[float], resamples: int = RESAMPLES, seed: int = 0,

@@ -122,13 +122,15 @@ def _yaml_str(value: str) -> str:
 
 def context_values(st: Stack, recipe: str) -> dict[str, str]:
     s = settings(st)
+    # Sources are upstream's git repositories at the commit stack.toml records (docs/conda.md "Sources"): the commit
+    # id hashes the content, so whoever builds the recipe verifies what upstream serves without trusting a sha256.
     if recipe == "ucx":
-        return {"version": s.ucx.version, "url": s.ucx.urls[0], "sha256": s.ucx.sha256, "home": s.ucx_home,
+        return {"version": s.ucx.version, "git_url": s.ucx.git, "git_rev": s.ucx.commit, "home": s.ucx_home,
                 "repository": s.ucx_dev_url}
     if recipe == "ucxx":
-        return {"version": s.ucxx.version, "url": s.ucxx.urls[0], "sha256": s.ucxx.sha256,
-                "rapids_cmake_url": s.rapids_cmake.urls[0], "rapids_cmake_sha256": s.rapids_cmake.sha256,
-                "cpm_url": s.cpm.urls[0], "cpm_sha256": s.cpm.sha256,
+        return {"version": s.ucxx.version, "git_url": s.ucxx.git, "git_rev": s.ucxx.commit,
+                "rapids_cmake_git_url": s.rapids_cmake.git, "rapids_cmake_git_rev": s.rapids_cmake.commit,
+                "cpm_git_url": s.cpm.git, "cpm_git_rev": s.cpm.commit,
                 "rapids_version": s.rapids_version, "ucx_version": s.ucx.version, "home": s.ucxx_home}
     if recipe == st.name:
         locked = lock_versions_by_conda_name(st)

@@ -67,6 +67,7 @@ class SourceArchive:
     urls: tuple[str, ...]
     content_tree: str  # git tree id of the archive's content
     sha256: str  # a known archive file with that content, accepted without unpacking
+    git: str  # the upstream repository (clone URL) whose commit `commit` the tag names: conda recipes pin it
 
 
 @dataclass(frozen=True)
@@ -318,6 +319,7 @@ def _source_archive(t: dict, where: str, name: str) -> SourceArchive:
         urls=urls,
         content_tree=_hexdigits(t, "content_tree", where, 40),
         sha256=_sha256(t, where),
+        git=_url(_get(t, "git", where, str), f"{where}.git"),
     )
 
 
