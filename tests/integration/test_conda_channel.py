@@ -127,7 +127,10 @@ def test_ucx_package_contents(built, tmp_path):
     paths = json.loads((info / "paths.json").read_text())["paths"]
     assert any(p.get("file_mode") == "binary" for p in paths), "UCX compiles its prefix into its libraries"
     rendered = yaml.safe_load((info / "recipe/rendered_recipe.yaml").read_text())
+    # Built from the verified archive of the commit; the recipe a feedstock carries keeps the git source.
     assert rendered["recipe"]["source"][0]["sha256"] == s.ucx.sha256
+    original = yaml.safe_load((info / "recipe/original-recipe.yaml").read_text())
+    assert original["source"]["git"] == "${{ git_url }}" and original["context"]["git_rev"] == s.ucx.commit
     carried = sorted(p.name for p in settings.carried_patches(st, "ucx"))
     assert [p.split("/")[-1] for p in rendered["recipe"]["source"][0]["patches"]] == carried
     assert (info / "licenses/LICENSE").is_file()
@@ -136,6 +139,8 @@ def test_ucx_package_contents(built, tmp_path):
     standin = json.loads((info / "about.json").read_text())["extra"]["standin"]
     assert standin["sonames_left_to_the_system"]["libibverbs.so.1"] == "rdma-core"
     assert "cuda-cudart-dev" in standin["requirements_not_installed"]["host"]
+    assert standin["git_sources_taken_from_archives"] == [{"git": s.ucx.git, "rev": s.ucx.commit,
+                                                          "taken_from": s.ucx.archive}]
 
 
 def test_libucxx_is_built_against_the_channels_ucx(built, tmp_path):

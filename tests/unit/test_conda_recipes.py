@@ -157,7 +157,7 @@ def test_ucx_rendering_carries_stack_toml_and_conda_forge_conventions():
     (v,) = [v for v in render_recipe(packed(), "ucx") if v.platform == "linux-64"
             and v.variant["cuda_compiler_version"] == "13.0"]
     assert (v.name, v.version, v.build_string.split("_")[0]) == ("ucx", s.ucx.version, "cuda13")
-    assert v.sources[0]["url"] == s.ucx.urls[0] and v.sources[0]["sha256"] == s.ucx.sha256
+    assert (v.sources[0]["git"], v.sources[0]["rev"]) == (s.ucx.git, s.ucx.commit)
     assert "cuda-version 13.0.*" in v.requirements("host")
     assert "libnuma" not in " ".join(v.requirements("host"))  # UCX 1.20 has no libnuma dependency
     assert any(r.startswith("cuda-nvcc_linux-64") for r in v.requirements("build"))
@@ -207,9 +207,33 @@ def test_undefined_jinja_variable_is_rejected(repo):
 
 # --- checks on the rendering -------------------------------------------------------------------------------------
 
-def test_a_hardcoded_sha256_bypassing_the_context_is_caught(repo):
-    edit(repo / "recipes/ucx/recipe.yaml", "  sha256: ${{ sha256 }}", '  sha256: "' + "0" * 64 + '"')
-    assert any("ucx/ucx: source[0]" in p and "stack.toml pins" in p for p in problems(repo))
+def test_a_hardcoded_rev_bypassing_the_context_is_caught(repo):
+    edit(repo / "recipes/ucx/recipe.yaml", "  rev: ${{ git_rev }}", '  rev: "' + "0" * 40 + '"')
+    assert any("ucx/ucx: source[0]" in p and "stack.toml pins git" in p for p in problems(repo))
+
+
+def test_a_git_source_on_a_tag_is_caught(repo):
+    edit(repo / "recipes/ucxx/recipe.yaml", "    rev: ${{ cpm_git_rev }}", "    tag: v0.42.0")
+    assert any("ucxx/libucxx: source[2] https://github.com/cpm-cmake/CPM.cmake.git is not pinned to a commit" in p
+               for p in problems(repo))
+
+
+@pytest.mark.parametrize("recipe, source, old", [
+    ("ucx", "ucx", "  git: ${{ git_url }}\n  rev: ${{ git_rev }}\n  # src/ucg is a submodule (UCG, not part of UCX's "
+                   "releases): its tag archive holds an empty directory there.\n  submodules: false"),
+    ("ucxx", "rapids_cmake", "  - git: ${{ rapids_cmake_git_url }}\n    rev: ${{ rapids_cmake_git_rev }}"),
+])
+def test_a_remote_url_with_a_mirror_copys_sha256_is_caught(repo, recipe, source, old):
+    """GitHub's tag archive and the mirror's `git archive` hold the same files in other bytes: a recipe pairing the
+    URL with the mirror file's sha256 stops every build that downloads it."""
+    st = load(repo / "stack.toml")
+    src = st.ucx if source == "ucx" else st.ucxx.rapids_cmake
+    indent = "  " if recipe == "ucx" else "    "
+    edit(repo / f"recipes/{recipe}/recipe.yaml", old,
+         old.split("git:")[0] + f"url: {src.urls[0]}\n{indent}sha256: {src.sha256}")
+    found = problems(repo)
+    assert any(f"pairs {src.urls[0]} with the sha256 of the mirror's {src.archive}, not of what that URL serves" in p
+               for p in found), found
 
 
 def test_missing_license_file_and_maintainers_are_caught(repo):
@@ -323,3 +347,18 @@ def test_ucxx_build_scripts_carry_the_wheels_cmake_options(repo):
                if not a.startswith("-DCMAKE_INSTALL_"))
     edit(repo / "stack.toml", '"-DUCXX_ENABLE_CCCL=ON"', '"-DUCXX_ENABLE_CCCL=ON", "-DUCXX_ENABLE_RMM=ON"')
     assert settings.drift(load(repo / "stack.toml")) == ["recipes/ucxx/build_libucxx.sh"]
+
+
+def test_the_commits_the_recipes_pin_are_the_mirrors_tags():
+    """stack.toml records each source's commit beside the content the mirror's archive of that tag has: the stand-in
+    build takes that archive for the recipe's git source, so the mirror must name the same commit."""
+    st = load(REPO / "stack.toml")
+    manifest = REPO.parent / "shared" / "sources" / "MANIFEST.tsv"
+    if not manifest.is_file():
+        pytest.skip(f"no source mirror manifest at {manifest}")
+    rows = [ln.split("\t") for ln in manifest.read_text().splitlines()]
+    by_file = {r[0]: dict(zip(rows[0], r)) for r in rows[1:]}
+    for src in st.source_archives():
+        row = by_file[src.archive]
+        assert (row["commit"], row["tag"], row["sha256"]) == (src.commit, src.tag, src.sha256), src.archive
+        assert src.git == row["upstream"] + ".git"

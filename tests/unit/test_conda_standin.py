@@ -20,7 +20,7 @@ from rattler_build import Package
 from ucx_dask_gpu.conda import standin
 from ucx_dask_gpu.conda.channel import index_channel, run_recipe_tests, write_empty_channel
 from ucx_dask_gpu.conda.recipes import render_recipe
-from ucx_dask_gpu.errors import INSTALL_FAILED, PACKAGE_INVALID, RECIPE_INVALID, UserError
+from ucx_dask_gpu.errors import HASH_MISMATCH, INSTALL_FAILED, PACKAGE_INVALID, RECIPE_INVALID, UserError
 from ucx_dask_gpu.stack import load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,19 +43,54 @@ def test_ucx_standin_recipe_empties_only_build_and_host(tmp_path):
             and v.variant["cuda_compiler_version"] == "13.0"]
     inputs = standin.StandinInputs(env={"CPPFLAGS": "-I/x"},
                                    provided={"libibverbs.so.1": "rdma-core", "libc.so.6": "c_stdlib"})
-    archive = tmp_path / "ucx.tar.gz"
-    recipe = standin.standin_recipe(v, inputs, {v.sources[0]["url"]: archive}, "2.28")
+    archive = tmp_path / "ucx-1.20.1.tar.gz"
+    archive.write_bytes(b"the verified archive of the pinned commit")
+    recipe = standin.standin_recipe(v, inputs, {v.sources[0]["git"]: archive}, "2.28")
     assert recipe["requirements"]["build"] == [] and recipe["requirements"]["host"] == []
     assert recipe["requirements"]["run_constraints"] == ["cuda-version >=13,<14.0a0"]
     assert recipe["requirements"]["run"] == ["__glibc >=2.28"]
     assert recipe["requirements"]["run_exports"] == ['${{ pin_subpackage("ucx", upper_bound="x.x") }}']
-    assert recipe["source"][0]["url"] == archive.as_uri() and recipe["source"][0]["sha256"] == v.sources[0]["sha256"]
+    # The git source (as a feedstock builds it) is built from the archive of that commit, by that file's sha256.
+    assert recipe["source"][0]["url"] == archive.as_uri() and "git" not in recipe["source"][0]
+    assert recipe["source"][0]["sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
+    assert recipe["source"][0].get("patches") == v.sources[0].get("patches")
+    assert recipe["extra"]["standin"]["git_sources_taken_from_archives"] == [
+        {"git": v.sources[0]["git"], "rev": v.sources[0]["rev"], "taken_from": archive.name}]
     assert recipe["build"]["string"] == v.build_string
     assert recipe["build"]["script"] == {"file": "build.sh", "env": {"CPPFLAGS": "-I/x"}}
     allow = recipe["build"]["dynamic_linking"]["missing_dso_allowlist"]
     assert "*libibverbs.so.1" in allow and "*libc.so.6" in allow and "*libcuda.so*" in allow
     assert recipe["tests"] == yaml.safe_load((REPO / "recipes/ucx/recipe.yaml").read_text())["tests"]
     assert recipe["extra"]["standin"]["requirements_not_installed"]["host"] == v.requirements("host")
+
+
+def test_a_git_source_is_taken_from_its_pinned_archive_verified_by_content(tmp_path):
+    """The mirror holds a `git archive` of the commit: another compression of the same files verifies by git tree
+    id; other files do not, and a commit stack.toml does not pin has no archive to stand in."""
+    st = load(REPO / "stack.toml")
+    src = st.ucxx.cpm
+    mirror = Path(REPO / "../shared/sources").resolve()
+    if not (mirror / src.archive).is_file():
+        pytest.skip(f"no source mirror with {src.archive} at {mirror}")
+    recompressed = tmp_path / "mirror" / src.archive
+    recompressed.parent.mkdir()
+    with tarfile.open(mirror / src.archive) as tin, tarfile.open(recompressed, "w:gz", compresslevel=1) as tout:
+        for member in tin:
+            tout.addfile(member, tin.extractfile(member) if member.isfile() else None)
+    assert hashlib.sha256(recompressed.read_bytes()).hexdigest() != src.sha256
+    got = standin.fetch_git_source(st, src.git, src.commit, cache=tmp_path / "cache",
+                                   mirror_dirs=[recompressed.parent], offline=True)
+    assert got.read_bytes() == recompressed.read_bytes()
+
+    with tarfile.open(recompressed, "w:gz") as tout:  # other files under the same name
+        tout.addfile(tarfile.TarInfo(f"{src.archive.removesuffix('.tar.gz')}/other.txt"))
+    with pytest.raises(UserError) as e:
+        standin.fetch_git_source(st, src.git, src.commit, cache=tmp_path / "cache2",
+                                 mirror_dirs=[recompressed.parent], offline=True)
+    assert e.value.exit_code == HASH_MISMATCH and "content tree" in str(e.value)
+    with pytest.raises(UserError) as e:
+        standin.fetch_git_source(st, src.git, "0" * 40, cache=tmp_path / "cache", mirror_dirs=[], offline=True)
+    assert e.value.exit_code == RECIPE_INVALID and "not a source stack.toml pins" in str(e.value)
 
 
 def test_only_declared_requirements_may_provide_system_libraries():

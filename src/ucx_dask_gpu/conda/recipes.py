@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..errors import RECIPE_INVALID, UserError
 from ..stack import Stack
+from ..ucxbuild.fetch import local_dirs
 from . import settings as cfg
 from . import variants as vstack
 
@@ -174,6 +175,9 @@ def lint(v: Variant) -> list[str]:
     for i, src in enumerate(v.sources):
         if "url" in src and not re.match(r"^[0-9a-f]{64}$", str(src.get("sha256", ""))):
             out.append(f"{where}: source[{i}] {src['url']} has no sha256")
+        # A tag or branch can be moved upstream; a commit id cannot, and it hashes the content.
+        if "git" in src and not re.match(r"^[0-9a-f]{40}$", str(src.get("rev", ""))):
+            out.append(f"{where}: source[{i}] {src['git']} is not pinned to a commit (rev: <40 hex digits>)")
     build_reqs = v.requirements("build")
     if any(re.match(r"^(gcc|gxx|clang|clangxx|gfortran|cuda-nvcc)_", s) for s in build_reqs) and \
             not any(s.startswith("sysroot_") for s in build_reqs):
@@ -231,12 +235,14 @@ def check_against_stack(v: Variant, st: Stack) -> list[str]:
 
     def source_is(i: int, src: cfg.SourceArchive) -> None:
         if i >= len(v.sources):
-            out.append(f"{where}: source[{i}] missing (stack.toml pins {src.archive})")
+            out.append(f"{where}: source[{i}] missing (stack.toml pins {src.name} {src.version})")
             return
         got = v.sources[i]
-        if str(got.get("url")) != src.urls[0] or str(got.get("sha256")) != src.sha256:
-            out.append(f"{where}: source[{i}] is {got.get('url')} sha256 {got.get('sha256')}, stack.toml pins "
-                       f"{src.urls[0]} sha256 {src.sha256}")
+        if str(got.get("git")) != src.git or str(got.get("rev")) != src.commit:
+            shown = f"git {got['git']} rev {got.get('rev')}" if "git" in got else f"{got.get('url') or got}"
+            out.append(f"{where}: source[{i}] is {shown}, stack.toml pins git {src.git} rev {src.commit}")
+
+    out += mirror_hashes_on_remote_urls(v, st)
 
     if v.name == "ucx":
         if v.version != s.ucx.version:
@@ -282,6 +288,34 @@ def check_against_stack(v: Variant, st: Stack) -> list[str]:
         if extra:
             out.append(f"{where}: run requirements not in stack.toml [conda].metapackage: {', '.join(extra)}")
     return out
+
+
+def mirror_only_hashes(st: Stack) -> dict[str, str]:
+    """sha256 -> file, of the source archives the mirrors hold (stack.toml's pinned archive files, and every file a
+    mirror's MANIFEST.tsv lists): `git archive` copies, whose bytes no upstream URL serves."""
+    out = {s.sha256: s.archive for s in st.source_archives()}
+    for d in local_dirs(st):
+        try:
+            rows = (d / "MANIFEST.tsv").read_text().splitlines()
+        except OSError:
+            continue
+        header = rows[0].split("\t") if rows else []
+        if "sha256" in header and "file" in header:
+            for row in rows[1:]:
+                cells = dict(zip(header, row.split("\t")))
+                out.setdefault(cells.get("sha256", ""), cells.get("file", ""))
+    return out
+
+
+def mirror_hashes_on_remote_urls(v: Variant, st: Stack) -> list[str]:
+    """A source that pairs a remote URL with the sha256 of a mirror's copy: every build that downloads the URL stops
+    at the hash check (GitHub's tag archive has the same files as `git archive`, other bytes)."""
+    where = f"{v.recipe_path.parent.name}/{v.name}"
+    known = mirror_only_hashes(st)
+    return [f"{where}: source[{i}] pairs {src['url']} with the sha256 of the mirror's {known[str(src.get('sha256'))]}, "
+            f"not of what that URL serves (pin a git commit instead: docs/conda.md \"Sources\")"
+            for i, src in enumerate(v.sources)
+            if re.match(r"^(https?|ftp)://", str(src.get("url", ""))) and str(src.get("sha256")) in known]
 
 
 BUILD_STRING = re.compile(r"^[A-Za-z0-9_.]+$")

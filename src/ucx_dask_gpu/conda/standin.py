@@ -7,8 +7,9 @@ it can do offline, so this module stands in for exactly that and hands the rest 
 - it writes a stand-in copy of the recipe (info/recipe/recipe.yaml of the package; the original beside it as
   original-recipe.yaml) whose build requirements are empty and whose host requirements keep only what this channel
   itself provides (ucx for libucxx, libucxx for ucxx: rattler-build installs those real packages into $PREFIX), and
-  whose sources point at verified local copies of the url sources (upstream first, then the source mirrors;
-  rattler-build checks the sha256 again);
+  whose sources point at verified local copies: a url source's file by its sha256, a git source pinned to the commit
+  of a stack.toml source by that source's archive, verified by its git tree id (content_tree) like every build here
+  (upstream first, then the source mirrors; rattler-build checks the local file's sha256 again);
 - the machine's tools and libraries take the other requirements' place: the system compiler, autotools and -dev
   packages (stack.toml [debian] ucx_build_packages); for ucx the pinned PyPI CUDA wheels + driver link libraries for
   `cuda-*-dev` (CPPFLAGS/LDFLAGS, as conda's compiler activation would point at $PREFIX); for libucxx and ucxx the
@@ -51,7 +52,7 @@ from ..fsutil import atomic_path, sha256_file
 from ..stack import Stack
 from ..ucxbuild import cuda as cudamod
 from ..ucxbuild import ucxx as ucxxbuild
-from ..ucxbuild.fetch import Unreachable, default_cache_dir, fetch_file, sha256_verifier
+from ..ucxbuild.fetch import Unreachable, default_cache_dir, fetch_file, fetch_source, sha256_verifier
 from .recipes import Variant
 
 # The sonames a conda-forge package in a recipe's build/host requirements provides at run time (directly or through
@@ -152,6 +153,31 @@ def fetch_url_source(st: Stack, url: str, sha256: str, *, cache: Path, mirror_di
         raise UserError(f"source {url} ({filename}, sha256 {sha256[:12]}…) not found: {e}", SOURCE_UNREACHABLE) \
             from None
     return path
+
+
+def fetch_git_source(st: Stack, git: str, rev: str, *, cache: Path, mirror_dirs: list[Path],
+                     offline: bool = False) -> Path:
+    """The archive of a recipe's git source: the stack.toml source whose repository and commit it names, found and
+    verified as every build here finds it (fetch_source: the upstream tag archive, then the mirrors, then the cache;
+    sha256 of the pinned file or git tree id of its content). The recipe itself stays as a feedstock carries it."""
+    pinned = [s for s in st.source_archives() if s.git == git and s.commit == rev]
+    if not pinned:
+        raise UserError(f"git source {git} rev {rev[:12]}: not a source stack.toml pins (no archive of it to build "
+                        f"from without network)", RECIPE_INVALID)
+    return fetch_source(pinned[0], cache=cache, dirs=mirror_dirs, offline=offline).path
+
+
+def source_files(st: Stack, v: Variant, *, cache: Path, mirror_dirs: list[Path], offline: bool) -> dict[str, Path]:
+    """A local file for every url and git source of `v`, keyed by its url or git repository."""
+    out = {}
+    for s in v.sources:
+        if "url" in s:
+            out[str(s["url"])] = fetch_url_source(st, str(s["url"]), str(s["sha256"]), cache=cache,
+                                                  mirror_dirs=mirror_dirs, offline=offline)
+        elif "git" in s:
+            out[str(s["git"])] = fetch_git_source(st, str(s["git"]), str(s.get("rev")), cache=cache,
+                                                  mirror_dirs=mirror_dirs, offline=offline)
+    return out
 
 
 def req_name(spec: str) -> str:
@@ -353,10 +379,18 @@ def standin_recipe(v: Variant, inputs: StandinInputs, local_sources: dict[str, P
     raw = yaml.safe_load(v.recipe_path.read_text())
     out = dict(raw)
     sources = []
+    taken = []
     for src in v.sources:
         s = dict(src)
         if "url" in s:
             s["url"] = local_sources[str(s["url"])].resolve().as_uri()
+        elif "git" in s:
+            # The checkout of that commit, as its verified archive (fetch_git_source): same files, no network.
+            local = local_sources[str(s["git"])]
+            taken.append({"git": s["git"], "rev": s.get("rev"), "taken_from": local.name})
+            for key in ("git", "rev", "tag", "branch", "depth", "lfs", "submodules"):
+                s.pop(key, None)
+            s = {"url": local.resolve().as_uri(), "sha256": sha256_file(local), **s}
         elif "path" in s:
             s["path"] = str((v.recipe_path.parent / str(s["path"])).resolve())
         sources.append(s)
@@ -365,6 +399,7 @@ def standin_recipe(v: Variant, inputs: StandinInputs, local_sources: dict[str, P
                                                    "host": [h for h in v.requirements("host")
                                                             if req_name(h) not in own]},
                     "stood_in_by": inputs.notes,
+                    "git_sources_taken_from_archives": taken,
                     "sonames_left_to_the_system": inputs.provided}
     if "outputs" in raw:
         keep = _pinned_siblings(raw["outputs"], v.name)
@@ -437,9 +472,9 @@ def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror
                   build_cache: Path | None = None) -> Path:
     """Build one output with real rattler-build on its stand-in recipe; returns the .conda file.
 
-    Url sources come from `cache` (default: the repository's download cache), their url (unless offline), then
-    `mirror_dirs`. `own`: the packages of this channel built so far (name -> .conda), which `channels` serve: a host
-    requirement on one of them stays, and rattler-build installs it. `siblings`: the other outputs of a multi-output
+    Url and git sources come from `cache` (default: the repository's download cache), their upstream (unless
+    offline), then `mirror_dirs` (source_files). `own`: the packages of this channel built so far (name -> .conda),
+    which `channels` serve: a host requirement on one of them stays, and rattler-build installs it. `siblings`: the other outputs of a multi-output
     recipe rendered with the same variant values. A build with the same inputs (build_key) is taken from
     `build_cache` (default: <cache>/../conda-builds)."""
     from rattler_build import Stage0Recipe, VariantConfig
@@ -452,9 +487,7 @@ def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror
     recipe_copy = vdir / "recipe"
     shutil.copytree(v.recipe_path.parent, recipe_copy)
     cache = cache or default_cache_dir(st)
-    local = {str(s["url"]): fetch_url_source(st, str(s["url"]), str(s["sha256"]), cache=cache,
-                                             mirror_dirs=mirror_dirs, offline=offline)
-             for s in v.sources if "url" in s}
+    local = source_files(st, v, cache=cache, mirror_dirs=mirror_dirs, offline=offline)
     inputs = standin_inputs(st, v, vdir, names)
     glibc = glibc_floor(v)
     recipe = standin_recipe(v, inputs, local, glibc, names, siblings)
