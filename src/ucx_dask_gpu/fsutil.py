@@ -8,6 +8,7 @@ import contextlib
 import errno
 import fnmatch
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -103,9 +104,9 @@ def atomic_write_many(files: dict[str | os.PathLike, bytes | str]) -> list[Path]
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
             tmp = tmpdir / dest.name
+            staged.append((tmpdir, tmp, dest))  # before writing: a full disk must not leave the staging folder
             tmp.write_bytes(data.encode() if isinstance(data, str) else data)
             os.chmod(tmp, 0o644)
-            staged.append((tmpdir, tmp, dest))
         for _, tmp, dest in staged:
             os.replace(tmp, dest)
         return [dest for _, _, dest in staged]
@@ -230,11 +231,148 @@ def claim_work_dir(path: str | os.PathLike, own: Iterable[str], option: str = ""
     return d
 
 
-def keep_result(files: Mapping[str, bytes], beside: Path, stem: str, stdout: IO[str] | None = None) -> str:
+# --- what the tool wrote into a directory: its manifest -------------------------------------------------------------
+# A directory the tool writes carries MANIFEST: the names it wrote there. A later run replaces only those; anything
+# else is the user's: the command refuses (exit 9) naming it, and never replaces or removes it. A directory is
+# replaced or removed whole only when everything in it is recorded there (or it is empty): the tool never deletes a
+# directory it cannot prove it made.
+
+MANIFEST = ".ucx-dask-gpu-manifest"  # no .json/.yaml suffix: dask reads those in a config directory
+SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk or a size limit: the write, not the input
+
+
+def read_manifest(directory: str | os.PathLike) -> dict:
+    """The record of `directory`: files (paths it wrote), trees (top-level folders claimed whole), key (what the
+    writer uses to tell whether its content is current). Empty where there is none: then nothing there is ours."""
+    try:
+        data = json.loads((Path(directory) / MANIFEST).read_text())
+        return {"files": [str(f) for f in data["files"]], "trees": [str(t) for t in data["trees"]],
+                "key": data.get("key")}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {"files": [], "trees": [], "key": None}
+
+
+def write_manifest(directory: str | os.PathLike, files: Iterable[str], trees: Iterable[str] = (),
+                   key: str | None = None) -> None:
+    atomic_write_text(Path(directory) / MANIFEST, json.dumps(
+        {"files": sorted(set(files)), "trees": sorted(set(trees)), "key": key}, indent=1) + "\n")
+
+
+def record_written(directory: str | os.PathLike, names: Iterable[str]) -> None:
+    """Add `names` to the manifest, after they were written (a name recorded is one the tool wrote)."""
+    record = read_manifest(directory)
+    write_manifest(directory, [*record["files"], *names], record["trees"], record["key"])
+
+
+def unknown_entries(directory: str | os.PathLike) -> list[str]:
+    """What `directory` holds that its manifest does not record, as sorted relative paths (a folder not recorded is
+    named, not descended into)."""
+    d, record = Path(directory), read_manifest(directory)
+    files, trees = set(record["files"]), set(record["trees"])
+    unknown = []
+    for top, dirs, names in os.walk(d):
+        rel = Path(top).relative_to(d)
+        for name in list(dirs):
+            path = (rel / name).as_posix()
+            if path.split("/")[0] in trees or path not in files:
+                dirs.remove(name)  # a claimed tree is ours whole; an unknown folder is named once
+            if path.split("/")[0] not in trees and path not in files:
+                unknown.append(path)
+        unknown += [p for n in names if (p := (rel / n).as_posix()) != MANIFEST and p not in files
+                    and p.split("/")[0] not in trees]
+    return sorted(unknown)
+
+
+def _first_of(names: list[str]) -> str:
+    return names[0] + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+
+
+def refuse_unknown(directory: str | os.PathLike, option: str = "") -> None:
+    """Before the work (exit 9): refuse `directory` unless it is missing, empty, or holds only what its manifest
+    records."""
+    d = Path(directory)
+    try:
+        if not d.exists() and not d.is_symlink():
+            return
+        if d.is_symlink() or not d.is_dir():
+            _refuse(directory, "exists and is not a directory", option)
+        unknown = unknown_entries(d)
+    except OSError as e:
+        _refuse(directory, e.strerror or str(e), option)
+    if unknown:
+        _refuse(directory, f"holds {_first_of(unknown)}, which this command did not write (not in its {MANIFEST}); "
+                           "give a new or empty directory, or one it wrote before", option)
+
+
+@contextlib.contextmanager
+def replace_own_dir(dest: str | os.PathLike, option: str = "", trees: bool = False,
+                    key: str | None = None) -> Iterator[Path]:
+    """Yield a new directory to fill; when the block succeeds it replaces `dest` whole, with a manifest of everything
+    in it (`trees`: each top-level folder claimed whole, for a root filesystem whose own programs write inside it).
+    `dest` must be missing, empty, or hold only what its manifest records: else refused (exit 9) before the block
+    and again just before the replacement. A full disk or a parent that cannot be made: one line (exit 9), nothing
+    of the new directory left."""
+    refuse_unknown(dest, option)
+    body_failed: list[BaseException] = []
+    try:
+        with atomic_path(dest, replace_dir=True) as tmp:
+            tmp.mkdir()
+            try:
+                yield tmp
+            except OSError as e:
+                if e.errno in SPACE_ERRORS:
+                    raise
+                body_failed.append(e)  # the caller's own error (an input it reads), passed on as it is
+                raise
+            entries = sorted(p.name for p in tmp.iterdir()) if trees else \
+                [p.relative_to(tmp).as_posix() for p in tmp.rglob("*")]
+            write_manifest(tmp, [] if trees else entries, entries if trees else [], key)
+            refuse_unknown(dest, option)  # nothing of the user's appeared there while the work ran
+    except OSError as e:  # making the parent or the temporary directory, a full disk, the manifest, the rename
+        if body_failed:
+            raise
+        _cannot_write(dest, e, option)
+
+
+def _cannot_write(dest: str | os.PathLike, e: OSError, option: str = ""):
+    raise UserError(f"{_label(dest, option)}: cannot write ({e.strerror or e}); nothing of it was left there, "
+                    "nothing else touched", OUTPUT_REFUSED) from None
+
+
+def taken_names(directory: str | os.PathLike, files: Mapping[str, bytes | None]) -> list[str]:
+    """The names among `files` that stand in `directory` and are not the tool's (not in its manifest), sorted. A file
+    whose bytes are exactly those about to be written is not counted: replacing it loses nothing."""
+    d = Path(directory)
+    recorded = set(read_manifest(d)["files"])
+    taken = []
+    for name, data in files.items():
+        path = d / name
+        if name in recorded or not (path.exists() or path.is_symlink()):
+            continue
+        with contextlib.suppress(OSError):
+            if data is not None and path.is_file() and not path.is_symlink() and path.read_bytes() == data:
+                continue
+        taken.append(name)
+    return sorted(taken)
+
+
+def check_names_free(directory: str | os.PathLike, names: Iterable[str] | Mapping[str, bytes | str],
+                     option: str = "", overwrite_flag: str = "") -> None:
+    """Before the work (exit 9), for a command that adds files into a user's directory: refuse when a name it will
+    write (with the bytes, where known) is taken by a file it did not write; `overwrite_flag` is the option that says
+    to replace them anyway."""
+    taken = taken_names(directory, {n: _bytes(names[n]) if isinstance(names, Mapping) else None for n in names})
+    if taken:
+        how = f"; {overwrite_flag} replaces them" if overwrite_flag else ""
+        _refuse(directory, f"{_first_of(taken)} is there and this command did not write it (not in its "
+                           f"{MANIFEST}){how}", option)
+
+
+def keep_result(files: Mapping[str, bytes], beside: Path | None, stem: str, stdout: IO[str] | None = None) -> str:
     """Put what could not be written where it survives: in directory `beside` (as STEM.kept-XXXX, a file or, for
     several files, a directory), else in the temporary directory, else on `stdout` (text files only). Returns where,
     as words for the one line."""
-    for directory in (beside, None):
+    for directory in dict.fromkeys((beside, None)):
         kept = None
         try:
             directory = directory or Path(tempfile.gettempdir())  # which fails itself where no file can be made
@@ -293,7 +431,8 @@ def write_output_file(path: str | os.PathLike, data: bytes | str, stdout: IO[str
             atomic_write_bytes(target, data)
         return target
     except OSError as e:
-        where = keep_result({target.name: data}, target.parent, target.name, stdout)
+        # beside a device is /dev, no place for a user's result: the temporary directory or stdout instead
+        where = keep_result({target.name: data}, None if _in_place(target) else target.parent, target.name, stdout)
         raise UserError(f"{_label(path)}: cannot write ({e.strerror or e}); {what} is kept {where}",
                         RESULT_KEPT) from None
 
@@ -301,14 +440,21 @@ def write_output_file(path: str | os.PathLike, data: bytes | str, stdout: IO[str
 def write_output_dir(path: str | os.PathLike, files: Mapping[str, bytes | str], stdout: IO[str] | None = None,
                      what: str = "the report") -> list[Path]:
     """After the work: write these files into directory `path` (created with its parents when missing), all or none,
-    leaving everything else in it alone. When that fails, keep them (keep_result) and end with one line saying where
+    leaving everything else in it alone, and record them in its manifest. A name taken by a file it did not write
+    is not replaced. When they cannot be written, keep them (keep_result) and end with one line saying where
     (exit 18)."""
     directory = Path(path)
     data = {name: _bytes(d) for name, d in files.items()}
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        return atomic_write_many({directory / name: d for name, d in data.items()})
+        taken = taken_names(directory, data) if directory.is_dir() else []
+        if taken:
+            why = f"{_first_of(taken)} is there and this command did not write it (not in its {MANIFEST})"
+        else:
+            directory.mkdir(parents=True, exist_ok=True)
+            written = atomic_write_many({directory / name: d for name, d in data.items()})
+            record_written(directory, data)
+            return written
     except OSError as e:
-        where = keep_result(data, directory.resolve().parent, directory.resolve().name, stdout)
-        raise UserError(f"{_label(path)}: cannot write ({e.strerror or e}); {what} is kept {where}",
-                        RESULT_KEPT) from None
+        why = f"cannot write ({e.strerror or e})"
+    where = keep_result(data, directory.resolve().parent, directory.resolve().name, stdout)
+    raise UserError(f"{_label(path)}: {why}; {what} is kept {where}", RESULT_KEPT)

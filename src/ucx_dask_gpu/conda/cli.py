@@ -20,8 +20,8 @@ from . import variants as vstack
 from .variants import MODES, choose
 
 
-PACKED_HELP = ("new or empty, or recipes this command packed before, which are replaced whole; any other directory, or "
-               "a file, is refused (exit 9)")
+PACKED_HELP = ("new or empty, or recipes this command packed before (its manifest), which are replaced; a directory "
+               "holding anything else, or a file, is refused (exit 9) naming it")
 
 
 def _recipes(args, st) -> Path:

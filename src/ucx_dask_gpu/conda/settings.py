@@ -23,8 +23,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import OUTPUT_REFUSED, RECIPE_INVALID, UserError
-from ..fsutil import atomic_path, atomic_write_bytes
+from ..errors import RECIPE_INVALID, UserError
+from ..fsutil import atomic_write_bytes, replace_own_dir
 from ..stack.lock import canonical, load_lock
 from ..stack import SourceArchive, Stack
 
@@ -301,15 +301,11 @@ def _packed_recipe_text(st: Stack, recipe: str, text: str, origin: Path) -> str:
 
 
 def pack(st: Stack, dest: Path, recipes_dir: Path | None = None) -> Path:
-    """Every recipe folder as a build or a feedstock takes it, into `dest` (replaced whole): the committed folder,
-    the patches of ucx-src-build copied into patches/ and listed, and the fallback variant config beside them."""
+    """Every recipe folder as a build or a feedstock takes it, into `dest` (what an earlier pack wrote there is
+    replaced; anything else there is refused, fsutil.replace_own_dir): the committed folder, the patches of
+    ucx-src-build copied into patches/ and listed, and the fallback variant config beside them."""
     recipes_dir = (recipes_dir or st.root / "recipes").resolve()
-    mine = set(RECIPES) | {PINNING_PATH.name}
-    if dest.is_file() or (dest.is_dir() and any(p.name not in mine for p in dest.iterdir())):
-        raise UserError(f"{dest}: not empty and not recipes this command packed; give a new or empty directory",
-                        OUTPUT_REFUSED)
-    with atomic_path(dest, replace_dir=True) as tmp:
-        tmp.mkdir(parents=True)
+    with replace_own_dir(dest) as tmp:
         shutil.copy2(recipes_dir / PINNING_PATH.name, tmp / PINNING_PATH.name)
         for recipe in RECIPES:
             origin = recipes_dir / recipe

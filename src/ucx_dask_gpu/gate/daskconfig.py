@@ -25,8 +25,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from ..errors import OUTPUT_REFUSED, USAGE, UserError
-from ..fsutil import atomic_write_many
+from ..errors import USAGE, UserError
+from ..fsutil import check_names_free, check_output_dir, write_output_dir
 
 # The worker preload that lets a worker close without a heartbeat traceback (quietclose.py), as dask config names it.
 QUIET_CLOSE = "ucx_dask_gpu.gate.quietclose"
@@ -61,13 +61,10 @@ def render(transports: str, tuned: bool = True) -> dict[str, str]:
 
 def install(dest: str | os.PathLike, transports: str = "auto", tuned: bool = True) -> list[Path]:
     files = render(transports, tuned)
-    dest = Path(dest)
-    if dest.exists() and not dest.is_dir():
-        raise UserError(f"{dest} exists and is not a directory", OUTPUT_REFUSED)
-    try:
-        return atomic_write_many({dest / name: text for name, text in files.items()})
-    except OSError as e:
-        raise UserError(f"cannot write dask config into {dest}: {e.strerror}", OUTPUT_REFUSED) from None
+    # beside the host's own dask config: only the files an earlier install wrote are replaced (fsutil's manifest)
+    check_output_dir(dest)  # the CLI checked it; the conda package's build script calls this directly
+    check_names_free(dest, files)
+    return write_output_dir(dest, files, what="the dask config")
 
 
 def load_installed(dest: str | os.PathLike) -> dict:
