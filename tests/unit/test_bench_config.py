@@ -138,8 +138,8 @@ def test_config_files(tmp_path):
 def test_tuned_file_keeps_the_measured_combination():
     """tuned-gpu.yaml keeps what the 2xH200 run measured (its base config plus the combined knob, which beat the base)
     except where its lines say why: an RMM pool for the receive buffers (measured since, on one H200), no
-    create-cuda-context (every host gets the file; a UCX scheduler without GPU cannot make a CUDA context) and no
-    array.chunk-size (dropped: the harness has not measured it)."""
+    create-cuda-context (every host gets the file; a UCX scheduler without GPU cannot make a CUDA context), no
+    array.chunk-size (dropped: the harness has not measured it) and no max-rndv-rails (UCXX sets 1 itself)."""
     from ucx_dask_gpu.gate.daskconfig import flatten
 
     rec = json.loads((RESULTS / "transpose-128MiB-combined-knobs.json").read_text())
@@ -154,7 +154,8 @@ def test_tuned_file_keeps_the_measured_combination():
         dask.config.set({f"{config.PRE_SPAWN}.{name}": value}, config=measured)
     shipped = dict(flatten(config.load_config("tuned", False)))
     changed = {k for k, v in flatten(measured) if shipped.get(k, "absent") != v}
-    assert changed == {"ucx-dask-gpu.cluster.rmm-pool-size", "distributed-ucxx.create-cuda-context", "array.chunk-size"}
+    assert changed == {"ucx-dask-gpu.cluster.rmm-pool-size", "distributed-ucxx.create-cuda-context", "array.chunk-size",
+                       "distributed-ucxx.environment.max-rndv-rails"}
 
 
 def test_the_fastpath_variant_list_parses_whole():
