@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import dask
 import pytest
@@ -55,6 +56,58 @@ def test_without_the_keys_distributed_keeps_its_own():
         assert run(_intervals()) == DISTRIBUTED
 
 
+async def _gap_after_a_batch(interval: float) -> float:
+    """Seconds between two messages of one BatchedSend over a real comm, the second sent right after the first
+    batch went out, with `interval` set on the stream after it was made (as the preload sets it)."""
+    from distributed.batched import BatchedSend
+    from distributed.comm import connect, listen
+
+    arrived: asyncio.Queue = asyncio.Queue()
+
+    async def handle(comm):
+        while True:
+            try:
+                msgs = await comm.read()
+            except Exception:  # the peer closed: this handler's work is done
+                return
+            for m in msgs:
+                arrived.put_nowait((m, time.monotonic()))
+
+    async with listen("inproc://", handle) as listener:
+        comm = await connect(listener.contact_address)
+        stream = BatchedSend(interval="10ms")
+        stream.start(comm)
+        stream.interval = interval
+        stream.send("a")
+        (_, first) = await arrived.get()
+        stream.send("b")
+        (_, second) = await arrived.get()
+        await stream.close()
+    return second - first
+
+
+def test_distributed_waits_the_interval_set_on_the_stream():
+    """The mechanism, not the attribute: a distributed that stopped reading `interval` would send the second message
+    at once with 0.5 s set (a test reading the attribute back would not see that). Margins far above scheduling noise;
+    no speed is asserted."""
+    slow, fast = run(_gap_after_a_batch(0.5)), run(_gap_after_a_batch(0.0))
+    assert slow >= 0.4, slow
+    assert fast < 0.2, fast
+
+
+def test_a_stream_without_interval_is_one_warning(caplog):
+    class Stream:  # what a distributed whose BatchedSend dropped the attribute would hand over
+        pass
+
+    stream = Stream()
+    with caplog.at_level(logging.WARNING, logger="distributed.ucx_dask_gpu.tuning"):
+        tuning._set(stream, 0.001)
+    assert not hasattr(stream, "interval")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ucx-dask-gpu: Stream has no `interval` in this distributed: {tuning.PREFIX}.* cannot apply, distributed's "
+        "own intervals stay"]
+
+
 def test_a_value_that_is_not_a_duration_is_one_warning_and_changes_nothing(caplog):
     with caplog.at_level(logging.WARNING, logger="distributed.ucx_dask_gpu.tuning"):
         with dask.config.set({f"{tuning.PREFIX}.worker-interval": "fast", f"{tuning.PREFIX}.client-interval": -1}):
@@ -98,3 +151,12 @@ def test_who_takes_the_pool(launcher, why):
     ours = tuning.rmm_pool_plugin("8GiB")  # what the key makes: the same plugin as --rmm-pool-size 8GiB alone
     assert {k: getattr(ours, k) for k in ("initial_pool_size", "managed_memory", "async_alloc", "external_lib_list")} \
         == {"initial_pool_size": "8GiB", "managed_memory": False, "async_alloc": False, "external_lib_list": None}
+
+
+def test_a_worker_without_pending_plugins_says_it_cannot_tell():
+    """distributed keeps dask-cuda's RMMSetup in the private Worker._pending_plugins until start: without that
+    attribute the pool is not applied and the start-up line says why, instead of 'not a dask-cuda worker'."""
+    worker = Worker("tcp://127.0.0.1:1", dashboard_address=":0")
+    assert hasattr(worker, "_pending_plugins"), "this distributed keeps pending plugins elsewhere: see why_no_pool"
+    del worker._pending_plugins
+    assert tuning.why_no_pool(worker).startswith("cannot tell: this distributed's Worker has no _pending_plugins")

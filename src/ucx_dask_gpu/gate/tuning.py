@@ -66,8 +66,14 @@ def interval(name: str) -> float | None:
 
 
 def _set(stream, seconds: float | None) -> None:
-    if stream is not None and seconds is not None and hasattr(stream, "interval"):
-        stream.interval = seconds
+    if stream is None or seconds is None:
+        return
+    if not hasattr(stream, "interval"):
+        # A distributed whose BatchedSend no longer reads `interval`: say so rather than set an attribute nobody reads.
+        logger.warning("ucx-dask-gpu: %s has no `interval` in this distributed: %s.* cannot apply, distributed's own "
+                       "intervals stay", type(stream).__name__, PREFIX)
+        return
+    stream.interval = seconds
 
 
 class BatchedSendIntervals(SchedulerPlugin):
@@ -134,7 +140,9 @@ def why_no_pool(worker) -> str | None:
     hands it its RMMSetup as a plugin that runs after the preloads (Worker._pending_plugins, distributed 2026.7); a
     plain `dask worker` on a GPU host gets none (it may not use the GPU at all), and one whose RMMSetup sets up a pool,
     async or managed memory keeps what its launcher chose."""
-    setups = [p for p in getattr(worker, "_pending_plugins", ()) or () if type(p).__name__ == "RMMSetup"]
+    if not hasattr(worker, "_pending_plugins"):
+        return "cannot tell: this distributed's Worker has no _pending_plugins (where dask-cuda's RMMSetup waits)"
+    setups = [p for p in worker._pending_plugins or () if type(p).__name__ == "RMMSetup"]
     if not setups:
         return "not a dask-cuda worker"
     if any(getattr(p, "initial_pool_size", None) is not None or getattr(p, "async_alloc", False)
