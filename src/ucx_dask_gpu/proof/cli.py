@@ -115,7 +115,8 @@ def _cmd_transpose(args) -> int:
 def _cmd_from_map(args) -> int:
     check_wait_args(args)
     paths, columns = prepare_dataset(args.path, args.format, args.files, args.rows,
-                                     [c for c in args.columns.split(",") if c], args.seed, not args.no_write)
+                                     [c for c in args.columns.split(",") if c], args.seed, not args.no_write,
+                                     args.overwrite)
     return _run(args, lambda c: run_from_map(c, paths, args.format, columns, args.retries, args.timeout))
 
 
@@ -153,11 +154,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(t)
     t.set_defaults(func=_cmd_transpose)
     f = s.add_parser("from-map", help="dd.from_map Parquet/Feather reader with column projection, checked")
-    f.add_argument("path", help="directory shared with the workers (files are written there unless --no-write)")
+    f.add_argument("path", help="directory shared with the workers: part-NNNNN files are written there (unless "
+                                "--no-write) beside what else it holds; a name taken by a file no earlier run wrote "
+                                "is refused (exit 9)")
     f.add_argument("--format", choices=sorted(FORMATS), default="parquet")
     f.add_argument("--files", type=int, default=8, help="files to write, one partition each (default 8)")
     f.add_argument("--rows", type=int, default=50_000, help="rows per file (default 50000)")
     f.add_argument("--columns", default="a,b", help=f"columns to sum, among {','.join(NUMERIC_COLUMNS)} (default a,b)")
     f.add_argument("--no-write", action="store_true", help="read the files already in PATH")
+    f.add_argument("--overwrite", action="store_true", help="replace part-NNNNN files in PATH that no earlier run wrote")
     _common(f)
     f.set_defaults(func=_cmd_from_map)

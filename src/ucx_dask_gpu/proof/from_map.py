@@ -10,8 +10,8 @@ import time
 import uuid
 from pathlib import Path
 
-from ..errors import DATA_INVALID, USAGE, UserError
-from ..fsutil import atomic_path
+from ..errors import DATA_INVALID, OUTPUT_REFUSED, USAGE, UserError
+from ..fsutil import OutputDir, atomic_path, check_names_free, check_output_dir, record_written
 from ..gate.identity import compare_versions
 from .client import LOST_AFTER_S, RTOL, Watch, scheme, warm_up
 
@@ -36,26 +36,38 @@ def dataset_table(index: int, rows: int, seed: int):
     })
 
 
-def write_dataset(directory: str | Path, fmt: str, files: int, rows: int, seed: int) -> list[Path]:
-    """Write the files (each atomically: a reader never sees half a file); returns their paths."""
+def write_dataset(directory: str | Path, fmt: str, files: int, rows: int, seed: int,
+                  overwrite: bool = False) -> list[Path]:
+    """Write the files (each atomically: a reader never sees half a file) into the user's directory, beside what is
+    there: a name taken by a file an earlier run did not write (fsutil's manifest) is refused before anything is
+    written (exit 9), unless `overwrite`. Returns their paths."""
     import pyarrow.feather as feather
     import pyarrow.parquet as pq
 
-    directory = Path(directory)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create {directory}: {e.strerror}", DATA_INVALID) from None
+    directory = OutputDir(directory)
+    directory.option = "PATH"
+    names = [f"part-{index:05d}{FORMATS[fmt]}" for index in range(files)]
+    check_output_dir(directory)
+    if not overwrite:
+        check_names_free(directory, names, overwrite_flag="--overwrite")
     paths = []
-    for index in range(files):
-        path = directory / f"part-{index:05d}{FORMATS[fmt]}"
-        table = dataset_table(index, rows, seed)
-        with atomic_path(path) as tmp:
-            if fmt == "parquet":
-                pq.write_table(table, tmp, row_group_size=max(1, rows // 4))
-            else:
-                feather.write_feather(table, tmp)
-        paths.append(path)
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        for index, name in enumerate(names):
+            path = Path(directory) / name
+            table = dataset_table(index, rows, seed)
+            with atomic_path(path) as tmp:
+                if fmt == "parquet":
+                    pq.write_table(table, tmp, row_group_size=max(1, rows // 4))
+                else:
+                    feather.write_feather(table, tmp)
+            paths.append(path)
+        record_written(directory, names)
+    except OSError as e:  # a full disk midway: generated data, nothing worth keeping; what this run wrote goes
+        for path in paths:
+            path.unlink(missing_ok=True)
+        raise UserError(f"{directory}: cannot write {len(names)} files ({e.strerror or e}); this run's files "
+                        "removed, nothing else touched", OUTPUT_REFUSED) from None
     return paths
 
 
@@ -150,7 +162,8 @@ def from_map_expected(paths: list[Path], fmt: str, columns: list[str]) -> dict[s
 
 
 def prepare_dataset(directory: str | Path, fmt: str = "parquet", files: int = 8, rows: int = 50_000,
-                    columns: list[str] | None = None, seed: int = 0, write: bool = True) -> tuple[list[Path], list[str]]:
+                    columns: list[str] | None = None, seed: int = 0, write: bool = True,
+                    overwrite: bool = False) -> tuple[list[Path], list[str]]:
     """Validate the arguments and write (or find) the files, before any cluster starts: (paths, columns)."""
     if fmt not in FORMATS:
         raise UserError(f"unknown format {fmt!r} (expected parquet or feather)", USAGE)
@@ -162,7 +175,7 @@ def prepare_dataset(directory: str | Path, fmt: str = "parquet", files: int = 8,
     if write:
         if files <= 0 or rows <= 0:
             raise UserError(f"--files and --rows must be positive (got {files}, {rows})", USAGE)
-        paths = write_dataset(directory, fmt, files, rows, seed)
+        paths = write_dataset(directory, fmt, files, rows, seed, overwrite)
     else:
         paths = find_dataset(directory, fmt)
     expected_columns = dataset_table(0, 1, seed).column_names
