@@ -445,6 +445,7 @@ def write_output_dir(path: str | os.PathLike, files: Mapping[str, bytes | str], 
     (exit 18)."""
     directory = Path(path)
     data = {name: _bytes(d) for name, d in files.items()}
+    created = not directory.exists()
     try:
         taken = taken_names(directory, data) if directory.is_dir() else []
         if taken:
@@ -456,5 +457,8 @@ def write_output_dir(path: str | os.PathLike, files: Mapping[str, bytes | str], 
             return written
     except OSError as e:
         why = f"cannot write ({e.strerror or e})"
+        if created:  # the empty directory this run made is no output either
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
     where = keep_result(data, directory.resolve().parent, directory.resolve().name, stdout)
     raise UserError(f"{_label(path)}: {why}; {what} is kept {where}", RESULT_KEPT)

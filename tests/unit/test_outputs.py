@@ -331,7 +331,7 @@ def test_tls_init_leaves_the_users_files_even_those_named_like_its_scratch_files
     rc, err = _run(["tls", "init", str(d)], capsys)
     assert rc == 0, err
     names = sorted(p.name for p in d.iterdir())
-    assert names == ["ca.key", "ca.pem", "ca.srl", "client.key", "client.pem", "notes.txt", "san.cnf",
+    assert names == [fsutil.MANIFEST, "ca.key", "ca.pem", "ca.srl", "client.key", "client.pem", "notes.txt", "san.cnf",
                      "scheduler.key", "scheduler.pem", "worker.key", "worker.pem"]
     assert all((d / n).read_text() == f"my {n}" for n in ("san.cnf", "ca.srl", "notes.txt"))
     assert oct((d / "ca.key").stat().st_mode & 0o777) == "0o600"
