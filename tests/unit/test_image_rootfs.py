@@ -104,7 +104,7 @@ def test_nothing_half_written_when_the_source_fails(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "the export or its temporary directory left behind"
     (tmp_path / "export").mkdir()
     (tmp_path / "export" / "mine.txt").write_text("kept")
-    with pytest.raises(UserError, match="exists") as err:
+    with pytest.raises(UserError, match="holds mine.txt, which this command did not write") as err:
         rootfs.pack(["true"], tmp_path / "export", {}, {}, part_size=MIB)
     assert err.value.exit_code == OUTPUT_REFUSED and (tmp_path / "export" / "mine.txt").read_text() == "kept"
 

@@ -41,6 +41,8 @@ WRITING = {
     ("image", "demo", "--json"): "file",
     ("image", "export-rootfs", "dir"): "dir",
     ("image", "role-hook", "--dest"): "dir",
+    ("image", "rootfs-receive", "--parts"): "dir",
+    ("image", "rootfs-run", "--root"): "dir",
     ("image", "rootfs-run", "out"): "dir",
     ("repro", "check", "--clone-dir"): "dir",
     ("repro", "check", "--json"): "file",
@@ -65,7 +67,7 @@ WRITING = {
 
 # Names that usually mean "write here", and the options by such names that do not write (with the reason).
 WRITING_NAME = re.compile(r"^(--?(o|out|output|json|dest|prefix|packed|work|work-dir|raw-dir|record-.*|.*-file|stamp"
-                          r"|.*-dir)|dir|out|dest)$")
+                          r"|.*-dir|parts|root)|dir|out|dest)$")
 NOT_WRITTEN = {
     ("stack", "--file"): "stack.toml, read",
     ("image", "--stack-file"): "stack.toml, read",
@@ -75,6 +77,7 @@ NOT_WRITTEN = {
     ("ucx", "verify", "--prefix"): "the UCX prefix to check, read",
     ("ucx", "build", "--cuda-link-dir"): "libcuda.so and libnvidia-ml.so to link with, read",
     ("tls", "env", "dir"): "where the certificates are, printed",
+    ("image", "rootfs-run", "--parts"): "the received parts, read",
 }
 
 

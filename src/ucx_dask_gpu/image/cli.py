@@ -332,7 +332,8 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
                                            "a machine without Docker; one batch directory per part")
     x.add_argument("image")
     add_output(x, "dir", kind="dir", help="where the parts go",
-               note="a new directory, made whole at the end: an existing one, or a file there, is refused (exit 9)")
+               note="new, or one this command exported into before (its manifest), made whole at the end; one holding "
+                    "anything else, or a file, is refused (exit 9) naming it")
     x.add_argument("--part-size", default=rootfs.DEFAULT_PART_SIZE,
                    help=f"largest part, e.g. 200MiB (default {rootfs.DEFAULT_PART_SIZE}): size it for how the parts "
                         f"travel (a file-size or upload limit, removable media); {SIZE_HELP}")
@@ -346,7 +347,10 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     rv = s.add_parser("rootfs-receive", help="move one batch of exported parts into the parts directory, check them, "
                                              "say which are missing")
     rv.add_argument("batch", help="a batch-NN directory of `export-rootfs`")
-    rv.add_argument("--parts", help=parts_help)
+    add_output(rv, "--parts", kind="dir", help=parts_help,
+               note="a directory, created when missing: the parts, manifest.json and image-config.json are moved in "
+                    "beside what else it holds; a name taken by a file no earlier receive wrote, or a file there, is "
+                    "refused (exit 9)")
     rv.set_defaults(func=_cmd_rootfs_receive)
 
     rr = s.add_parser("rootfs-run", help="as root, without Docker: unpack the received parts, mount /proc /sys /dev, "
@@ -354,8 +358,10 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
                                          "chrooted as the image's user, check, stop, write OUT/image-rootfs.tgz")
     add_output(rr, "out", kind="dir", help="directory for result.json and image-rootfs.tgz")
     rr.add_argument("--parts", help=parts_help)
-    rr.add_argument("--root", help="where to unpack (default: stack.toml [gpu_host].root; reused when it holds this "
-                                   "export)")
+    add_output(rr, "--root", kind="dir", help="where to unpack (default: stack.toml [gpu_host].root; reused when it "
+                                              "holds this export)",
+               note="new, empty, or one this command unpacked before (its manifest), which is replaced; one holding "
+                    "anything else, or a file, is refused (exit 9) naming it")
     rr.add_argument("--no-unshare", dest="unshare", action="store_false",
                     help="mount in this mount namespace (as where none can be made); unmounted at the end")
     mode = rr.add_mutually_exclusive_group()

@@ -30,18 +30,17 @@ import os
 import secrets
 import shutil
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..errors import OUTPUT_REFUSED, ROOTFS_INVALID, USAGE, UserError
+from .. import fsutil
 from ..fsutil import atomic_write_text, sha256_file
 from .docker import docker_bin, image_inspect
 
 MANIFEST = "manifest.json"
 CONFIG = "image-config.json"
-MARK = ".ucx-dask-gpu-rootfs"
 MIB = 1 << 20
 DEFAULT_PART_SIZE = "1GiB"    # export-rootfs --part-size: smaller where a file-size or transfer limit applies
 CHUNK = 4 * MIB
@@ -75,6 +74,7 @@ def _pump(src, dst, digest) -> None:
 def export_rootfs(image: str, out: str | os.PathLike, part_size: int, level: int = 19,
                   compression: str = "zstd") -> dict:
     """Export `image`'s filesystem into `out` (see the module doc); returns the manifest."""
+    fsutil.refuse_unknown(out)  # before Docker works: pack() checks again at the end
     meta = image_inspect(image)
     if meta is None:
         raise UserError(f"no image {image} (build it: scripts/build_image.sh)", USAGE)
@@ -98,12 +98,9 @@ def pack(tar_command: list[str], out: str | os.PathLike, identity: dict, config:
     `identity`, image config `config`); written in a temporary directory beside it and renamed when complete."""
     if part_size < MIB:
         raise UserError(f"--part-size must be at least 1 MiB (got {part_size} bytes)", USAGE)
-    out = Path(out)
-    if out.exists():
-        raise UserError(f"{out} exists: export into a new directory", OUTPUT_REFUSED)
     compress = _compressor(compression, level)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))  # a name nobody else uses
-    try:
+    # a new directory, or one this command exported before (replaced; anything else there is refused, exit 9)
+    with fsutil.replace_own_dir(out, getattr(out, "option", "")) as tmp:
         source = subprocess.Popen(tar_command, stdout=subprocess.PIPE)
         compressor = subprocess.Popen(compress, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         tar_digest = CountingSha256()
@@ -130,10 +127,6 @@ def pack(tar_command: list[str], out: str | os.PathLike, identity: dict, config:
         for d in [tmp, *(tmp / b for b in manifest["batches"])]:
             atomic_write_text(d / MANIFEST, json.dumps(manifest, indent=2) + "\n")
             atomic_write_text(d / CONFIG, json.dumps(config, indent=2) + "\n")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    tmp.rename(out)
     return manifest
 
 
@@ -214,25 +207,38 @@ def receive(batch: str | os.PathLike, parts_dir: str | os.PathLike) -> dict:
     """Move a batch's part(s) (and the manifest and config) into `parts_dir`, check them; report what is missing."""
     batch, parts_dir = Path(batch), Path(parts_dir)
     manifest = read_manifest(batch)
-    parts_dir.mkdir(parents=True, exist_ok=True)
     known = {p["name"]: p for p in manifest["parts"]}
     if (parts_dir / MANIFEST).is_file():
         have = read_manifest(parts_dir)
         if have.get("archive_sha256") != manifest.get("archive_sha256"):
             raise UserError(f"{parts_dir} holds parts of another export ({have.get('image')}, archive "
                             f"{str(have.get('archive_sha256'))[:12]}): remove it first", ROOTFS_INVALID)
-    for name in (MANIFEST, CONFIG):
-        shutil.copyfile(batch / name, parts_dir / name)
+    incoming = [f for f in sorted(batch.iterdir()) if f.name in known]
+    # the parts directory may hold the user's files too: a name taken by one no earlier receive wrote stays theirs
+    fsutil.check_output_dir(parts_dir)
+    fsutil.check_names_free(parts_dir, {MANIFEST: (batch / MANIFEST).read_bytes(), CONFIG: (batch / CONFIG).read_bytes(),
+                                        **{f.name: None for f in incoming}}, "--parts")
     moved = []
-    for f in sorted(batch.iterdir()):
-        if f.name in known:
+    try:
+        parts_dir.mkdir(parents=True, exist_ok=True)
+        for name in (MANIFEST, CONFIG):
+            shutil.copyfile(batch / name, parts_dir / name)
+        for f in incoming:
             dest = parts_dir / f.name
-            shutil.move(str(f), dest)
+            try:
+                shutil.move(str(f), dest)  # a copy across file systems: a half copy is no part
+            except OSError:
+                dest.unlink(missing_ok=True)
+                raise
             problem = _check_part(dest, known[f.name])
             if problem:
                 dest.unlink()
                 raise UserError(f"{f.name}: {problem}: copy it again", ROOTFS_INVALID)
             moved.append(f.name)
+        fsutil.record_written(parts_dir, [MANIFEST, CONFIG, *moved])
+    except OSError as e:  # a full disk midway: what was moved stays a whole, checked part; the rest stays in the batch
+        raise UserError(f"--parts {parts_dir}: cannot write ({e.strerror or e}); received "
+                        f"{', '.join(moved) or 'no part'}, the rest is still in {batch}", OUTPUT_REFUSED) from None
     missing = [p["name"] for p in manifest["parts"] if not (parts_dir / p["name"]).is_file()]
     return {"moved": moved, "missing": missing, "parts": len(manifest["parts"]), "image": manifest["image"]}
 
@@ -300,37 +306,34 @@ def _decompressed(chunks: Iterable[bytes], compression: str) -> Iterator[bytes]:
 
 
 def unpack(root: str | os.PathLike, parts_dir: str | os.PathLike) -> dict:
-    """Unpack the verified parts into `root` as root (owners, modes kept); reuse an unpack of the same archive."""
+    """Unpack the verified parts into `root` as root (owners, modes kept); reuse an unpack of the same archive. A root
+    holding anything an earlier unpack did not make is refused (exit 9), never removed (fsutil.replace_own_dir; the
+    image's top-level folders are claimed whole: its programs write inside them when it runs)."""
     parts_dir, root = Path(parts_dir), Path(root)
     manifest = verify_parts(parts_dir)
-    mark = root / MARK
-    if mark.is_file() and mark.read_text().strip() == manifest["archive_sha256"]:
+    if fsutil.read_manifest(root)["key"] == manifest["archive_sha256"]:
         return {"root": str(root), "reused": True, "manifest": manifest}
     if os.geteuid() != 0:
         raise UserError("unpacking the image's filesystem keeps its owners: run as root", ROOTFS_INVALID)
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    tar = subprocess.Popen(["tar", "-x", "-p", "--numeric-owner", "-C", str(root), "-f", "-"], stdin=subprocess.PIPE,
-                           stderr=subprocess.PIPE)
-    digest = CountingSha256()
-    try:
-        for data in _decompressed(_archive_chunks(parts_dir, manifest), manifest["compression"]):
-            digest.update(data)
-            tar.stdin.write(data)
-    except (BrokenPipeError, UserError) as e:
-        tar.kill()
-        shutil.rmtree(root, ignore_errors=True)
-        if isinstance(e, UserError):
-            raise
-        raise UserError(f"tar stopped unpacking into {root}: {tar.stderr.read().decode()[-200:]}",
-                        ROOTFS_INVALID) from None
-    tar.stdin.close()
-    err = tar.stderr.read().decode().strip()
-    if tar.wait() != 0 or digest.hexdigest() != manifest["rootfs_sha256"]:
-        shutil.rmtree(root, ignore_errors=True)
-        why = f"tar failed: {err[-200:]}" if tar.returncode else "the unpacked tar's sha256 differs from the manifest"
-        raise UserError(f"unpacking into {root}: {why}", ROOTFS_INVALID)
-    mark.write_text(manifest["archive_sha256"] + "\n")
+    with fsutil.replace_own_dir(root, "--root", trees=True, key=manifest["archive_sha256"]) as new:
+        tar = subprocess.Popen(["tar", "-x", "-p", "--numeric-owner", "-C", str(new), "-f", "-"],
+                               stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+        digest = CountingSha256()
+        try:
+            for data in _decompressed(_archive_chunks(parts_dir, manifest), manifest["compression"]):
+                digest.update(data)
+                tar.stdin.write(data)
+        except (BrokenPipeError, UserError) as e:
+            tar.kill()
+            if isinstance(e, UserError):
+                raise
+            raise UserError(f"tar stopped unpacking into {root}: {tar.stderr.read().decode()[-200:]}",
+                            ROOTFS_INVALID) from None
+        tar.stdin.close()
+        err = tar.stderr.read().decode().strip()
+        if tar.wait() != 0 or digest.hexdigest() != manifest["rootfs_sha256"]:
+            why = f"tar failed: {err[-200:]}" if tar.returncode else "the unpacked tar's sha256 differs from the manifest"
+            raise UserError(f"unpacking into {root}: {why}", ROOTFS_INVALID)
     return {"root": str(root), "reused": False, "manifest": manifest, "bytes": digest.bytes}
 
 
