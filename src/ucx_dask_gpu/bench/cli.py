@@ -1,4 +1,4 @@
-"""`ucx-dask-gpu bench transpose|svd|transfer|render`: one subcommand per study (each also runs alone as
+"""`ucx-dask-gpu bench transpose|svd|transfer|idle|render`: one subcommand per study (each also runs alone as
 `python -m ucx_dask_gpu.bench.<study>`, which a bare GPU host can run without the CLI's other commands)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import BENCH_CONFIG, UserError
-from . import common, render, svd, transfer, transpose
+from . import common, idle, render, svd, transfer, transpose
 
 STUDIES = (transpose.STUDY, svd.STUDY, transfer.STUDY)
 
@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           epilog=common.build_parser(study).epilog, formatter_class=argparse.RawTextHelpFormatter)
         common.add_arguments(sp, study)
         sp.set_defaults(func=common.cli_run(study))
+    idle.register(s)
     r = s.add_parser("render", help="draw NAME.md and NAME.png again from NAME.json (e.g. where matplotlib is)")
     r.add_argument("json", help="a NAME.json written by a study")
     r.set_defaults(func=_render)

@@ -1,24 +1,78 @@
-"""Idle CPU of a cluster's processes: the share of one core each process used over a window in which nothing was
-submitted. A Dask process whose UCX requests are polled runs at ~100 % of a core (or all the share a loaded host
-gives it); one that waits on UCX's events, at a few percent (heartbeats, the event loop's tick)."""
+"""`ucx-dask-gpu bench idle` (also `python -m ucx_dask_gpu.bench.idle`): the CPU each process of an idle cluster uses,
+the cluster started with the launchers users run — `dask scheduler`, `dask cuda worker` (GPU: each worker on the GPU
+it is given; `--shared-gpu I` puts them all on GPU I) or `dask worker` (`--cpu`: UCX over TCP), and a client process
+holding a connected Client — one cluster per variant (bench/config.py variants: protocol, dask config, environment),
+nothing submitted.
+
+A Dask process whose UCX requests are polled runs at ~100 % of a core; one that waits on UCX's events, at a few
+percent (heartbeats, the event loop's tick). Measured after the clusters settle: `--windows` windows of `--window`
+seconds, the clusters taking turns (all alive, all idle); per process the median share of one core over its windows.
+"""
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import textwrap
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import psutil
 
+from ..cliutil import Parser, Progress, add_output, run_parsed
+from ..errors import BENCH_FAILED, USAGE, UserError
+from ..report import write_report
+from . import config, provenance, stats
+
+SCHEMA_VERSION = 1
+say = Progress("bench idle: ")
+
+# A client connected and doing nothing: what a notebook holding a Client is between computations.
+IDLE_CLIENT = textwrap.dedent("""
+    import sys, time
+    from distributed import Client
+    with Client(scheduler_file=sys.argv[1], timeout=60) as c:
+        c.wait_for_workers(int(sys.argv[2]), timeout=120)
+        print("ready", flush=True)
+        time.sleep(24 * 3600)
+""")
+
+
+# --- measuring ------------------------------------------------------------------------------------------------------
+
+def _child_kind(process: psutil.Process) -> str:
+    """What a launcher's child is, from its command line (a nanny's worker process is multiprocessing's spawn)."""
+    try:
+        cmdline = " ".join(process.cmdline())
+    except psutil.Error:
+        return "child"
+    for marker, kind in (("resource_tracker", "resource-tracker"), ("forkserver", "forkserver"),
+                         ("spawn_main", "worker-process")):
+        if marker in cmdline:
+            return kind
+    return "child"
+
 
 def with_children(pids: Mapping[str, int]) -> dict[str, int]:
-    """Each named process and its descendants (a nanny's worker process, a launcher's children), as `name/child-N`."""
+    """Each named process and its descendants (a nanny's worker process, multiprocessing's resource tracker), as
+    `name/KIND[-N]`."""
     out = dict(pids)
     for name, pid in pids.items():
         try:
             children = psutil.Process(pid).children(recursive=True)
         except psutil.NoSuchProcess:
             continue
-        for i, child in enumerate(sorted(children, key=lambda c: c.pid)):
-            out[f"{name}/child-{i}"] = child.pid
+        for child in sorted(children, key=lambda c: c.pid):
+            label, n = f"{name}/{_child_kind(child)}", 1
+            while label in out:
+                n += 1
+                label = f"{name}/{_child_kind(child)}-{n}"
+            out[label] = child.pid
     return out
 
 
@@ -40,3 +94,208 @@ def idle_shares(pids: Mapping[str, int], seconds: float) -> dict[str, float | No
     wall = time.monotonic() - start
     return {name: None if before[name] is None or after[name] is None else (after[name] - before[name]) / wall
             for name in processes}
+
+
+# --- the clusters ---------------------------------------------------------------------------------------------------
+
+class Launched:
+    """One variant's cluster as its launchers start it: scheduler, workers, an idle client; every process in a
+    session of its own, so that stopping it leaves nothing behind."""
+
+    def __init__(self, variant: config.Variant, gpus: list[str] | None, workers: int, tmp: Path, python: str):
+        self.variant, self.dir = variant, tmp / variant.name.replace("/", "-")
+        cfg = config.write_config(self.dir / "dask-config", variant.tree)
+        self.env = config.child_env(dict(os.environ), cfg, tmp / "empty", variant.env, variant.unset)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.sched_file = self.dir / "scheduler.json"
+        self._start("scheduler", [python, "-m", "dask", "scheduler", "--protocol", variant.protocol, "--host",
+                                  "127.0.0.1", "--port", "0", "--dashboard-address", ":0", "--scheduler-file",
+                                  str(self.sched_file)])
+        for i in range(workers):
+            launcher = ["cuda", "worker"] if gpus else ["worker", "--nthreads", "1"]
+            env = {"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else {}
+            self._start(f"w{i}-nanny", [python, "-m", "dask", *launcher, "--scheduler-file", str(self.sched_file),
+                                        "--name", f"w{i}", "--dashboard-address", ":0", "--local-directory",
+                                        str(self.dir / f"w{i}-space")], env)
+        self.workers = workers
+        self.python = python
+
+    def _start(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / f"{name}.log", "wb") as log:
+            self.procs[name] = subprocess.Popen(argv, env={**self.env, **(env or {})}, stdout=log,
+                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                start_new_session=True)
+
+    def connect_client(self, timeout: float) -> None:
+        """Once the scheduler file exists, the idle client; returns when it sees every worker."""
+        deadline = time.monotonic() + timeout
+        while not self.sched_file.exists():
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise UserError(f"{self.variant.name}: the scheduler did not start within {timeout:.0f} s "
+                                f"(log: {self.dir / 'scheduler.log'})", BENCH_FAILED)
+            time.sleep(0.2)
+        with open(self.dir / "client.log", "wb") as log:
+            client = subprocess.Popen([self.python, "-c", IDLE_CLIENT, str(self.sched_file), str(self.workers)],
+                                      env=self.env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                                      text=True, start_new_session=True)
+        self.procs["client"] = client
+        line = client.stdout.readline()
+        if line.strip() != "ready":
+            raise UserError(f"{self.variant.name}: the client did not see {self.workers} workers (logs in "
+                            f"{self.dir})", BENCH_FAILED)
+
+    def _check_alive(self) -> None:
+        dead = [n for n, p in self.procs.items() if p.poll() is not None]
+        if dead:
+            raise UserError(f"{self.variant.name}: {', '.join(dead)} exited (logs in {self.dir})", BENCH_FAILED)
+
+    def pids(self) -> dict[str, int]:
+        self._check_alive()
+        return with_children({n: p.pid for n, p in self.procs.items()})
+
+    def log(self, name: str) -> str:
+        try:
+            return (self.dir / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """Clients and workers first, then the scheduler: SIGTERM to each process group, SIGKILL after 30 s."""
+        order = [n for n in self.procs if n != "scheduler"] + ["scheduler"]
+        for name in order:
+            p = self.procs[name]
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, 15)
+                except ProcessLookupError:
+                    continue
+        for name in order:
+            p = self.procs[name]
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                p.wait(10)
+
+
+# --- the study ------------------------------------------------------------------------------------------------------
+
+def measure(clusters: list[Launched], windows: int, window_s: float) -> dict[str, dict[str, list[float]]]:
+    """{variant: {process: [share per window]}}, the clusters taking turns (ABC CBA ...)."""
+    shares: dict[str, dict[str, list[float]]] = {c.variant.name: {} for c in clusters}
+    for r in range(windows):
+        for c in stats.round_order(clusters, r):
+            for name, share in idle_shares(c.pids(), window_s).items():
+                if share is not None:
+                    shares[c.variant.name].setdefault(name, []).append(round(share, 5))
+    return shares
+
+
+def payload_of(args, clusters: list[Launched], shares: dict, command: str) -> dict:
+    runs = []
+    for c in clusters:
+        v = c.variant
+        procs = {n: {"shares": s, "median": stats.median(s), "max": max(s)} for n, s in shares[v.name].items()}
+        runs.append({"name": v.name, "protocol": v.protocol, "config": v.config, "settings": dict(v.settings),
+                     "environment": dict(v.env), "unset": list(v.unset), "processes": procs,
+                     "busiest_median": max((p["median"] for p in procs.values()), default=None),
+                     "progress_lines": [ln.strip() for n in c.procs for ln in c.log(n).splitlines()
+                                        if "UCXX progress" in ln]})
+    return {"schema_version": SCHEMA_VERSION, "study": "idle", "mode": "cpu" if args.cpu else "gpu",
+            "gpus": args.gpus, "workers": args.workers,
+            "measurement": {"settle_s": args.settle, "windows": args.windows, "window_s": args.window,
+                            "interleaving": "every round measures each cluster once; forwards on even rounds, "
+                                            "backwards on odd",
+                            "launchers": "dask scheduler; " + ("dask worker" if args.cpu else "dask cuda worker")
+                                         + "; a client process holding a connected Client"},
+            "runs": runs, "provenance": provenance.collect(command, None if args.cpu else
+                                                           sorted({int(g) for g in args.gpus}))}
+
+
+def markdown(p: dict) -> str:
+    m = p["measurement"]
+    md = [f"# idle: {p['mode']}, {p['workers']} workers" + (f" on GPU {','.join(p['gpus'])}" if p["gpus"] else ""),
+          "", f"Commit `{p['provenance']['git'].get('commit')}`, host `{p['provenance']['host']}`, "
+          f"{p['provenance'].get('gpus', [{}])[0].get('name', 'no GPU') if p['provenance'].get('gpus') else 'no GPU'}"
+          f", driver {p['provenance'].get('driver', '-')}; dask {p['provenance']['versions'].get('dask')}, "
+          f"distributed {p['provenance']['versions'].get('distributed')}.", "",
+          f"```\n{p['provenance']['command']}\n```", "",
+          f"Launchers: {m['launchers']}. After {m['settle_s']} s, {m['windows']} windows of {m['window_s']} s per "
+          f"cluster, interleaved; share of one core per process: the median over the windows and the largest.", "",
+          "| variant | process | median % of a core | max % |", "|---|---|---|---|"]
+    for r in p["runs"]:
+        for name, s in r["processes"].items():
+            md.append(f"| {r['name']} | {name} | {100 * s['median']:.1f} | {100 * s['max']:.1f} |")
+    for r in p["runs"]:
+        if r["progress_lines"]:
+            md += ["", f"{r['name']}, each role's start-up line:", ""] + [f"- `{ln}`" for ln in r["progress_lines"]]
+    return "\n".join(md) + "\n"
+
+
+def run(args) -> int:
+    if args.cpu == bool(args.gpus):
+        raise UserError("give --cpu or --gpus/--shared-gpu", USAGE)
+    if args.workers < 1 or args.windows < 1 or args.window <= 0 or args.settle < 0:
+        raise UserError("--workers and --windows must be >= 1, --window > 0, --settle >= 0", USAGE)
+    variants = config.parse_variants(args.variant or ["ucx@shipped:shipped"], ["ucx"], args.cpu)
+    command = "python -m ucx_dask_gpu.bench.idle " + shlex.join(sys.argv[1:])
+    clusters: list[Launched] = []
+    with tempfile.TemporaryDirectory(prefix="ucx-dask-gpu-idle-") as tmp:
+        (Path(tmp) / "empty").mkdir()
+        try:
+            for v in variants:
+                say(f"starting {v.name}")
+                clusters.append(Launched(v, args.gpus, args.workers, Path(tmp), args.python))
+            for c in clusters:
+                c.connect_client(args.start_timeout)
+            say(f"{len(clusters)} clusters idle; measuring after {args.settle} s")
+            time.sleep(args.settle)
+            shares = measure(clusters, args.windows, args.window)
+            payload = payload_of(args, clusters, shares, command)
+        finally:
+            for c in clusters:
+                c.stop()
+    for r in payload["runs"]:
+        print(f"{r['name']}: busiest process {100 * r['busiest_median']:.1f} % of a core (median); "
+              + ", ".join(f"{n} {100 * s['median']:.1f}" for n, s in r["processes"].items()))
+    if args.out is not None:
+        written = write_report(args.out, "idle", payload, markdown(payload), command=command)
+        say("wrote " + ", ".join(str(w) for w in written))
+    if args.json:
+        print(json.dumps(payload))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("idle", help="CPU each process of an idle cluster uses (real launchers, per variant)",
+                       description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--cpu", action="store_true", help="dask worker, numpy, UCX over TCP")
+    where.add_argument("--gpus", type=lambda s: [g.strip() for g in s.split(",") if g.strip()],
+                       help="dask cuda worker i on GPU gpus[i %% len]: e.g. 0,1")
+    where.add_argument("--shared-gpu", dest="gpus", type=lambda s: [s.strip()], help="every worker on this GPU")
+    p.add_argument("--variant", action="append", help="[PROTOCOLS@]LABEL:CONFIG[:KEY=VALUE;...] (docs/benchmarks.md);"
+                                                      " default ucx@shipped:shipped")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--settle", type=float, default=10.0, help="seconds idle before measuring (default 10)")
+    p.add_argument("--windows", type=int, default=15, help="windows per cluster (default 15)")
+    p.add_argument("--window", type=float, default=1.0, help="seconds per window (default 1)")
+    p.add_argument("--start-timeout", type=float, default=180.0)
+    p.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    add_output(p, "--out", kind="dir", help="write idle.json, idle.md and command.txt into this directory")
+    p.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(prog="python -m ucx_dask_gpu.bench.idle", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(["idle", *(sys.argv[1:] if argv is None else argv)])
+    return run_parsed(args, "ucx-dask-gpu bench idle")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
