@@ -16,6 +16,7 @@ from ucx_dask_gpu.nvlink import report, undertest, verdict, verify
 from ucx_dask_gpu import nvml
 from ucx_dask_gpu.cli import build_parser, main
 from ucx_dask_gpu.errors import PERFTEST_FAILED, UserError
+from ucx_dask_gpu.fsutil import MANIFEST
 from ucx_dask_gpu.report import write_report
 
 # The UCX under test: our build (`make ucx`), whose ucx_perftest runs host memory here for real.
@@ -161,7 +162,7 @@ def test_command_end_to_end_with_recorded_gpu_side(tmp_path, monkeypatch, capsys
     assert [(p["src"], p["dst"]) for p in rep["pairs"]] == [(0, 1), (1, 0)]
     assert rep["ucx"]["version"] == "1.21.0" and rep["driver"] == "580.159.04" and rep["exit_code"] == 1
     assert (out / "command.txt").read_text().startswith(f"ucx-dask-gpu verify-nvlink --ucx-prefix {OURS}")
-    assert sorted(p.name for p in out.iterdir()) == ["command.txt", "verify-nvlink.json", "verify-nvlink.md",
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "command.txt", "verify-nvlink.json", "verify-nvlink.md",
                                                      "verify-nvlink.png"]
 
 

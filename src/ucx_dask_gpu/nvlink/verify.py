@@ -29,6 +29,7 @@ from pathlib import Path
 from .. import nvml
 from ..cliutil import Progress, parse_size
 from ..errors import NO_GPU, NO_NVLINK, ONE_GPU, PERFTEST_FAILED, USAGE, UserError
+from ..fsutil import write_output_dir
 from ..ucx import perftest as pt
 from .gpuside import GpuSide
 from .undertest import EVIDENCE_ENV, UcxUnderTest, child_env, evidence_mode
@@ -211,14 +212,13 @@ class Verifier:
         wd = self.work / tag
         out = pt.run_pair(run.inst.perftest, args, server_env, client_env, wd, timeout=self.a.timeout, poll=poll)
         after = self.side.stable_snapshot()
-        if self.raw:
-            d = self.raw / tag
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "server.txt").write_text(out.server_out)
-            (d / "client.txt").write_text(out.client_out)
-            (d / "command.txt").write_text(
-                f"server: CUDA_VISIBLE_DEVICES={sv} {' '.join(f'{k}={v}' for k, v in sorted(EVIDENCE_ENV[mode].items()))} "
-                f"{run.inst.perftest} {' '.join(args)} -p PORT\nclient: CUDA_VISIBLE_DEVICES={cv} ... 127.0.0.1\n")
+        if self.raw:  # beside what the user keeps there: only these names, and only over an earlier run's
+            write_output_dir(self.raw / tag, {
+                "server.txt": out.server_out, "client.txt": out.client_out,
+                "command.txt": f"server: CUDA_VISIBLE_DEVICES={sv} "
+                               f"{' '.join(f'{k}={v}' for k, v in sorted(EVIDENCE_ENV[mode].items()))} "
+                               f"{run.inst.perftest} {' '.join(args)} -p PORT\nclient: CUDA_VISIBLE_DEVICES={cv} ... "
+                               "127.0.0.1\n"}, what="the raw perftest output")
         res = pt.result_or_raise(out, f"{run.label}, GPU{src.index}->GPU{dst.index}, {size_label(size)}")
         cs = counter_deltas(before[src.uuid], after[src.uuid], _peer_links(src, dst), origin=self.side.origin)
         cd = counter_deltas(before[dst.uuid], after[dst.uuid], _peer_links(dst, src), origin=self.side.origin)
