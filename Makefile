@@ -121,9 +121,10 @@ regen: venv
 # (else the recipes' fallback), builds ucx, libucxx, ucxx, distributed-ucxx and the metapackage from their recipes
 # (stand-ins for what only conda-forge/rapidsai have; packages kept by input hash in .cache/conda-builds), py-rattler
 # indexes and installs `ucx-dask-gpu cuda-version=<major>.0` into a fresh prefix, the recipes' tests run;
-# $(CHANNEL) appears only when all passed.
+# $(CHANNEL) appears only when all passed. Its packages are stand-in builds (build strings `_standin`), never
+# published: build/channel is what ci/conda_build.sh builds with the real requirements, and what an upload reads.
 .PHONY: channel
-CHANNEL ?= build/channel
+CHANNEL ?= build/standin-channel
 channel: prereqs venv
 	$(CLI) conda channel --out $(CHANNEL)
 

@@ -69,6 +69,8 @@ TOPOLOGY_CLUSTER_FAILED = 52  # the topology-aware local cluster did not start, 
 RECIPE_INVALID = 60      # a conda recipe does not render, fails lint, or disagrees with stack.toml
 PACKAGE_INVALID = 61     # a built conda package fails its checks (relocation, linkage, contents)
 INSTALL_FAILED = 62      # solving/installing from the channel, or the recipe's tests in that prefix, failed
+STANDIN_REFUSED = 63     # a package built with stand-ins (about.json extra.standin, a `_standin` build string) where a
+                         # publish reads: nothing is uploaded
 # Benchmarks: bench transpose | svd | transfer (70-79)
 BENCH_CONFIG = 70        # a --variant (its config file or a KEY=VALUE) unreadable or invalid
 BENCH_DEPENDENCY = 71    # a package the requested mode needs (dask-cuda, cupy, distributed-ucxx) is missing

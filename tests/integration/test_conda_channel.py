@@ -24,8 +24,8 @@ import pytest
 import yaml
 from rattler import MatchSpec
 
-from ucx_dask_gpu.conda import settings
-from ucx_dask_gpu.errors import BUILD_FAILED, PACKAGE_INVALID, RECIPE_INVALID
+from ucx_dask_gpu.conda import publish, settings, standin
+from ucx_dask_gpu.errors import BUILD_FAILED, PACKAGE_INVALID, RECIPE_INVALID, STANDIN_REFUSED, UserError
 from ucx_dask_gpu.gate import identity
 from ucx_dask_gpu.stack import load
 from ucx_dask_gpu.ucxbuild.fetch import CACHE_ENV, default_cache_dir, local_dirs
@@ -96,6 +96,12 @@ def test_channel_layout(built):
     assert sorted(r["name"] for r in _records(channel, "linux-64").values()) == ["libucxx", "ucx", "ucxx"]
     assert sorted(r["name"] for r in _records(channel, "noarch").values()) == ["distributed-ucxx", "ucx-dask-gpu"]
     assert not list(channel.parent.glob(".channel.*")), "staging directory left behind"
+    # Every package says it is a stand-in build, and the publish path refuses the channel.
+    builds = [r["build"] for sub in ("linux-64", "noarch") for r in _records(channel, sub).values()]
+    assert builds and all(b.endswith("_standin") for b in builds), builds
+    with pytest.raises(UserError) as e:
+        publish.check([channel])
+    assert e.value.exit_code == STANDIN_REFUSED
     out = built["stdout"]
     assert "rendered + checked, not built here:" in out and "linux-aarch64/ucx-" in out
     assert "linux-64/ucxx-0.51.01-cuda12_py311" in out  # the other CUDA version: rendered only
@@ -108,7 +114,8 @@ def test_ucx_package_metadata(built):
     assert (rec["name"], rec["version"]) == ("ucx", s.ucx.version)
     assert rec["build"].startswith(f"cuda{st.cuda_major}_h") and rec["subdir"] == "linux-64"
     assert rec["constrains"] == [f"cuda-version >={st.cuda_major},<{st.cuda_major + 1}.0a0"]
-    assert rec["depends"] == [f"__glibc >={st.conda.c_stdlib_version}"]  # no cuda-cudart: ignored run export
+    # This machine's glibc, which the stand-in's compiler linked against (no cuda-cudart: ignored run export).
+    assert rec["depends"] == [f"__glibc >={standin.host_glibc()}"]
     assert rec["license"] == "BSD-3-Clause"
 
 

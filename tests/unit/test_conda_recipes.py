@@ -362,3 +362,17 @@ def test_the_commits_the_recipes_pin_are_the_mirrors_tags():
         row = by_file[src.archive]
         assert (row["commit"], row["tag"], row["sha256"]) == (src.commit, src.tag, src.sha256), src.archive
         assert src.git == row["upstream"] + ".git"
+
+
+def test_rattler_build_and_the_pinning_are_the_recorded_ones():
+    """CI installs rattler-build at stack.toml's version and clones the pinning at its commit; here py-rattler-build
+    (pyproject.toml [test]) renders, and ../shared/conda-forge-pinning is a copy taken at a commit its README names."""
+    st = load(REPO / "stack.toml")
+    test_deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert f"py-rattler-build=={st.conda.rattler_build}" in test_deps
+    readme = REPO.parent / "shared" / "conda-forge-pinning" / "README.md"
+    if readme.is_file():
+        assert f"at commit {st.conda.pinning_commit}" in readme.read_text()
+    workflow = (REPO / ".github/workflows/conda.yml").read_text()
+    assert "$(get conda.pinning_commit)" in workflow and "rattler-build=${{ steps.stack.outputs.rattler_build }}" \
+        in workflow and "git clone --depth 1" not in workflow

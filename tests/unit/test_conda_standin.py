@@ -56,7 +56,7 @@ def test_ucx_standin_recipe_empties_only_build_and_host(tmp_path):
     assert recipe["source"][0].get("patches") == v.sources[0].get("patches")
     assert recipe["extra"]["standin"]["git_sources_taken_from_archives"] == [
         {"git": v.sources[0]["git"], "rev": v.sources[0]["rev"], "taken_from": archive.name}]
-    assert recipe["build"]["string"] == v.build_string
+    assert recipe["build"]["string"] == v.build_string + "_standin"
     assert recipe["build"]["script"] == {"file": "build.sh", "env": {"CPPFLAGS": "-I/x"}}
     allow = recipe["build"]["dynamic_linking"]["missing_dso_allowlist"]
     assert "*libibverbs.so.1" in allow and "*libc.so.6" in allow and "*libcuda.so*" in allow
@@ -102,7 +102,8 @@ def test_only_declared_requirements_may_provide_system_libraries():
 
 # --- real rattler-build builds of small recipes ------------------------------------------------------------------
 
-LIB_C = "#include <numa.h>\nint answer(void) { return numa_available() < 0 ? 42 : 42; }\n"
+LIB_C = ("#include <numa.h>\n#include <stdlib.h>\n"
+         "int answer(void) { return numa_available() < 0 || getenv(\"ANSWER\") ? 42 : 42; }\n")
 
 
 def _source_archive(tmp: Path) -> tuple[Path, str]:
@@ -148,7 +149,9 @@ def _build(tmp: Path, host: list[str], lib: str = "answer", check: str = 'test -
 def test_rattler_build_builds_the_standin_with_the_declared_library(tmp_path):
     pkg = _build(tmp_path, ["libnuma"])
     p = Package.from_file(pkg)
-    assert p.name == "answer" and "__glibc >=2.28" in p.depends
+    # Linked here against this machine's glibc: that is what it declares (the recipe's sysroot would give 2.28).
+    assert p.name == "answer" and f"__glibc >={standin.host_glibc()}" in p.depends
+    assert pkg.name.endswith("_standin.conda")
     assert [type(t).__name__ for t in p.tests] == ["CommandsTest"]  # package_contents is checked while packaging
 
     cph.extract(str(pkg), dest_dir=str(tmp_path / "x"))
@@ -191,3 +194,19 @@ def test_a_failing_recipe_test_is_one_line_install_failed(tmp_path):
     with pytest.raises(UserError) as e:
         run_recipe_tests(pkg, [_channel_with(tmp_path, pkg)])
     assert e.value.exit_code == INSTALL_FAILED and "recipe test 0 failed" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_package_needing_a_newer_glibc_than_it_declares_is_refused(tmp_path):
+    pkg = _build(tmp_path, ["libnuma"])
+    needed, where = standin.glibc_needed(_unpacked(pkg, tmp_path / "x"))
+    assert needed and where == "lib/libanswer.so"
+    standin.check_glibc(pkg, needed, tmp_path)  # declares what it needs: fine
+    with pytest.raises(UserError) as e:
+        standin.check_glibc(pkg, "2.1", tmp_path)
+    assert e.value.exit_code == PACKAGE_INVALID
+    assert str(e.value) == f"{pkg.name}: lib/libanswer.so needs GLIBC_{needed}, the package declares __glibc >=2.1"
+
+
+def _unpacked(pkg: Path, dest: Path) -> Path:
+    cph.extract(str(pkg), dest_dir=str(dest))
+    return dest

@@ -42,7 +42,7 @@ from ..errors import INSTALL_FAILED, OUTPUT_REFUSED, RECIPE_INVALID, UserError
 from ..fsutil import atomic_path, claim_work_dir, is_elf
 from ..stack import Stack
 from ..ucxbuild.fetch import local_dirs
-from . import placeholders, recipes, standin
+from . import placeholders, publish, recipes, standin
 from .recipes import BUILD_PLATFORM, Variant
 
 SUBDIRS = (BUILD_PLATFORM, "noarch")
@@ -92,13 +92,6 @@ def index_channel(channel: Path) -> None:
 
 
 # --- install test ---------------------------------------------------------------------------------------------------
-
-def host_glibc() -> str:
-    libc, version = _platform.libc_ver()
-    if libc != "glibc" or not version:
-        raise UserError("cannot determine this machine's glibc version for __glibc", INSTALL_FAILED)
-    return version
-
 
 def virtual_packages(glibc: str, cuda: str | None):
     from rattler import BuildString, GenericVirtualPackage, PackageName, Version
@@ -334,7 +327,7 @@ def install_test(st: Stack, channel: Path, *, work: Path, cuda: str, glibc: str 
     claim_work_dir(work, WORK_NAMES, "--work")
     made = placeholders.write(st, channel, work / "placeholders", cuda)
     channels = [channel, work / "placeholders"]
-    vps = virtual_packages(glibc or host_glibc(), cuda)
+    vps = virtual_packages(glibc or standin.host_glibc(), cuda)
     results = {"virtual_packages": [f"{v.name.normalized}={v.version}" for v in vps], "packages": {},
                "placeholders": {n: {"version": v, "real_files": note} for n, (v, _, note) in made.items()}}
     records = placeholders.channel_records(channel)
@@ -400,6 +393,9 @@ def is_channel_or_empty(path: Path) -> bool:
 def build_channel(st: Stack, *, out: Path, recipes_dir: Path | None = None, mirror: list[Path] | None = None,
                   work: Path | None = None, run_install_test: bool = True, mode: str = "auto") -> ChannelResult:
     out = out.resolve()
+    if out == (st.root / publish.PUBLISH_DIR).resolve():
+        raise UserError(f"--out {out}: the directory an upload publishes from; a channel built with stand-ins goes "
+                        f"elsewhere (make channel: build/standin-channel)", OUTPUT_REFUSED)
     if out.exists() and not is_channel_or_empty(out):  # replaced whole at the end: only what this command made
         raise UserError(f"--out {out}: not empty and not a channel this command made; give a new or empty directory",
                         OUTPUT_REFUSED)

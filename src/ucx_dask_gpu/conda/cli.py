@@ -1,4 +1,5 @@
-"""`ucx-dask-gpu conda regen|pack|variants|render|lint|channel|test-install`: the conda recipes and the local channel.
+"""`ucx-dask-gpu conda regen|pack|variants|render|lint|channel|test-install|publishable`: the conda recipes, the
+local channel, and what an upload may send.
 
 The channel module imports PyYAML when it is loaded, and every `ucx-dask-gpu` command must start with the standard
 library alone (a fresh machine runs `stack get` before any package is installed): so `channel` and `test-install`
@@ -135,6 +136,14 @@ def _cmd_test_install(args) -> int:
     return 0
 
 
+def _cmd_publishable(args) -> int:
+    from .publish import check
+
+    for p in check([Path(d) for d in args.dirs]):
+        print(p)
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("conda", help="conda recipes (regen, render, lint) and the local channel (build, install test)")
     p.add_argument("--stack", help="stack.toml to read (default: the repository's)")
@@ -184,3 +193,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                note=WORK_DIR_HELP)
     add_output(t, "--json", metavar="FILE", help="write the detailed results to this file")
     t.set_defaults(func=_cmd_test_install)
+    u = s.add_parser("publishable", help="list the packages an upload would send; refuse (exit 63) if any was built "
+                                         "with stand-ins, and (exit 61) two files of one name or none")
+    u.add_argument("dirs", nargs="+", metavar="DIR", help="directories the upload reads (searched recursively)")
+    u.set_defaults(func=_cmd_publishable)

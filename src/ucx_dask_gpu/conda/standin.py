@@ -17,11 +17,14 @@ it can do offline, so this module stands in for exactly that and hands the rest 
   rapids-build-backend, librmm's CCCL CMake package, the NVIDIA CUDA wheels as toolkit) through CMAKE_ARGS, PATH and
   PYTHON; a venv for a noarch python output's host python;
 - what the stood-in packages would have contributed is written in explicitly: `pin_compatible` of a host package is
-  resolved from the variant (cuda-version), the sysroot's run export `__glibc >=<c_stdlib_version>` is added, and
+  resolved from the variant (cuda-version), `__glibc >=<this machine's glibc>` is added where the recipe declares
+  `stdlib("c")` (the system compiler links against this machine's glibc, not the sysroot's older
+  c_stdlib_version: the package needs what it was linked against, and check_glibc proves it needs no more), and
   the sonames the declared requirements provide (rdma-core -> libibverbs ...) are allowed in the overlinking check,
   every other soname stays an error (rattler-build's own check, `dynamic_linking.overlinking_behavior: error`);
-- every output keeps the build string rattler-build rendered for the original recipe, so the package names match and
-  a sibling's `pin_subpackage(..., exact=True)` finds the package built before it.
+- every output gets the build string rattler-build rendered for the original recipe + `_standin` (STANDIN_SUFFIX), the
+  same for siblings, so a sibling's `pin_subpackage(..., exact=True)` finds the package built before it, and no
+  stand-in package has a name a real build has (conda/publish.py refuses them).
 
 Real rattler-build then does: rendering, source extraction and sha256 check, patches, solving and installing the host
 packages this channel provides, the build environment contract (PREFIX with its placeholder, BUILD_PREFIX, SRC_DIR,
@@ -47,12 +50,13 @@ from typing import Callable
 
 import yaml
 
-from ..errors import BUILD_FAILED, PACKAGE_INVALID, RECIPE_INVALID, SOURCE_UNREACHABLE, UserError
-from ..fsutil import atomic_path, sha256_file
+from ..errors import BUILD_FAILED, INSTALL_FAILED, PACKAGE_INVALID, RECIPE_INVALID, SOURCE_UNREACHABLE, UserError
+from ..fsutil import atomic_path, is_elf, sha256_file
 from ..stack import Stack
 from ..ucxbuild import cuda as cudamod
 from ..ucxbuild import ucxx as ucxxbuild
 from ..ucxbuild.fetch import Unreachable, default_cache_dir, fetch_file, fetch_source, sha256_verifier
+from .publish import STANDIN_SUFFIX
 from .recipes import Variant
 
 # The sonames a conda-forge package in a recipe's build/host requirements provides at run time (directly or through
@@ -88,8 +92,49 @@ def toolchain(v: Variant) -> dict[str, str]:
 
 
 def glibc_floor(v: Variant) -> str | None:
-    """The sysroot's run export `__glibc >=<c_stdlib_version>`, for an output that declares `stdlib("c")`."""
-    return v.variant.get("c_stdlib_version") if "c_stdlib" in toolchain(v).values() else None
+    """The `__glibc` a stand-in build of an output that declares `stdlib("c")` needs: this machine's (its compiler
+    links against it; the recipe's c_stdlib_version is what conda-forge's sysroot would give)."""
+    return host_glibc() if "c_stdlib" in toolchain(v).values() else None
+
+
+def host_glibc() -> str:
+    libc, version = platform.libc_ver()
+    if libc != "glibc" or not version:
+        raise UserError("cannot determine this machine's glibc version for __glibc", INSTALL_FAILED)
+    return version
+
+
+GLIBC_SYMBOL_RE = re.compile(r"\bGLIBC_(\d+(?:\.\d+)+)\b")
+
+
+def glibc_needed(root: Path) -> tuple[str | None, str | None]:
+    """The newest GLIBC_x.y symbol version any ELF file under `root` requires (readelf's version-needs section), and
+    the file that requires it."""
+    newest: tuple[tuple[int, ...], str, str] | None = None
+    for f in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and is_elf(p)):
+        out = subprocess.run(["readelf", "--version-info", "--wide", str(f)], capture_output=True, text=True).stdout
+        needs = out.split("Version needs section", 1)[1] if "Version needs section" in out else ""
+        for version in GLIBC_SYMBOL_RE.findall(needs):
+            key = tuple(int(x) for x in version.split("."))
+            if newest is None or key > newest[0]:
+                newest = (key, version, str(f.relative_to(root)))
+    return (newest[1], newest[2]) if newest else (None, None)
+
+
+def check_glibc(pkg: Path, declared: str, work: Path) -> None:
+    """The package's ELF files need no glibc newer than the `__glibc` it declares (PACKAGE_INVALID otherwise)."""
+    import conda_package_handling.api as cph
+
+    dest = work / "glibc-check"
+    shutil.rmtree(dest, ignore_errors=True)
+    cph.extract(str(pkg), dest_dir=str(dest))
+    try:
+        needed, where = glibc_needed(dest)
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+    if needed and tuple(map(int, needed.split("."))) > tuple(map(int, declared.split("."))):
+        raise UserError(f"{pkg.name}: {where} needs GLIBC_{needed}, the package declares __glibc >={declared}",
+                        PACKAGE_INVALID)
 PIN_COMPATIBLE_RE = re.compile(r'^\$\{\{\s*pin_compatible\(\s*"([^"]+)"((?:\s*,\s*\w+\s*=\s*"[^"]*")*)\s*\)\s*\}\}$')
 PIN_SUBPACKAGE_RE = re.compile(r'^\$\{\{\s*pin_subpackage\(\s*"([^"]+)"')
 LOG_TAIL = 25
@@ -331,7 +376,7 @@ def _standin_output(raw: dict, v: Variant, own: set[str], glibc: str | None, inp
     (`inputs`: the output being built; None: a sibling only rendered for its pin)."""
     out = dict(raw)
     build = dict(raw.get("build") or {})
-    build["string"] = v.build_string
+    build["string"] = v.build_string + STANDIN_SUFFIX
     if inputs is not None:
         build["script"] = _script(build, inputs.env, inputs.python)
         linking = dict(build.get("dynamic_linking") or {})
@@ -474,8 +519,8 @@ def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror
 
     Url and git sources come from `cache` (default: the repository's download cache), their upstream (unless
     offline), then `mirror_dirs` (source_files). `own`: the packages of this channel built so far (name -> .conda),
-    which `channels` serve: a host requirement on one of them stays, and rattler-build installs it. `siblings`: the other outputs of a multi-output
-    recipe rendered with the same variant values. A build with the same inputs (build_key) is taken from
+    which `channels` serve: a host requirement on one of them stays, and rattler-build installs it. `siblings`: the
+    other outputs of a multi-output recipe rendered with the same variant values. A build with the same inputs (build_key) is taken from
     `build_cache` (default: <cache>/../conda-builds)."""
     from rattler_build import Stage0Recipe, VariantConfig
     from rattler_build._rattler_build import RattlerBuildError
@@ -529,6 +574,8 @@ def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror
                         PACKAGE_INVALID if re.search(r"linking|package content", str(e), re.I) else BUILD_FAILED) \
             from None
     pkg = Path(result.packages[0])
+    if glibc:
+        check_glibc(pkg, glibc, vdir)
     if keep:
         with atomic_path(kept, replace_dir=True) as tmp:  # a cache entry of ours
             tmp.mkdir(parents=True)

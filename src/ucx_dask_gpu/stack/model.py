@@ -167,7 +167,11 @@ class CondaSpec:
     """[conda]: the development environment and the recipes' settings."""
 
     channels: tuple[str, ...]         # install priority order: this project's channel first
+    upload_label: str                 # the label of channels[0] an upload publishes to (ci/conda_upload.sh)
     pinning: str                      # conda-forge-pinning's recipe/ folder, relative to the repository root
+    pinning_commit: str               # the conda-forge-pinning-feedstock commit the recipes are rendered and built under
+    rattler_build: str                # rattler-build's version (CLI in CI, py-rattler-build here): it decides what
+                                      # the recipes mean
     migrations: tuple[str, ...]       # migrators (pinning/migrations/<name>.yaml) the feedstocks opt into
     cuda_versions: tuple[str, ...]
     c_stdlib_versions: tuple[str, ...]  # the glibc floor zipped with each of cuda_versions
@@ -427,6 +431,14 @@ def _test_tools(t: dict, where: str) -> TestToolsSpec:
     return TestToolsSpec(lock=_relative_file(_get(t, "lock", where, str), f"{where}.lock"), requirements=reqs)
 
 
+def _label(t: dict, where: str) -> str:
+    value = _get(t, "upload_label", where, str)
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", value):
+        raise StackError(f"{where}.upload_label", f"expected an anaconda.org label (letters, digits, . _ -), "
+                                                  f"got {value!r}")
+    return value
+
+
 def _conda(t: dict, where: str) -> CondaSpec:
     names = _get(t, "names", where, dict)
     for k, v in names.items():
@@ -454,12 +466,18 @@ def _conda(t: dict, where: str) -> CondaSpec:
     if not isinstance(meta, list) or not meta or not all(isinstance(n, str) and re.match(r"^[a-z0-9][a-z0-9._-]*$", n)
                                                          for n in meta):
         raise StackError(f"{where}.metapackage", f"expected a non-empty list of conda package names, got {meta!r}")
+    rattler_build = _get(t, "rattler_build", where, str)
+    if not VERSION_RE.match(rattler_build):
+        raise StackError(f"{where}.rattler_build", f"not a version string: {rattler_build!r}")
     about = t.get("about")
     if not isinstance(about, dict):
         raise StackError(f"{where}.about", "missing (a table with home, ucx_home, ucx_dev_url, ucxx_home)")
     return CondaSpec(
         channels=_str_list(t, "channels", where),
+        upload_label=_label(t, where),
         pinning=_get(t, "pinning", where, str),
+        pinning_commit=_hexdigits(t, "pinning_commit", where, 40),
+        rattler_build=rattler_build,
         migrations=migrations,
         cuda_versions=cuda_versions,
         c_stdlib_versions=glibcs,
