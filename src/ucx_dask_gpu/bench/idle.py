@@ -22,8 +22,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import psutil
-
 from ..cliutil import Parser, Progress, add_output, run_parsed
 from ..errors import BENCH_FAILED, USAGE, UserError
 from ..report import write_report
@@ -45,8 +43,10 @@ IDLE_CLIENT = textwrap.dedent("""
 
 # --- measuring ------------------------------------------------------------------------------------------------------
 
-def _child_kind(process: psutil.Process) -> str:
+def _child_kind(process) -> str:
     """What a launcher's child is, from its command line (a nanny's worker process is multiprocessing's spawn)."""
+    import psutil  # distributed's dependency: imported where processes are measured (the CLI starts without it)
+
     try:
         cmdline = " ".join(process.cmdline())
     except psutil.Error:
@@ -61,6 +61,8 @@ def _child_kind(process: psutil.Process) -> str:
 def with_children(pids: Mapping[str, int]) -> dict[str, int]:
     """Each named process and its descendants (a nanny's worker process, multiprocessing's resource tracker), as
     `name/KIND[-N]`."""
+    import psutil
+
     out = dict(pids)
     for name, pid in pids.items():
         try:
@@ -76,7 +78,9 @@ def with_children(pids: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
-def _cpu_seconds(process: psutil.Process) -> float | None:
+def _cpu_seconds(process) -> float | None:
+    import psutil
+
     try:
         t = process.cpu_times()
     except psutil.NoSuchProcess:
@@ -86,6 +90,8 @@ def _cpu_seconds(process: psutil.Process) -> float | None:
 
 def idle_shares(pids: Mapping[str, int], seconds: float) -> dict[str, float | None]:
     """{name: CPU seconds used per wall second over `seconds`} for each process (None: it went away meanwhile)."""
+    import psutil
+
     processes = {name: psutil.Process(pid) for name, pid in pids.items()}
     before = {name: _cpu_seconds(p) for name, p in processes.items()}
     start = time.monotonic()
