@@ -20,8 +20,9 @@ BUILD_FAILED = 6          # a build step failed (UCX, the UCXX wheels, the image
 NO_DOCKER = 7             # no Docker engine answers, and none could be started
 ENV_MISMATCH = 8          # refused by the scheduler's guard: this environment's stack id differs from the scheduler's
 OUTPUT_REFUSED = 9        # a file or directory named to write to cannot be written (a directory where a file is
-                          # asked for, a missing or read-only parent, a non-empty directory that is not ours): refused
-                          # before any work starts, nothing touched
+                          # asked for, a missing or read-only parent, a file there this tool did not write: the first
+                          # one named): refused before any work starts, nothing touched; or the disk filled while
+                          # writing what is not worth keeping (certificates, generated data): nothing of it left
 # GPU and UCX prerequisites (10-19)
 NO_GPU = 10               # no GPU visible (a GPU worker, verify-nvlink, a GPU benchmark)
 ONE_GPU = 11              # one GPU where two are needed
