@@ -126,7 +126,7 @@ regen: venv
 .PHONY: channel
 CHANNEL ?= build/standin-channel
 channel: prereqs venv
-	$(CLI) conda channel --out $(CHANNEL)
+	$(VPY) -m tools.conda_standin channel --out $(CHANNEL)
 
 unit: venv
 	$(VPY) -m pytest -q tests/unit

@@ -1,7 +1,7 @@
-"""`ucx-dask-gpu conda channel`: the v1 recipes rendered and checked by rattler-build, every output -- ucx, libucxx,
-ucxx, distributed-ucxx, the metapackage -- built by rattler-build on its stand-in recipe (real UCX and UCXX builds of
-the recipes' scripts; libucxx and ucxx against the channel's own ucx, installed by rattler-build), a py-rattler-indexed
-channel, and the install check: ucx and libucxx each solved and installed into a fresh prefix and tested by
+"""The stand-in channel (`python -m tools.conda_standin channel`, `make channel`): the v1 recipes rendered and checked
+by rattler-build, every output -- ucx, libucxx, ucxx, distributed-ucxx, the metapackage -- built by rattler-build on
+its stand-in recipe (real UCX and UCXX builds of the recipes' scripts; libucxx and ucxx against the channel's own ucx,
+installed by rattler-build), a py-rattler-indexed channel, and the install check: ucx and libucxx each solved and installed into a fresh prefix and tested by
 rattler-build, then `ucx-dask-gpu cuda-version=<major>.0` solved and installed by py-rattler into a prefix where
 ucx_info is the packaged UCX, ucxx maps the prefix's libucp, and a client joins a cluster of the image.
 
@@ -24,7 +24,8 @@ import pytest
 import yaml
 from rattler import MatchSpec
 
-from ucx_dask_gpu.conda import publish, settings, standin
+from tools.conda_standin import standin
+from ucx_dask_gpu.conda import publish, settings
 from ucx_dask_gpu.errors import BUILD_FAILED, PACKAGE_INVALID, RECIPE_INVALID, STANDIN_REFUSED, UserError
 from ucx_dask_gpu.gate import identity
 from ucx_dask_gpu.stack import load
@@ -32,7 +33,7 @@ from ucx_dask_gpu.ucxbuild.fetch import CACHE_ENV, default_cache_dir, local_dirs
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "ucx_dask_gpu"]
+STANDIN = [sys.executable, "-m", "tools.conda_standin"]  # from the repository root (cwd=REPO)
 
 
 def _tree_digest(root: Path) -> dict[str, str]:
@@ -56,8 +57,8 @@ def _channel_in(repo: Path, out: Path, work: Path, timeout: int = 1800) -> subpr
     st = load(REPO / "stack.toml")
     mirror = local_dirs(st)[0]  # a scratch repo has no mirror beside it
     env = {**os.environ, CACHE_ENV: str(default_cache_dir(st))}
-    return subprocess.run([*CLI, "conda", "--stack", str(repo / "stack.toml"), "--recipes", str(repo / "recipes"),
-                           "channel", "--out", str(out), "--work", str(work), "--sources", str(mirror),
+    return subprocess.run([*STANDIN, "--stack", str(repo / "stack.toml"), "channel", "--recipes", str(repo / "recipes"),
+                           "--out", str(out), "--work", str(work), "--sources", str(mirror),
                            "--no-install-test"], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -66,7 +67,7 @@ def built(tmp_path_factory):
     """Run the whole chain once (check -> build -> index -> install check)."""
     tmp = tmp_path_factory.mktemp("conda")
     channel = tmp / "channel"
-    proc = subprocess.run([*CLI, "conda", "channel", "--out", str(channel), "--work", str(tmp / "work")],
+    proc = subprocess.run([*STANDIN, "channel", "--out", str(channel), "--work", str(tmp / "work")],
                           cwd=REPO, capture_output=True, text=True, timeout=5400)
     sys.stdout.write(proc.stdout[-8000:])
     sys.stderr.write(proc.stderr[-6000:])
@@ -234,7 +235,7 @@ def test_a_second_run_with_the_same_inputs_builds_nothing(built, tmp_path):
     """Every package whose sources are archives is taken from the build cache; the metapackage, whose source is this
     working tree, is built again (seconds)."""
     st = load(REPO / "stack.toml")
-    proc = subprocess.run([*CLI, "conda", "channel", "--out", str(tmp_path / "channel"), "--work",
+    proc = subprocess.run([*STANDIN, "channel", "--out", str(tmp_path / "channel"), "--work",
                            str(tmp_path / "work"), "--no-install-test"], cwd=REPO, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ucx_dask_gpu.conda import placeholders, settings, variants
-from ucx_dask_gpu.conda.channel import solve, virtual_packages
+from tools.conda_standin import placeholders
+from ucx_dask_gpu.conda import settings, variants
+from tools.conda_standin.channel import solve, virtual_packages
 from ucx_dask_gpu.errors import INSTALL_FAILED, UserError
 from ucx_dask_gpu.stack import load
 

@@ -12,7 +12,7 @@ import conda_package_handling.api as cph
 import pytest
 
 from ucx_dask_gpu.conda import publish
-from ucx_dask_gpu.conda.channel import build_channel
+from tools.conda_standin.channel import build_channel
 from ucx_dask_gpu.errors import OUTPUT_REFUSED, PACKAGE_INVALID, STANDIN_REFUSED, UserError
 from ucx_dask_gpu.stack import load
 

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from rattler_build import Package
 
-from ucx_dask_gpu.conda import standin
-from ucx_dask_gpu.conda.channel import index_channel, run_recipe_tests, write_empty_channel
+from tools.conda_standin import standin
+from tools.conda_standin.channel import index_channel, run_recipe_tests, write_empty_channel
 from ucx_dask_gpu.conda.recipes import render_recipe
 from ucx_dask_gpu.errors import HASH_MISMATCH, INSTALL_FAILED, PACKAGE_INVALID, RECIPE_INVALID, UserError
 from ucx_dask_gpu.stack import load

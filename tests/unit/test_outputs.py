@@ -28,14 +28,10 @@ WRITING = {
     ("bench", "transfer", "--out"): "dir",
     ("bench", "transpose", "--out"): "dir",
     ("cluster", "--scheduler-file"): "file",
-    ("conda", "channel", "--out"): "dir",
-    ("conda", "channel", "--work"): "dir",
     ("conda", "lint", "--packed"): "dir",
     ("conda", "pack", "--out"): "dir",
     ("conda", "render", "--packed"): "dir",
     ("conda", "variants", "--out"): "file",
-    ("conda", "test-install", "--json"): "file",
-    ("conda", "test-install", "--work"): "dir",
     ("config", "install", "--dest"): "dir",
     ("image", "compose", "--output"): "file",
     ("image", "demo", "--json"): "file",
@@ -341,7 +337,7 @@ def test_tls_init_leaves_the_users_files_even_those_named_like_its_scratch_files
 
 
 def test_a_channel_or_ucxx_output_is_replaced_only_when_it_is_one_this_project_wrote(tmp_path):
-    from ucx_dask_gpu.conda.channel import is_channel_or_empty
+    from tools.conda_standin.channel import is_channel_or_empty
     from ucx_dask_gpu.ucxbuild.ucxx import UCXX_BUILD_INFO, replaceable_output
 
     d = tmp_path / "d"

@@ -1,9 +1,7 @@
-"""`ucx-dask-gpu conda regen|pack|variants|render|lint|channel|test-install|publishable`: the conda recipes, the
-local channel, and what an upload may send.
+"""`ucx-dask-gpu conda regen|pack|variants|render|lint|publishable`: the conda recipes, and what an upload may send.
 
-The channel module imports PyYAML when it is loaded, and every `ucx-dask-gpu` command must start with the standard
-library alone (a fresh machine runs `stack get` before any package is installed): so `channel` and `test-install`
-load it when they run, the only imports of our own modules inside functions in the package.
+The stand-in channel of a host without conda channels (`make channel`) is not a command of the product: it lives in
+tools/conda_standin (`python -m tools.conda_standin channel`), which this package never imports.
 """
 from __future__ import annotations
 
@@ -11,11 +9,12 @@ import argparse
 import json
 from pathlib import Path
 
-from ..cliutil import WORK_DIR_HELP, add_output
+from ..cliutil import add_output
 from ..errors import RECIPE_INVALID, UserError
 from ..fsutil import write_output_file
 from ..stack import load
 from . import settings
+from .publish import check
 from .recipes import check_all
 from . import variants as vstack
 from .variants import MODES, choose
@@ -93,59 +92,14 @@ def _cmd_lint(args) -> int:
     return 0
 
 
-def _cmd_channel(args) -> int:
-    from .channel import build_channel  # PyYAML at load: see the module docstring
-
-    st = load(args.stack)
-    res = build_channel(st, out=Path(args.out), recipes_dir=_recipes(args, st),
-                        mirror=[Path(args.sources)] if args.sources else None,
-                        work=Path(args.work) if args.work else None, run_install_test=not args.no_install_test,
-                        mode=args.variants)
-    print(f"channel {res.channel} (variants: {res.variants}):")
-    for p in res.packages:
-        print(f"  {p.relative_to(res.channel)}  {p.stat().st_size / 1e6:.2f} MB")
-    if res.rendered_only:
-        print(f"  rendered + checked, not built here: {', '.join(res.rendered_only)}")
-    if res.install:
-        _print_install(res.install)
-    print("  seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in res.seconds.items()))
-    return 0
-
-
-def _print_install(res: dict) -> None:
-    print(f"  install check ({', '.join(res['virtual_packages'])}):")
-    for fn, r in res["packages"].items():
-        print(f"    {fn}: installed in {r['prefix']}, recipe tests passed")
-    env = res.get("environment")
-    if env:
-        print(f"    `{' '.join(env['specs'])}` -> {env['prefix']}: {env['ucx_info']} ({env['ucx_info_path']}); "
-              f"ucxx maps {env['libucp']}; stack id {env['stack_id']}")
-    print("    stood in (conda-forge/rapidsai, not reachable here): " +
-          ", ".join(f"{n} {p['version']}" for n, p in sorted(res["placeholders"].items())))
-
-
-def _cmd_test_install(args) -> int:
-    from .channel import install_test  # PyYAML at load: see the module docstring
-
-    st = load(args.stack)
-    work = Path(args.work) if args.work else st.root / "build" / "conda-install-test"
-    res = install_test(st, Path(args.channel), work=work, cuda=args.cuda or f"{st.cuda_major}.0", glibc=args.glibc)
-    if args.json:
-        write_output_file(args.json, json.dumps(res, indent=2, sort_keys=True) + "\n", what="the results")
-    _print_install(res)
-    return 0
-
-
 def _cmd_publishable(args) -> int:
-    from .publish import check
-
     for p in check([Path(d) for d in args.dirs]):
         print(p)
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("conda", help="conda recipes (regen, render, lint) and the local channel (build, install test)")
+    p = sub.add_parser("conda", help="conda recipes (regen, pack, render, lint) and what an upload may publish")
     p.add_argument("--stack", help="stack.toml to read (default: the repository's)")
     p.add_argument("--recipes", help="recipes directory (default: <repo>/recipes)")
     s = p.add_subparsers(dest="conda_command", metavar="ACTION", required=True)
@@ -168,31 +122,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = s.add_parser("render", help="print every output rattler-build renders, every variant and platform")
     r.add_argument("--recipe", help="only this recipe (directory name)")
     l_ = s.add_parser("lint", help="render with rattler-build, lint, check against stack.toml")
-    c = s.add_parser("channel", help="build the local channel: check, build, index, install + test")
-    for sp in (w, r, l_, c):
+    for sp in (w, r, l_):
         sp.add_argument("--variants", choices=MODES, default="auto", help=variants_help)
     for sp in (r, l_):
         add_output(sp, "--packed", kind="dir", help="where the packed recipes go (default: <repo>/build/conda-recipes)",
                    note=PACKED_HELP)
     r.set_defaults(func=_cmd_render)
     l_.set_defaults(func=_cmd_lint)
-    add_output(c, "--out", kind="dir", required=True, help="channel directory to create",
-               note="new or empty, or a channel this command made before, which is replaced whole once everything "
-                    "passed; any other directory, or a file, is refused (exit 9)")
-    c.add_argument("--sources", help="a source mirror directory searched first for the recipes' url sources (then "
-                                     "$UCX_DASK_GPU_SOURCE_MIRROR and stack.toml [sources].mirror_dirs)")
-    add_output(c, "--work", kind="dir", help="work directory for builds and logs (default: <repo>/build/conda-work)",
-               note=WORK_DIR_HELP)
-    c.add_argument("--no-install-test", action="store_true", help="skip the install test before publishing")
-    c.set_defaults(func=_cmd_channel)
-    t = s.add_parser("test-install", help="install the channel's packages into fresh prefixes and run their tests")
-    t.add_argument("--channel", required=True)
-    t.add_argument("--cuda", help="__cuda and cuda-version to install for (default: <stack cuda_major>.0)")
-    t.add_argument("--glibc", help="__glibc virtual package version to declare (default: this machine's)")
-    add_output(t, "--work", kind="dir", help="scratch directory (default: <repo>/build/conda-install-test)",
-               note=WORK_DIR_HELP)
-    add_output(t, "--json", metavar="FILE", help="write the detailed results to this file")
-    t.set_defaults(func=_cmd_test_install)
     u = s.add_parser("publishable", help="list the packages an upload would send; refuse (exit 63) if any was built "
                                          "with stand-ins, and (exit 61) two files of one name or none")
     u.add_argument("dirs", nargs="+", metavar="DIR", help="directories the upload reads (searched recursively)")

@@ -50,14 +50,15 @@ from typing import Callable
 
 import yaml
 
-from ..errors import BUILD_FAILED, INSTALL_FAILED, PACKAGE_INVALID, RECIPE_INVALID, SOURCE_UNREACHABLE, UserError
-from ..fsutil import atomic_path, is_elf, sha256_file
-from ..stack import Stack
-from ..ucxbuild import cuda as cudamod
-from ..ucxbuild import ucxx as ucxxbuild
-from ..ucxbuild.fetch import Unreachable, default_cache_dir, fetch_file, fetch_source, sha256_verifier
-from .publish import STANDIN_SUFFIX
-from .recipes import Variant
+from ucx_dask_gpu.conda.publish import STANDIN_SUFFIX
+from ucx_dask_gpu.conda.recipes import Variant
+from ucx_dask_gpu.errors import (BUILD_FAILED, INSTALL_FAILED, PACKAGE_INVALID, RECIPE_INVALID, SOURCE_UNREACHABLE,
+                                 UserError)
+from ucx_dask_gpu.fsutil import atomic_path, is_elf, sha256_file
+from ucx_dask_gpu.stack import Stack
+from ucx_dask_gpu.ucxbuild import cuda as cudamod
+from ucx_dask_gpu.ucxbuild import ucxx as ucxxbuild
+from ucx_dask_gpu.ucxbuild.fetch import Unreachable, default_cache_dir, fetch_file, fetch_source, sha256_verifier
 
 # The sonames a conda-forge package in a recipe's build/host requirements provides at run time (directly or through
 # its run_exports): what the stand-in may leave to the system because a declared requirement covers it.
@@ -520,8 +521,8 @@ def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror
     Url and git sources come from `cache` (default: the repository's download cache), their upstream (unless
     offline), then `mirror_dirs` (source_files). `own`: the packages of this channel built so far (name -> .conda),
     which `channels` serve: a host requirement on one of them stays, and rattler-build installs it. `siblings`: the
-    other outputs of a multi-output recipe rendered with the same variant values. A build with the same inputs (build_key) is taken from
-    `build_cache` (default: <cache>/../conda-builds)."""
+    other outputs of a multi-output recipe rendered with the same variant values. A build with the same inputs
+    (build_key) is taken from `build_cache` (default: <cache>/../conda-builds)."""
     from rattler_build import Stage0Recipe, VariantConfig
     from rattler_build._rattler_build import RattlerBuildError
 
@@ -539,7 +540,7 @@ def build_variant(st: Stack, v: Variant, *, work: Path, output_dir: Path, mirror
     standin_path = recipe_copy / "standin-recipe.yaml"
     # rattler-build stores the recipe it builds as info/recipe/recipe.yaml: keep the original beside it.
     (recipe_copy / "recipe.yaml").rename(recipe_copy / "original-recipe.yaml")
-    text = ("# The stand-in recipe ucx-dask-gpu built (src/ucx_dask_gpu/conda/standin.py) for the recipe in "
+    text = ("# The stand-in recipe ucx-dask-gpu built (tools/conda_standin/standin.py) for the recipe in "
             "original-recipe.yaml.\n" + yaml.safe_dump(recipe, sort_keys=False, width=120))
     standin_path.write_text(text)
     host_names = {req_name(h) for h in v.requirements("host")}

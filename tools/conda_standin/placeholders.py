@@ -18,9 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import INSTALL_FAILED, UserError
-from ..stack import Stack
-from .settings import lock_versions_by_conda_name
+from ucx_dask_gpu.conda.settings import lock_versions_by_conda_name
+from ucx_dask_gpu.errors import INSTALL_FAILED, UserError
+from ucx_dask_gpu.stack import Stack
 
 SUBDIR = "linux-64"
 BUILD = "placeholder_0"

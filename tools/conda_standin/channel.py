@@ -37,13 +37,15 @@ from pathlib import Path
 
 import yaml
 
-from ..cliutil import Progress
-from ..errors import INSTALL_FAILED, OUTPUT_REFUSED, RECIPE_INVALID, UserError
-from ..fsutil import atomic_path, claim_work_dir, is_elf
-from ..stack import Stack
-from ..ucxbuild.fetch import local_dirs
-from . import placeholders, publish, recipes, standin
-from .recipes import BUILD_PLATFORM, Variant
+from ucx_dask_gpu.cliutil import Progress
+from ucx_dask_gpu.conda import publish, recipes
+from ucx_dask_gpu.conda.recipes import BUILD_PLATFORM, Variant
+from ucx_dask_gpu.errors import INSTALL_FAILED, OUTPUT_REFUSED, RECIPE_INVALID, UserError
+from ucx_dask_gpu.fsutil import atomic_path, claim_work_dir, is_elf
+from ucx_dask_gpu.stack import Stack
+from ucx_dask_gpu.ucxbuild.fetch import local_dirs
+
+from . import placeholders, standin
 
 SUBDIRS = (BUILD_PLATFORM, "noarch")
 # Loaded only where a GPU is: a CPU-only host has none of them; the recipe allows them absent.

@@ -1,0 +1,1 @@
+"""Conda packages built without conda channels: the stand-in machinery of `make channel` (tools/README.md)."""
