@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -31,11 +33,22 @@ def test_tools_has_its_readme_and_runs_from_the_repository_root():
     assert "conda_standin" in (REPO / "tools/README.md").read_text()
     proc = subprocess.run([sys.executable, "-m", "tools.conda_standin", "channel", "--help"], cwd=REPO,
                           capture_output=True, text=True)
-    assert proc.returncode == 0 and "never published" in proc.stdout.replace("\n", " ") or "--out" in proc.stdout
+    assert proc.returncode == 0 and "--out" in proc.stdout and "build/channel" in proc.stdout
 
 
-def test_bad_input_is_one_line_with_the_products_exit_code(tmp_path):
-    (tmp_path / "f").write_text("")
-    proc = subprocess.run([sys.executable, "-m", "tools.conda_standin", "channel", "--out", str(tmp_path / "f")],
-                          cwd=REPO, capture_output=True, text=True)
+@pytest.mark.parametrize("kind", ["file", "a directory of the user's", "build/channel"])
+def test_an_output_it_may_not_write_is_one_line_exit_9_and_stays_untouched(tmp_path, kind):
+    if kind == "file":
+        out = tmp_path / "f"
+        out.write_text("mine")
+    elif kind == "build/channel":
+        out = REPO / "build" / "channel"
+    else:
+        out = tmp_path / "d"
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in out.iterdir()) if out.is_dir() else None
+    proc = subprocess.run([sys.executable, "-m", "tools.conda_standin", "channel", "--out", str(out), "--work",
+                           str(tmp_path / "work")], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 9 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert (sorted(p.name for p in out.iterdir()) if out.is_dir() else None) == before
