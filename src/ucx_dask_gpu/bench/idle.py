@@ -149,13 +149,21 @@ class Launched:
         self.procs["client"] = client
         line = client.stdout.readline()
         if line.strip() != "ready":
-            raise UserError(f"{self.variant.name}: the client did not see {self.workers} workers (logs in "
-                            f"{self.dir})", BENCH_FAILED)
+            self.say_logs()
+            raise UserError(f"{self.variant.name}: the client did not see {self.workers} workers (its log and the "
+                            "cluster's above)", BENCH_FAILED)
 
     def _check_alive(self) -> None:
         dead = [n for n, p in self.procs.items() if p.poll() is not None]
         if dead:
-            raise UserError(f"{self.variant.name}: {', '.join(dead)} exited (logs in {self.dir})", BENCH_FAILED)
+            self.say_logs()
+            raise UserError(f"{self.variant.name}: {', '.join(dead)} exited (logs above)", BENCH_FAILED)
+
+    def say_logs(self, lines: int = 15) -> None:
+        """The last lines of every process's log, as progress lines: the cluster's directory goes with the run."""
+        for name in self.procs:
+            for ln in self.log(name).splitlines()[-lines:]:
+                say(f"{self.variant.name} {name}: {ln}")
 
     def pids(self) -> dict[str, int]:
         self._check_alive()
