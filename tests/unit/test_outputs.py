@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Every writing option, with what it names. Checked against the parser both ways (test_the_list_is_the_parser), so
 # an option added without add_output, or one that stops writing, fails here.
 WRITING = {
+    ("bench", "idle", "--out"): "dir",
     ("bench", "svd", "--out"): "dir",
     ("bench", "transfer", "--out"): "dir",
     ("bench", "transpose", "--out"): "dir",

@@ -23,6 +23,7 @@ A missing part or a wrong sha256 ends with one line and ROOTFS_INVALID; a damage
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import lzma
@@ -62,13 +63,15 @@ def _compressor(compression: str, level: int) -> list[str]:
 
 
 def _pump(src, dst, digest) -> None:
-    """Copy a stream to another, hashing it; closes `dst`."""
-    try:
-        while chunk := src.read(CHUNK):
-            digest.update(chunk)
-            dst.write(chunk)
-    finally:
-        dst.close()
+    """Copy a stream to another, hashing it; closes `dst`. A reader that went away (stopped on a failure) ends it:
+    the reader's exit code tells why."""
+    with contextlib.suppress(BrokenPipeError):
+        try:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                dst.write(chunk)
+        finally:
+            dst.close()
 
 
 def export_rootfs(image: str, out: str | os.PathLike, part_size: int, level: int = 19,
@@ -107,8 +110,17 @@ def pack(tar_command: list[str], out: str | os.PathLike, identity: dict, config:
         feeder = threading.Thread(target=_pump, args=(source.stdout, compressor.stdin, tar_digest))
         feeder.start()
         writer = PartWriter(tmp, f"rootfs.tar.{COMPRESSIONS[compression]}", part_size)
-        while chunk := compressor.stdout.read(CHUNK):
-            writer.write(chunk)
+        try:
+            while chunk := compressor.stdout.read(CHUNK):
+                writer.write(chunk)
+        except BaseException:  # a full disk, Ctrl-C: nothing of the pipeline stays running or holds a file open
+            for proc in (source, compressor):
+                proc.kill()
+                proc.wait()
+            with contextlib.suppress(OSError):  # its file closes even when the flush fails
+                writer.close()
+            feeder.join()
+            raise
         parts = writer.close()
         feeder.join()
         if source.wait() != 0 or compressor.wait() != 0:
@@ -208,21 +220,22 @@ def receive(batch: str | os.PathLike, parts_dir: str | os.PathLike) -> dict:
     batch, parts_dir = Path(batch), Path(parts_dir)
     manifest = read_manifest(batch)
     known = {p["name"]: p for p in manifest["parts"]}
-    if (parts_dir / MANIFEST).is_file():
-        have = read_manifest(parts_dir)
-        if have.get("archive_sha256") != manifest.get("archive_sha256"):
-            raise UserError(f"{parts_dir} holds parts of another export ({have.get('image')}, archive "
-                            f"{str(have.get('archive_sha256'))[:12]}): remove it first", ROOTFS_INVALID)
     incoming = [f for f in sorted(batch.iterdir()) if f.name in known]
     # the parts directory may hold the user's files too: a name taken by one no earlier receive wrote stays theirs
     fsutil.check_output_dir(parts_dir)
     fsutil.check_names_free(parts_dir, {MANIFEST: (batch / MANIFEST).read_bytes(), CONFIG: (batch / CONFIG).read_bytes(),
                                         **{f.name: None for f in incoming}}, "--parts")
+    if (parts_dir / MANIFEST).is_file():
+        have = read_manifest(parts_dir)
+        if have.get("archive_sha256") != manifest.get("archive_sha256"):
+            raise UserError(f"{parts_dir} holds parts of another export ({have.get('image')}, archive "
+                            f"{str(have.get('archive_sha256'))[:12]}): remove it first", ROOTFS_INVALID)
     moved = []
     try:
         parts_dir.mkdir(parents=True, exist_ok=True)
         for name in (MANIFEST, CONFIG):
             shutil.copyfile(batch / name, parts_dir / name)
+        fsutil.record_written(parts_dir, [MANIFEST, CONFIG])
         for f in incoming:
             dest = parts_dir / f.name
             try:
@@ -235,10 +248,13 @@ def receive(batch: str | os.PathLike, parts_dir: str | os.PathLike) -> dict:
                 dest.unlink()
                 raise UserError(f"{f.name}: {problem}: copy it again", ROOTFS_INVALID)
             moved.append(f.name)
-        fsutil.record_written(parts_dir, [MANIFEST, CONFIG, *moved])
     except OSError as e:  # a full disk midway: what was moved stays a whole, checked part; the rest stays in the batch
         raise UserError(f"--parts {parts_dir}: cannot write ({e.strerror or e}); received "
                         f"{', '.join(moved) or 'no part'}, the rest is still in {batch}", OUTPUT_REFUSED) from None
+    finally:
+        if moved:  # each part moved in and checked is the tool's, whatever stopped the rest
+            with contextlib.suppress(OSError):
+                fsutil.record_written(parts_dir, moved)
     missing = [p["name"] for p in manifest["parts"] if not (parts_dir / p["name"]).is_file()]
     return {"moved": moved, "missing": missing, "parts": len(manifest["parts"]), "image": manifest["image"]}
 
