@@ -31,12 +31,13 @@ SCHEMA_VERSION = 1
 say = Progress("bench idle: ")
 
 # A client connected and doing nothing: what a notebook holding a Client is between computations.
+# It says so through a file: UCX writes its own warnings to stdout.
 IDLE_CLIENT = textwrap.dedent("""
-    import sys, time
+    import pathlib, sys, time
     from distributed import Client
     with Client(scheduler_file=sys.argv[1], timeout=60) as c:
         c.wait_for_workers(int(sys.argv[2]), timeout=120)
-        print("ready", flush=True)
+        pathlib.Path(sys.argv[3]).write_text("ready")
         time.sleep(24 * 3600)
 """)
 
@@ -142,16 +143,15 @@ class Launched:
                 raise UserError(f"{self.variant.name}: the scheduler did not start within {timeout:.0f} s "
                                 f"(log: {self.dir / 'scheduler.log'})", BENCH_FAILED)
             time.sleep(0.2)
-        with open(self.dir / "client.log", "wb") as log:
-            client = subprocess.Popen([self.python, "-c", IDLE_CLIENT, str(self.sched_file), str(self.workers)],
-                                      env=self.env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                                      text=True, start_new_session=True)
-        self.procs["client"] = client
-        line = client.stdout.readline()
-        if line.strip() != "ready":
-            self.say_logs()
-            raise UserError(f"{self.variant.name}: the client did not see {self.workers} workers (its log and the "
-                            "cluster's above)", BENCH_FAILED)
+        ready = self.dir / "client.ready"
+        self._start("client", [self.python, "-c", IDLE_CLIENT, str(self.sched_file), str(self.workers), str(ready)])
+        while not ready.exists():
+            self._check_alive()
+            if time.monotonic() > deadline:
+                self.say_logs()
+                raise UserError(f"{self.variant.name}: the client did not see {self.workers} workers within "
+                                f"{timeout:.0f} s (its log and the cluster's above)", BENCH_FAILED)
+            time.sleep(0.2)
 
     def _check_alive(self) -> None:
         dead = [n for n, p in self.procs.items() if p.poll() is not None]
