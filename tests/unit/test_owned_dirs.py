@@ -301,3 +301,44 @@ def test_config_install_on_a_full_disk_leaves_no_staging_folder(full_disk, tmp_p
     [kept] = keep.iterdir()
     assert sorted(p.name for p in kept.iterdir()) == ["ucx-dask-gpu-transports.yaml", "ucx-dask-gpu-tuned.yaml",
                                                       "ucx-dask-gpu.yaml"]
+
+
+# Every directory option of test_outputs.WRITING (the parser's own list), and how its writing is covered: by the
+# property test above (a COMMANDS entry), or by the same writer as one that is, or why it has a record of its own.
+SAME_WRITER = "report.write_report / fsutil.write_output_dir, as bench/verify-nvlink --out"
+DIRECTORY_OPTIONS = {
+    ("bench", "idle", "--out"): SAME_WRITER,
+    ("bench", "svd", "--out"): SAME_WRITER,
+    ("bench", "transfer", "--out"): SAME_WRITER,
+    ("bench", "transpose", "--out"): SAME_WRITER,
+    ("verify-nvlink", "--out"): "bench/verify-nvlink --out",
+    ("verify-nvlink", "--raw-dir"): SAME_WRITER,
+    ("image", "role-hook", "--dest"): SAME_WRITER,
+    ("image", "rootfs-run", "out"): SAME_WRITER,
+    ("repro", "normalise", "--out"): SAME_WRITER,
+    ("conda", "pack", "--out"): "conda pack --out",
+    ("conda", "lint", "--packed"): "conda pack --out",
+    ("conda", "render", "--packed"): "conda pack --out",
+    ("config", "install", "--dest"): "config install --dest",
+    ("tls", "init", "dir"): "tls init DIR",
+    ("image", "export-rootfs", "dir"): "image export-rootfs DIR",
+    ("image", "rootfs-receive", "--parts"): "image rootfs-receive --parts",
+    ("image", "rootfs-run", "--root"): "image rootfs-run --root",
+    # work directories: only the command's own folders are replaced, never a file beside them; one holding anything
+    # else is refused at its first claim (fsutil.claim_work_dir)
+    ("ucx", "build", "--work-dir"): "claim_work_dir",
+    ("ucx", "ucxx", "--work-dir"): "claim_work_dir",
+    # build outputs replaced whole only when their own record lists everything in them
+    ("ucx", "build", "--prefix"): "a UCX prefix with its share/ucx-dask-gpu/build-info.json",
+    ("ucx", "ucxx", "--out"): "the wheels ucxx-build-info.json lists (ucxx.replaceable_output)",
+    ("ucx", "fetch", "--dest"): "the source cache: archives by name, checked against stack.toml's pins",
+    ("repro", "check", "--clone-dir"): "new or empty only (reprocheck refuses any other)",
+}
+
+
+def test_every_directory_a_command_writes_is_covered():
+    from test_outputs import WRITING
+
+    assert {k for k, kind in WRITING.items() if kind == "dir"} == set(DIRECTORY_OPTIONS)
+    covered = {v for v in DIRECTORY_OPTIONS.values() if v.startswith(("conda ", "config ", "image ", "tls ", "bench"))}
+    assert covered <= set(COMMANDS) | ({"tls init DIR"} if not HAS_OPENSSL else set())
