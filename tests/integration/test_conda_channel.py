@@ -114,7 +114,8 @@ def test_ucx_package_metadata(built):
     fn, rec = _record(built["channel"], "ucx")
     assert (rec["name"], rec["version"]) == ("ucx", s.ucx.version)
     assert rec["build"].startswith(f"cuda{st.cuda_major}_h") and rec["subdir"] == "linux-64"
-    assert rec["constrains"] == [f"cuda-version >={st.cuda_major},<{st.cuda_major + 1}.0a0"]
+    assert rec["constrains"] == [f"cuda-version >={st.cuda_major},<{st.cuda_major + 1}.0a0",
+                                 f"cuda-cudart {st.cuda_major}.*"]
     # This machine's glibc, which the stand-in's compiler linked against (no cuda-cudart: ignored run export).
     assert rec["depends"] == [f"__glibc >={standin.host_glibc()}"]
     assert rec["license"] == "BSD-3-Clause"

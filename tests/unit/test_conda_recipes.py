@@ -376,3 +376,23 @@ def test_rattler_build_and_the_pinning_are_the_recorded_ones():
     workflow = (REPO / ".github/workflows/conda.yml").read_text()
     assert "$(get conda.pinning_commit)" in workflow and "rattler-build=${{ steps.stack.outputs.rattler_build }}" \
         in workflow and "git clone --depth 1" not in workflow
+
+
+def test_ucx_constrains_what_conda_forges_ucx_constrains(repo):
+    for v in render_recipe(packed(), "ucx"):
+        major = v.variant["cuda_compiler_version"].split(".")[0]
+        assert f"cuda-cudart {major}.*" in v.requirements("run_constraints")
+    edit(repo / "recipes/ucx/recipe.yaml", "    - cuda-cudart ${{ cuda_major }}.*\n", "")
+    assert any("conda-forge's ucx constrains ['cuda-cudart', 'cuda-version']" in p for p in problems(repo))
+
+
+def test_the_metapackage_installs_only_its_own_command():
+    """conda-forge's distributed owns dask-scheduler and dask-worker: two packages writing one file clobber each other.
+    The image keeps both names (launchers run them around its entrypoint): its Dockerfile writes them."""
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert list(scripts) == ["ucx-dask-gpu"]
+    (v,) = render_recipe(packed(), "ucx-dask-gpu")
+    contents = [t["package_contents"]["files"] for t in v.tests if "package_contents" in t]
+    assert contents and {"bin/dask-scheduler", "bin/dask-worker"} <= set(contents[0]["not_exists"])
+    dockerfile = (REPO / "docker/Dockerfile").read_text()
+    assert "for name in dask-scheduler dask-worker" in dockerfile and "legacy_main" in dockerfile

@@ -47,7 +47,7 @@ def test_ucx_standin_recipe_empties_only_build_and_host(tmp_path):
     archive.write_bytes(b"the verified archive of the pinned commit")
     recipe = standin.standin_recipe(v, inputs, {v.sources[0]["git"]: archive}, "2.28")
     assert recipe["requirements"]["build"] == [] and recipe["requirements"]["host"] == []
-    assert recipe["requirements"]["run_constraints"] == ["cuda-version >=13,<14.0a0"]
+    assert recipe["requirements"]["run_constraints"] == ["cuda-version >=13,<14.0a0", "cuda-cudart ${{ cuda_major }}.*"]
     assert recipe["requirements"]["run"] == ["__glibc >=2.28"]
     assert recipe["requirements"]["run_exports"] == ['${{ pin_subpackage("ucx", upper_bound="x.x") }}']
     # The git source (as a feedstock builds it) is built from the archive of that commit, by that file's sha256.

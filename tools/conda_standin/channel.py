@@ -275,6 +275,8 @@ def _test_lines(tests: list[dict]) -> list[str]:
         script = t.get("script")
         lines += [script] if isinstance(script, str) else list(script or [])
         for kind, globs in (t.get("package_contents") or {}).items():
+            if isinstance(globs, dict):  # not_exists names the package's own files: rattler-build checked them
+                globs = globs.get("exists") or []
             for g in globs if isinstance(globs, list) else []:
                 where = {"lib": ['"$PREFIX"/lib/lib{g}.so'], "include": ['"$PREFIX"/include/{g}'],
                          "bin": ['"$PREFIX"/bin/{g}'], "files": ['"$PREFIX"/{g}']}.get(kind, [])

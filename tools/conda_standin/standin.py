@@ -51,7 +51,7 @@ from typing import Callable
 import yaml
 
 from ucx_dask_gpu.conda.publish import STANDIN_SUFFIX
-from ucx_dask_gpu.conda.recipes import Variant
+from ucx_dask_gpu.conda.recipes import Variant, spec_name as req_name
 from ucx_dask_gpu.errors import (BUILD_FAILED, INSTALL_FAILED, PACKAGE_INVALID, RECIPE_INVALID, SOURCE_UNREACHABLE,
                                  UserError)
 from ucx_dask_gpu.fsutil import atomic_path, is_elf, sha256_file
@@ -224,12 +224,6 @@ def source_files(st: Stack, v: Variant, *, cache: Path, mirror_dirs: list[Path],
             out[str(s["git"])] = fetch_git_source(st, str(s["git"]), str(s.get("rev")), cache=cache,
                                                   mirror_dirs=mirror_dirs, offline=offline)
     return out
-
-
-def req_name(spec: str) -> str:
-    """The package a requirement names: `ucx 1.20.1.*` -> ucx, `${{ pin_subpackage("libucxx", ...) }}` -> libucxx."""
-    m = PIN_SUBPACKAGE_RE.match(spec.strip()) or PIN_COMPATIBLE_RE.match(spec.strip())
-    return m.group(1) if m else spec.split()[0]
 
 
 def standin_inputs(st: Stack, v: Variant, work: Path, own: set[str] = frozenset()) -> StandinInputs:

@@ -101,6 +101,15 @@ def spec_text(spec) -> str:
     return str(spec)
 
 
+PIN_RE = re.compile(r'^\$\{\{\s*pin_(?:subpackage|compatible)\(\s*"([^"]+)"')
+
+
+def spec_name(spec: str) -> str:
+    """The package a requirement names: `ucx 1.20.1.*` -> ucx, `${{ pin_subpackage("libucxx", ...) }}` -> libucxx."""
+    m = PIN_RE.match(spec.strip())
+    return m.group(1) if m else spec.split()[0]
+
+
 def _not_skipped(stage0_dict: dict, config, render_config) -> set[str] | None:
     """Build strings of the variants a single-output recipe's `build.skip` keeps, or None for a multi-output recipe.
 
@@ -256,8 +265,14 @@ def check_against_stack(v: Variant, st: Stack) -> list[str]:
         ignored = ((v.stage1.get("requirements") or {}).get("ignore_run_exports") or {}).get("from_package") or []
         if not any(str(x).startswith("cuda-nvcc_") for x in ignored) or "cuda-cudart-dev" not in ignored:
             out.append(f"{where}: ignore_run_exports.from_package must list the CUDA compiler and cuda-cudart-dev")
-        if not any("cuda-version" in c for c in v.requirements("run_constraints")):
-            out.append(f"{where}: requirements.run_constraints must constrain cuda-version")
+        constrained = sorted({spec_name(c) for c in v.requirements("run_constraints")})
+        if constrained != sorted(UCX_FEEDSTOCK_RUN_CONSTRAINTS):
+            out.append(f"{where}: requirements.run_constraints constrain {constrained}, conda-forge's ucx constrains "
+                       f"{sorted(UCX_FEEDSTOCK_RUN_CONSTRAINTS)}")
+        major = (v.variant.get("cuda_compiler_version") or "").split(".")[0]
+        if major and f"cuda-cudart {major}.*" not in v.requirements("run_constraints"):
+            out.append(f"{where}: requirements.run_constraints must hold cuda-cudart {major}.* (the runtime its CUDA "
+                       f"modules load)")
         if (v.build.get("dynamic_linking") or {}).get("overlinking_behavior") != "error":
             out.append(f"{where}: build.dynamic_linking.overlinking_behavior must be error")
     elif v.recipe_path.parent.name == "ucxx":
@@ -316,6 +331,11 @@ def mirror_hashes_on_remote_urls(v: Variant, st: Stack) -> list[str]:
             f"not of what that URL serves (pin a git commit instead: docs/conda.md \"Sources\")"
             for i, src in enumerate(v.sources)
             if re.match(r"^(https?|ftp)://", str(src.get("url", ""))) and str(src.get("sha256")) in known]
+
+
+# What conda-forge's ucx (ucx-split-feedstock) constrains at run time: ours replaces it in a user's environment, so the
+# packages built against it must find the same constraints (docs/conda.md "Beside conda-forge").
+UCX_FEEDSTOCK_RUN_CONSTRAINTS = ("cuda-version", "cuda-cudart")
 
 
 BUILD_STRING = re.compile(r"^[A-Za-z0-9_.]+$")

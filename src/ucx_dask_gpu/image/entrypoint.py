@@ -10,8 +10,9 @@
 The legacy spellings are what launchers emit (the dask Helm chart and the dask-kubernetes operator run
 `dask-scheduler`/`dask-worker`/`dask-cuda-worker`, dask-jobqueue `python -m distributed.cli.dask_worker`); distributed
 no longer installs `dask-scheduler` and `dask-worker`, so they are exec'd as `dask scheduler`/`dask worker`. The
-package also installs `dask-scheduler` and `dask-worker` commands that come here (`legacy_main`), for launchers that
-bypass the entrypoint (Apptainer `exec`, a Kubernetes `command:`).
+image also has `dask-scheduler` and `dask-worker` commands that come here (`legacy_main`; docker/Dockerfile writes
+them, the package does not install them), for launchers that bypass the entrypoint (Apptainer `exec`, a Kubernetes
+`command:`).
 
 Any other command is exec'd unchanged, with the image's environment and dask config (/etc/dask), as users of the
 Dask, RAPIDS and docker-library images expect (`exec "$@"`); `dask` with other words (`dask info versions`) is dask's
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def legacy_main() -> int:
-    """`dask-scheduler`, `dask-worker` (commands of this package): the same checks and exec as the entrypoint."""
+    """`dask-scheduler`, `dask-worker` (the image's commands): the same checks and exec as the entrypoint."""
     return run([os.path.basename(sys.argv[0]), *sys.argv[1:]])
 
 
