@@ -1,9 +1,10 @@
 """The stand-in channel (`python -m tools.conda_standin channel`, `make channel`): the v1 recipes rendered and checked
-by rattler-build, every output -- ucx, libucxx, ucxx, distributed-ucxx, the metapackage -- built by rattler-build on
-its stand-in recipe (real UCX and UCXX builds of the recipes' scripts; libucxx and ucxx against the channel's own ucx,
-installed by rattler-build), a py-rattler-indexed channel, and the install check: ucx and libucxx each solved and installed into a fresh prefix and tested by
-rattler-build, then `ucx-dask-gpu cuda-version=<major>.0` solved and installed by py-rattler into a prefix where
-ucx_info is the packaged UCX, ucxx maps the prefix's libucp, and a client joins a cluster of the image.
+by rattler-build, every output -- ucx, libucxx, ucxx, distributed-ucxx, the metapackage -- built by rattler-build on its
+stand-in recipe (real UCX and UCXX builds of the recipes' scripts; libucxx and ucxx against the channel's own ucx,
+installed by rattler-build), a py-rattler-indexed channel, and the install check: ucx and libucxx each solved and
+installed into a fresh prefix and tested by rattler-build, then `ucx-dask-gpu cuda-version=<major>.0` solved and
+installed by py-rattler into a prefix where ucx_info is the packaged UCX, ucxx maps the prefix's libucp, and a client
+joins a cluster of the image.
 
 What runs here and what needs a machine with conda-forge is listed in docs/conda.md. The packages are kept by input
 hash (.cache/conda-builds), so a second run of the chain with the same inputs builds nothing.

@@ -1,10 +1,11 @@
 """What may be published: the packages of the directories an upload reads, none of them built with stand-ins.
 
-A package `make channel` builds on a host without channel access had its compilers, sysroot, CUDA and libraries stood
-in for by that machine's (standin.py): it proves the recipes build, it is not a package for users. It says so twice,
-in about.json `extra.standin` and in a build string ending in `_standin`; either one makes check() refuse the whole
-upload before anything is sent (ci/conda_upload.sh, the conda workflow's upload job). Two files of one name in the
-directories given (the same noarch package from two build jobs) are refused too: no copy wins silently.
+A package `make channel` builds on a host without channel access had its compilers, sysroot, CUDA and libraries
+stood in for by that machine's (tools/conda_standin): it proves the recipes build, it is not a package for users. It
+says so twice, in about.json `extra.standin` and in a build string ending in `_standin`; either one makes check()
+refuse the whole upload before anything is sent (ci/conda_upload.sh, the conda workflow's upload job). Two files of
+one name in the directories given (the same noarch package from two build jobs) are refused too: no copy wins
+silently.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from ..errors import PACKAGE_INVALID, STANDIN_REFUSED, UserError
 
 SUFFIXES = (".conda", ".tar.bz2")
-# Ends the build string of every stand-in package (standin.py gives it).
+# Ends the build string of every stand-in package (tools/conda_standin/standin.py gives it).
 STANDIN_SUFFIX = "_standin"
 # Where ci/conda_build.sh writes what it builds with conda-forge's real requirements, and what an upload reads
 # (relative to the repository): a stand-in channel is never written there.
