@@ -1,6 +1,7 @@
 """Files: written so that readers never see half a file (temp path in the same directory, then rename), their sha256,
 whether one is an ELF binary, which shared library a process has mapped; and the outputs a user names on a command line: checked before the work starts,
-written after it without removing or replacing anything else, and kept somewhere when that write fails.
+written after it without removing or replacing anything else, and kept somewhere when that write fails; a directory
+the tool writes records what it wrote there (MANIFEST), so a later run replaces only that.
 Standard library only."""
 from __future__ import annotations
 
@@ -274,12 +275,11 @@ def unknown_entries(directory: str | os.PathLike) -> list[str]:
         rel = Path(top).relative_to(d)
         for name in list(dirs):
             path = (rel / name).as_posix()
-            if path.split("/")[0] in trees or path not in files:
-                dirs.remove(name)  # a claimed tree is ours whole; an unknown folder is named once
-            if path.split("/")[0] not in trees and path not in files:
-                unknown.append(path)
-        unknown += [p for n in names if (p := (rel / n).as_posix()) != MANIFEST and p not in files
-                    and p.split("/")[0] not in trees]
+            if path not in files:  # a tree claimed whole is not looked into; an unknown folder is named once
+                dirs.remove(name)
+                if path not in trees:
+                    unknown.append(path)
+        unknown += [p for n in names if (p := (rel / n).as_posix()) not in files and p not in trees and p != MANIFEST]
     return sorted(unknown)
 
 

@@ -75,9 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t = s.add_parser("init", help="create DIR with a CA and scheduler/worker/client certificates (openssl); "
                                   "add client certificates to an existing DIR with --client")
     add_output(t, "dir", kind="dir", help="the cluster's certificate directory",
-               note="a directory, created when missing: the CA, and each role's certificate, are written only where "
-                    "missing (a --client NAME is issued again); nothing else in it is touched; a file there is refused "
-                    "(exit 9)")
+               note="a directory, created when missing: the CA, and each role's certificate and key, are written only "
+                    "where missing (a --client NAME is issued again); a name taken by a file no earlier init wrote, or a "
+                    "file there, is refused (exit 9); nothing else in it is touched")
     t.add_argument("--host", action="append", default=[],
                    help="a name or address the scheduler and workers are reached by (repeatable; default localhost "
                         "and 127.0.0.1)")
