@@ -30,7 +30,7 @@ def run_entry(opts, rec, base) -> dict:
     names = list(dict.fromkeys(m for r in rec.reps for m in r["metrics"]))
     samples = {m: [round(x, 6) for x in rec.metric(m)] for m in names}
     moved, base_moved = [r["bytes"] for r in rec.reps], [r["bytes"] for r in base.reps]
-    if rec is base:
+    if rec is base or not base.reps or not rec.reps:
         ratios = {}
     elif stats.same_work(moved, base_moved):
         ratios = {m: stats.bootstrap_ratio(rec.metric(m), base.metric(m), opts.resamples, opts.seed) for m in names}
