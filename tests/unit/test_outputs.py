@@ -317,8 +317,9 @@ def test_config_install_into_a_directory_with_other_files(tmp_path, capsys):
     mine = _users_files(dest)
     rc, err = _run(["config", "install", "--dest", str(dest)], capsys)
     assert rc == 0, err
-    assert sorted(p.name for p in dest.iterdir()) == [fsutil.MANIFEST, "notes.txt", "sub", "ucx-dask-gpu-transports.yaml",
-                                                       "ucx-dask-gpu-tuned.yaml", "ucx-dask-gpu.yaml"]
+    assert sorted(p.name for p in dest.iterdir()) == [fsutil.MANIFEST, "notes.txt", "sub",
+                                                       "ucx-dask-gpu-transports.yaml", "ucx-dask-gpu-tuned.yaml",
+                                                       "ucx-dask-gpu.yaml"]
     assert (dest / "notes.txt").read_text() == "mine" and (dest / "sub" / "data.bin").read_text() == "also mine"
 
 

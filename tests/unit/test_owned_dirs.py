@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ucx_dask_gpu import fsutil, report
+from ucx_dask_gpu import report
 from ucx_dask_gpu.errors import OUTPUT_REFUSED, RESULT_KEPT, SCHEDULER_UNREACHABLE, USAGE, UserError
 from ucx_dask_gpu.image import rootfs
 

@@ -223,7 +223,7 @@ def receive(batch: str | os.PathLike, parts_dir: str | os.PathLike) -> dict:
     incoming = [f for f in sorted(batch.iterdir()) if f.name in known]
     # the parts directory may hold the user's files too: a name taken by one no earlier receive wrote stays theirs
     fsutil.check_output_dir(parts_dir)
-    fsutil.check_names_free(parts_dir, {MANIFEST: (batch / MANIFEST).read_bytes(), CONFIG: (batch / CONFIG).read_bytes(),
+    fsutil.check_names_free(parts_dir, {**{n: (batch / n).read_bytes() for n in (MANIFEST, CONFIG)},
                                         **{f.name: None for f in incoming}}, "--parts")
     if (parts_dir / MANIFEST).is_file():
         have = read_manifest(parts_dir)
@@ -348,7 +348,8 @@ def unpack(root: str | os.PathLike, parts_dir: str | os.PathLike) -> dict:
         tar.stdin.close()
         err = tar.stderr.read().decode().strip()
         if tar.wait() != 0 or digest.hexdigest() != manifest["rootfs_sha256"]:
-            why = f"tar failed: {err[-200:]}" if tar.returncode else "the unpacked tar's sha256 differs from the manifest"
+            why = f"tar failed: {err[-200:]}" if tar.returncode else \
+                "the unpacked tar's sha256 differs from the manifest"
             raise UserError(f"unpacking into {root}: {why}", ROOTFS_INVALID)
     return {"root": str(root), "reused": False, "manifest": manifest, "bytes": digest.bytes}
 
