@@ -7,7 +7,9 @@ imports keeps the UCX build's inputs small.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -147,21 +149,70 @@ def check_outputs(args: argparse.Namespace) -> None:
                 check_output_dir(v)
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM (`docker stop`, `timeout`, systemd) arrived: raised where the command is, so every
+    `finally` and context manager on the way out stops the containers, clusters and processes it started."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum, frame):
+    # Only the first signal interrupts: a second Ctrl-C (or a SIGTERM after it) must not cut short the cleanup the
+    # first one started, which is what would leave containers, networks and volumes behind.
+    if not getattr(_interrupt, "raised", False):
+        _interrupt.raised = True
+        raise Interrupted(signum)
+
+
+def _on_signals() -> dict:
+    """SIGINT and SIGTERM raise Interrupted in the main thread (SIGTERM's default would end the process without a
+    line and without cleanup); returns the handlers to put back."""
+    _interrupt.raised = False
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Cleanup that must run to its end (stopping containers, removing a network): SIGINT/SIGTERM arriving meanwhile
+    are held and delivered once it is done, to whatever handler is in place then."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
 def run_parsed(args: argparse.Namespace, label: str) -> int:
     """Check the outputs it names, then call the chosen command; a UserError becomes its one line on stderr and its
-    exit code."""
+    exit code; SIGINT/SIGTERM one line and 130/143, after what the command started has stopped."""
+    previous = _on_signals()
     try:
         check_outputs(args)
         return int(args.func(args) or 0)
     except UserError as e:
         print(f"{label}: error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print(f"{label}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"{label}: interrupted by {signal.Signals(signum).name}; what it started has stopped", file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:  # `... | head`: the reader left; end as a shell's command would on SIGPIPE, silently
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's final flush must not fail again
         return 141
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def standalone_main(command: str, register, argv: list[str] | None = None, description: str | None = None) -> int:

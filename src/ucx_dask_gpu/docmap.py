@@ -36,17 +36,22 @@ def exit_codes(source: str) -> list[tuple[str, int | None, str]]:
     """errors.py's table in order: ("group", None, title) for a group line, (NAME, code, meaning) for each code. A code
     without a comment, or a meaning that is not one, is refused: the page would say nothing."""
     rows: list[tuple[str, int | None, str]] = []
+    continued = False  # a meaning goes on only on the lines right below its code (not into a class's comments)
     for line in source.splitlines():
         if m := _GROUP.match(line):
             rows.append(("group", None, f"{m['title']} ({m['first']}–{m['last']})"))
+            continued = False
         elif m := _CODE.match(line):
             if not m["comment"]:
                 raise UserError(f"errors.py: {m['name']} = {m['code']} has no comment saying what it means",
                                 VERDICT_FAILED)
             rows.append((m["name"], int(m["code"]), m["comment"].strip()))
-        elif (m := _MORE.match(line)) and rows and rows[-1][1] is not None:
+            continued = True
+        elif continued and (m := _MORE.match(line)):
             name, code, text = rows[-1]
             rows[-1] = (name, code, f"{text} {m['comment'].strip()}")
+        else:
+            continued = False
     return rows
 
 
@@ -58,7 +63,7 @@ def _cell(text: str) -> str:
 def exit_code_table(source: str) -> str:
     lines = ["| code | meaning | constant |", "|---|---|---|"]
     for name, code, text in exit_codes(source):
-        lines.append(f"| | **{text}** | |" if code is None else f"| {code} | {_cell(text)} | `{name}` |")
+        lines.append(f"| | **{_cell(text)}** | |" if code is None else f"| {code} | {_cell(text)} | `{name}` |")
     return "\n".join(lines)
 
 

@@ -1,8 +1,12 @@
 """What every command shares: byte sizes parsed exactly as dask parses them, and progress lines."""
 from __future__ import annotations
 
+import argparse
 import io
+import os
+import signal
 import threading
+import time
 
 import pytest
 from dask.utils import parse_bytes as dask_parse_bytes
@@ -89,3 +93,56 @@ def test_a_bad_size_option_is_the_parsers_one_line(capsys):
         p.parse_args(["--size", "1Q"])
     err = capsys.readouterr().err
     assert e.value.code == USAGE and len(err.strip().splitlines()) == 1 and "argument --size: '1Q'" in err
+
+
+# --- SIGINT / SIGTERM ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: signal.Signals(s).name)
+def test_a_signal_unwinds_the_command_and_is_one_line_with_128_plus_its_number(capsys, sig):
+    """SIGTERM's default would end the process without a line and without running any cleanup."""
+    cleaned = []
+
+    def command(args):
+        try:
+            os.kill(os.getpid(), sig)
+            time.sleep(5)
+        finally:
+            cleaned.append(True)
+
+    before = signal.getsignal(signal.SIGTERM)
+    rc = cliutil.run_parsed(argparse.Namespace(func=command), "ucx-dask-gpu x")
+    assert rc == 128 + sig and cleaned == [True]
+    assert capsys.readouterr().err.splitlines() == [
+        f"ucx-dask-gpu x: interrupted by {signal.Signals(sig).name}; what it started has stopped"]
+    assert signal.getsignal(signal.SIGTERM) is before, "the caller's handlers are put back"
+
+
+def test_a_signal_during_cleanup_waits_for_it_and_a_second_one_cannot_cut_it_short(capsys):
+    steps = []
+
+    def command(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            with cliutil.signals_deferred():
+                os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C while containers are being removed
+                steps.append("removed")
+            steps.append("after")
+
+    assert cliutil.run_parsed(argparse.Namespace(func=command), "x") == 143
+    assert steps == ["removed", "after"]
+
+
+def test_signals_deferred_delivers_a_held_signal_when_done():
+    with pytest.raises(cliutil.Interrupted) as e:
+        previous = cliutil._on_signals()
+        try:
+            with cliutil.signals_deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.1)
+                held = "still here"
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+    assert held == "still here" and e.value.signum == signal.SIGTERM

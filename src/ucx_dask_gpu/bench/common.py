@@ -706,10 +706,6 @@ def measure(opts: Options, hosts: list[Host], tmp: Path, budget: Budget, progres
     return records, notes, refs
 
 
-def _interrupted(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def failures(payload: dict) -> tuple[int, str] | None:
     bad = [r for r in payload["runs"] if r["status"] == "error"]
     if bad:
@@ -726,7 +722,6 @@ def run(study: Study, args, command: str) -> int:
         print(plan_text(opts))
         return 0
     check_environment(opts)
-    signal.signal(signal.SIGTERM, _interrupted)  # `timeout` stops a run: its clusters are stopped with it
     payload = execute(opts, command)
     print(render.text(payload), flush=True)
     if opts.out is not None:

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cliutil import Progress
+from ..cliutil import Progress, signals_deferred
 from ..errors import ROOTFS_INVALID, UserError
 from ..fsutil import atomic_write_text, write_output_dir
 from ..ucx.perftest import free_port, parse_proto_tables
@@ -257,17 +257,22 @@ class Runner:
     def start(self, name: str, argv: list[str], env: dict | None = None, stdout=None) -> Role:
         role = Role(name, [*(self.config.get("Entrypoint") or []), *argv], env or {})
         role.log = self.logs / f"{name}.log"
-        with open(role.log, "wb") as log:
+        with open(role.log, "wb") as log, signals_deferred():  # a role started is a role stop() knows of
             role.proc = subprocess.Popen(role.argv, env=self.environment(role.env), preexec_fn=self._enter,
                                          stdin=subprocess.DEVNULL, stdout=stdout or log, stderr=log)
-        self.roles.append(role)
+            self.roles.append(role)
         return role
 
     def text(self, role: Role) -> str:
         return role.log.read_text(errors="replace") if role.log and role.log.exists() else ""
 
     def stop(self) -> dict:
-        """SIGTERM every running role's session, wait, SIGKILL what is left; exit codes by role."""
+        """SIGTERM every running role's session, wait, SIGKILL what is left; exit codes by role. A signal meanwhile
+        waits until every role has ended."""
+        with signals_deferred():
+            return self._stop()
+
+    def _stop(self) -> dict:
         for r in self.roles:
             if r.proc and r.proc.poll() is None:
                 _signal_session(r.proc.pid, signal.SIGTERM)

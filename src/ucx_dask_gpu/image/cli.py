@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import (NO_DOCKER, NO_GPU, NOT_REPRODUCIBLE, ROOTFS_INVALID, SBOM_INVALID, SBOM_MISMATCH, USAGE,
                       VERDICT_FAILED, UserError)
-from ..cliutil import SIZE_HELP, add_output, parse_size
+from ..cliutil import SIZE_HELP, add_output, parse_size, signals_deferred
 from ..fsutil import write_output_file
 from ..oci import sbom as sbommod
 from ..oci.compare import compare, render_compare
@@ -232,7 +232,8 @@ def _cmd_rootfs_run(args) -> int:
         result = chroot.run_proof(root, config, Path(args.out), proof, st.image.ucx_prefix,
                                   extra={"driver_files": added, "stack_id": m["stack_id"], "image_id": m["image_id"]})
     finally:
-        left = chroot.unmount_system(mounted)
+        with signals_deferred():
+            left = chroot.unmount_system(mounted)
         if left:
             print(f"rootfs: still mounted: {', '.join(left)}", flush=True)
     for name, c in result["checks"].items():

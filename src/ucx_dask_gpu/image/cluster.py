@@ -30,10 +30,11 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cliutil import Progress
+from ..cliutil import Progress, signals_deferred
 from ..errors import CLUSTER_FAILED, USAGE, UserError
 from ..gate import tls
 from ..oci.archive import LABEL_PREFIX
@@ -259,7 +260,12 @@ class Cluster:
         docker(["kill", name], code=CLUSTER_FAILED, what=f"killing {name}")
 
     def stop(self, quiet: bool = False) -> dict:
-        """Stop workers, then the scheduler (SIGTERM, grace period); remove everything. Returns a report."""
+        """Stop workers, then the scheduler (SIGTERM, grace period); remove everything. Returns a report. A signal
+        meanwhile waits until all is removed (signals_deferred)."""
+        with signals_deferred():
+            return self._stop(quiet)
+
+    def _stop(self, quiet: bool) -> dict:
         report = {"logs": {}, "exit_codes": {}, "tracebacks": []}
         if not self.started:
             return report
@@ -276,10 +282,9 @@ class Cluster:
             report["exit_codes"][name] = state.get("ExitCode")
             if has_traceback(log):
                 report["tracebacks"].append(name)
-        if self.containers:
-            subprocess.run([docker_bin(), "rm", "-f", *self.containers], capture_output=True)
-        subprocess.run([docker_bin(), "volume", "rm", "-f", self.volume], capture_output=True)
-        subprocess.run([docker_bin(), "network", "rm", self.network], capture_output=True)
+        # Everything carrying this cluster's label, client containers too: an interrupted `docker run --rm` client
+        # keeps running after its CLI is killed, and holds the network and the volume.
+        remove_all_clusters(self.name)
         if self.tls_dir is not None:
             shutil.rmtree(self.tls_dir, ignore_errors=True)
         self.started = False
@@ -329,19 +334,25 @@ def make_tls_dir(uid: int | None) -> Path:
     return d
 
 
-def remove_all_clusters() -> int:
-    """Remove every container, volume and network any cluster of ours left (an interrupted run); returns the count.
-
-    Everything carries the CLUSTER_LABEL label; this also ends clusters that are running now.
-    """
+def remove_all_clusters(name: str | None = None, passes: int = 4) -> int:
+    """Remove every container, volume and network of cluster `name` (default: of every cluster of ours: what an
+    interrupted run left); returns the count. Everything carries the CLUSTER_LABEL label; this also ends clusters that
+    are running now. A `docker run` whose client was killed mid-request still creates its container a moment later:
+    the sweep is repeated until a pass finds nothing."""
+    label = f"label={CLUSTER_LABEL}" + (f"={name}" if name else "")
     removed = 0
-    for kind, listing in (("container", ["ps", "-aq"]), ("volume", ["volume", "ls", "-q"]),
-                          ("network", ["network", "ls", "-q"])):
-        proc = subprocess.run([docker_bin(), *listing, "--filter", f"label={CLUSTER_LABEL}"],
-                              capture_output=True, text=True)
-        ids = proc.stdout.split()
-        removed += len(ids)
-        if ids:
-            rm = ["rm", "-f"] if kind == "container" else [kind, "rm"]
-            subprocess.run([docker_bin(), *rm, *ids], capture_output=True)
+    for n in range(passes):
+        found = 0
+        for kind, listing in (("container", ["ps", "-aq"]), ("volume", ["volume", "ls", "-q"]),
+                              ("network", ["network", "ls", "-q"])):
+            proc = subprocess.run([docker_bin(), *listing, "--filter", label], capture_output=True, text=True)
+            ids = proc.stdout.split()
+            found += len(ids)
+            if ids:
+                rm = ["rm", "-f"] if kind == "container" else [kind, "rm"]
+                subprocess.run([docker_bin(), *rm, *ids], capture_output=True)
+        removed += found
+        if not found and n:
+            break
+        time.sleep(0.5 * n)
     return removed

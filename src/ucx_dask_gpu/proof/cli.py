@@ -64,8 +64,9 @@ def _debugging(args) -> bool:
 
 
 def _quiet_client(debug: bool) -> None:
-    """Keep stderr to progress and the one line: distributed's INFO lines (preloads, connections) and UCX/UCXX
-    chatter are for --debug. Set before dask and UCX are imported (LocalCluster workers inherit the environment)."""
+    """Keep stderr to progress and the one line: distributed's INFO and WARNING lines (preloads, connections, tasks
+    cancelled on close) and UCX/UCXX chatter are for --debug. Set before dask and UCX are imported (LocalCluster
+    workers inherit the environment)."""
     if debug:
         os.environ["DASK_LOGGING__DISTRIBUTED"] = "debug"
         return
@@ -74,7 +75,9 @@ def _quiet_client(debug: bool) -> None:
         quiet.update(QUIET_UCX)
     for k, v in quiet.items():
         os.environ.setdefault(k, v)
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+    # distributed's WARNINGs on a run that succeeds (a task's CancelledError while the cluster closes, a slow event
+    # loop on a busy host) say nothing the result does not; a failure still ends in our one line.
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
 
 
 def check_wait_args(args) -> None:

@@ -23,6 +23,8 @@ from ..gate.daskconfig import STARTUP
 from ..gate.identity import GUARD, REFUSAL_PREFIX
 from ..gate.peer import DIAGNOSIS_S, REPORT_EVERY_S, check_scheduler, parse_address, what_answers
 from ..ucx.transports import mapped_libucp
+from . import localworkers
+from .localworkers import quiet_if_interrupted, workers_log_critical_only
 
 # Relative tolerance for float sums: dask and the client add the same numbers in a different order.
 RTOL = 1e-9
@@ -67,8 +69,14 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, th
                 else:
                     client = Client(str(addr), timeout=max(timeout - (time.monotonic() - start), 5))
             else:
-                cluster = LocalCluster(protocol=protocol, n_workers=n_workers,
-                                       threads_per_worker=threads_per_worker, dashboard_address=":0")
+                try:
+                    with workers_log_critical_only():
+                        cluster = LocalCluster(protocol=protocol, n_workers=n_workers,
+                                               threads_per_worker=threads_per_worker, dashboard_address=":0",
+                                               worker_class=localworkers.SparedNanny)
+                except BaseException:
+                    localworkers.close_half_started()
+                    raise
                 client = Client(cluster, timeout=timeout)
         except ImportError as e:
             raise import_failure(e, scheduler, protocol) from None
@@ -85,12 +93,15 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, th
                     raise watch.lost() from None
                 raise
             finally:
+                quiet_if_interrupted()
                 if cluster is not None:
                     with contextlib.suppress(Exception):  # best effort: cluster.close() below ends them anyway
                         close_workers(client, cluster, 30)
         finally:
+            quiet_if_interrupted()
             close_client(client)
     finally:
+        quiet_if_interrupted()
         if cluster is not None:
             cluster.close()
 

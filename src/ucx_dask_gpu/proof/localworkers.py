@@ -1,0 +1,83 @@
+"""The worker processes of the LocalCluster a workload starts for itself (no --scheduler), and how it stops them.
+
+A Ctrl-C at the terminal reaches every process of the foreground process group: the workload's own process, which
+closes the cluster, and each worker process, which without SparedWorker would die mid-task with a KeyboardInterrupt
+traceback (4-7 of them, ~200 lines, after the one line).
+
+SparedWorker and SparedNanny subclass distributed's classes, so they are made when first asked for (PEP 562): the
+command line starts on the standard library alone, and a worker process finds SparedWorker here by name when it
+unpickles what its nanny sent.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+
+
+def __getattr__(name: str):
+    if name not in ("SparedWorker", "SparedNanny"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from distributed import Nanny, Worker
+
+    class SparedWorker(Worker):
+        """A worker that ignores SIGINT: its nanny, in the workload's process, stops it when the workload ends."""
+
+        def __init__(self, *args, **kwargs):
+            if threading.current_thread() is threading.main_thread():  # a worker process's loop runs there
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            super().__init__(*args, **kwargs)
+
+    class SparedNanny(Nanny):
+        """The nanny of a SparedWorker process (the nanny itself runs in the workload's process)."""
+
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("worker_class", SparedWorker)
+            super().__init__(*args, **kwargs)
+
+    for cls in (SparedWorker, SparedNanny):
+        cls.__qualname__ = cls.__name__  # pickled by reference: module + name
+        globals()[cls.__name__] = cls
+    return globals()[name]
+
+
+@contextlib.contextmanager
+def workers_log_critical_only():
+    """Worker processes started meanwhile (they read the environment when they import distributed) log only CRITICAL
+    unless this process logs DEBUG (--debug): their ERRORs when the run ends under them (a transfer cut, Ctrl-C) are
+    tracebacks about the run's own end, and a task's failure reaches the client, whose one line says it."""
+    key, before = "DASK_LOGGING__DISTRIBUTED", os.environ.get("DASK_LOGGING__DISTRIBUTED")
+    if logging.getLogger("distributed").getEffectiveLevel() > logging.DEBUG:
+        os.environ[key] = "critical"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+def quiet_if_interrupted() -> None:
+    """On the way out after Ctrl-C/SIGTERM: what distributed logs while the cluster is torn down under running tasks
+    (tasks lost, comms cancelled, their tracebacks) follows from the user's own interrupt, which the one line already
+    says; --debug keeps it."""
+    if isinstance(sys.exc_info()[1], KeyboardInterrupt) and \
+            logging.getLogger("distributed").getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("distributed").setLevel(logging.CRITICAL + 1)
+
+
+def close_half_started() -> None:
+    """LocalCluster(...) was interrupted while it started: close what it had started, quietly. Left to distributed's
+    exit hook, that close fails on the workers still starting and prints a traceback after our one line."""
+    from distributed.deploy.spec import SpecCluster
+
+    quiet_if_interrupted()
+    instances = getattr(SpecCluster, "_instances", set())
+    for cluster in list(instances):
+        with contextlib.suppress(BaseException):
+            cluster.close(timeout=10)
+        instances.discard(cluster)
