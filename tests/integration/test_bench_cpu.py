@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from ucx_dask_gpu.fsutil import MANIFEST
+
 pytestmark = pytest.mark.integration
 
 SIZE, CHUNK, RUNS = 400, 100, 3
@@ -36,7 +38,8 @@ def transpose(tmp_path_factory):
 def test_exit_outputs_and_stdout(transpose):
     proc, p, out = transpose
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {f.name for f in out.iterdir()} == {"transpose.json", "transpose.md", "transpose.png", "command.txt"}
+    assert {f.name for f in out.iterdir()} == {"transpose.json", "transpose.md", "transpose.png", "command.txt",
+                                               MANIFEST}
     assert (out / "transpose.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ucx-dask-gpu bench transpose --cpu" in (out / "command.txt").read_text()
     assert [ln.split()[0] for ln in proc.stdout.splitlines() if ln.startswith(("ucx/", "tcp/"))] == [

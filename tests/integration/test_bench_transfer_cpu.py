@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ucx_dask_gpu.fsutil import MANIFEST
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +32,8 @@ def run(tmp_path_factory):
 def test_exit_and_outputs(run):
     proc, report, out = run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {p.name for p in out.iterdir()} == {"transfer.json", "transfer.md", "transfer.png", "command.txt"}
+    assert {p.name for p in out.iterdir()} == {"transfer.json", "transfer.md", "transfer.png", "command.txt",
+                                               MANIFEST}
     assert "python -m ucx_dask_gpu.bench.transfer --cpu --sizes 8,64KiB" in (out / "command.txt").read_text()
     assert report["sizes"] == SIZES and report["primary_metric"] == "e2e_s@8" and report["baseline"] == "ucx/event"
 
