@@ -35,6 +35,7 @@ from ucx_dask_gpu.ucxbuild.fetch import CACHE_ENV, default_cache_dir, local_dirs
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = [sys.executable, "-m", "tools.conda_standin"]  # from the repository root (cwd=REPO)
+STANDIN_PROG = "python -m tools.conda_standin channel"  # how its one-line errors start
 
 
 def _tree_digest(root: Path) -> dict[str, str]:
@@ -267,7 +268,7 @@ def test_broken_build_script_keeps_the_existing_channel(built, tmp_path):
     proc = _channel_in(repo, built["channel"], tmp_path / "work", timeout=900)
     assert proc.returncode == BUILD_FAILED, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()
-    assert len(last) == 1 and last[0].startswith("ucx-dask-gpu conda: error: ucx-") and "rattler-build" in last[0]
+    assert len(last) == 1 and last[0].startswith(f"{STANDIN_PROG}: error: ucx-") and "rattler-build" in last[0]
     assert _tree_digest(built["channel"]) == before
     assert not list(built["channel"].parent.glob(".channel.*"))
 
@@ -284,7 +285,7 @@ def test_a_library_the_recipe_does_not_declare_is_refused(built, tmp_path):
     proc = _channel_in(repo, built["channel"], tmp_path / "work", timeout=1800)
     assert proc.returncode == PACKAGE_INVALID, proc.stderr[-2000:]
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith("ucx-dask-gpu conda: error: libucxx-") and "Overlinking against: libstdc++" in line
+    assert line.startswith(f"{STANDIN_PROG}: error: libucxx-") and "Overlinking against: libstdc++" in line
     assert _tree_digest(built["channel"]) == before
 
 
