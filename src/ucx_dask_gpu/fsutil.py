@@ -265,11 +265,14 @@ def record_written(directory: str | os.PathLike, names: Iterable[str]) -> None:
     write_manifest(directory, [*record["files"], *names], record["trees"], record["key"])
 
 
-def unknown_entries(directory: str | os.PathLike) -> list[str]:
+def unknown_entries(directory: str | os.PathLike, files: Iterable[str] | None = None) -> list[str]:
     """What `directory` holds that its manifest does not record, as sorted relative paths (a folder not recorded is
-    named, not descended into)."""
-    d, record = Path(directory), read_manifest(directory)
-    files, trees = set(record["files"]), set(record["trees"])
+    named, not descended into). `files`: the paths another record of the writer lists instead (a UCX prefix's build
+    info); the folders holding them count as written too."""
+    d = Path(directory)
+    record = read_manifest(d) if files is None else {"files": list(files), "trees": []}
+    trees = set(record["trees"])
+    files = {*record["files"], *(parent.as_posix() for f in record["files"] for parent in Path(f).parents)}
     unknown = []
     for top, dirs, names in os.walk(d):
         rel = Path(top).relative_to(d)

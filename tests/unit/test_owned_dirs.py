@@ -211,6 +211,17 @@ def test_rootfs_run_refuses_a_root_it_did_not_unpack(tmp_path):
     assert [p.name for p in root.iterdir()] == ["notes.txt"]
 
 
+def test_ucx_build_refuses_to_replace_an_earlier_build_holding_the_users_file(tmp_path):
+    prefix = tmp_path / "prefix"
+    (prefix / "share" / "ucx-dask-gpu").mkdir(parents=True)
+    (prefix / "share" / "ucx-dask-gpu" / "build-info.json").write_text('{"files": {}}')
+    (prefix / "etc").mkdir()
+    (prefix / "etc" / "site.conf").write_text("mine")
+    proc = udg("ucx", "build", "--prefix", prefix)
+    assert proc.returncode == OUTPUT_REFUSED and one_line(proc) and "etc" in proc.stderr, proc.stderr
+    assert (prefix / "etc" / "site.conf").read_text() == "mine"
+
+
 def test_export_into_a_missing_parent_makes_it(tmp_path):
     out = tmp_path / "missing" / "parent" / "export"
     rootfs.pack(["tar", "-c", "-C", str(REPO / "docker"), "-f", "-", "."], out, {"image": "t"}, {}, part_size=MIB,
@@ -329,7 +340,7 @@ DIRECTORY_OPTIONS = {
     ("ucx", "build", "--work-dir"): "claim_work_dir",
     ("ucx", "ucxx", "--work-dir"): "claim_work_dir",
     # build outputs replaced whole only when their own record lists everything in them
-    ("ucx", "build", "--prefix"): "a UCX prefix with its share/ucx-dask-gpu/build-info.json",
+    ("ucx", "build", "--prefix"): "an earlier build's build-info.json lists its files (test below)",
     ("ucx", "ucxx", "--out"): "the wheels ucxx-build-info.json lists (ucxx.replaceable_output)",
     ("ucx", "fetch", "--dest"): "the source cache: archives by name, checked against stack.toml's pins",
     ("repro", "check", "--clone-dir"): "new or empty only (reprocheck refuses any other)",

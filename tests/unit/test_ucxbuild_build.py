@@ -280,9 +280,9 @@ def test_clamp_mtimes_and_manifest(tmp_path, st):
 def staged(tmp_path: Path, marker: str) -> Path:
     root = tmp_path / f"stage-{marker}"
     (root / "share" / "ucx-dask-gpu").mkdir(parents=True)
-    (root / build.BUILD_INFO).write_text(json.dumps({"marker": marker}))
     (root / "lib").mkdir()
     (root / "lib" / f"only-in-{marker}").write_text(marker)
+    (root / build.BUILD_INFO).write_text(json.dumps({"marker": marker, "files": build.file_manifest(root)}))
     return root
 
 
@@ -352,3 +352,14 @@ def test_make_failure_names_the_component_and_log(tmp_path, capsys):
     assert e.value.exit_code == build.BUILD_FAILED and "src/uct" in msg and "unknown type name foo" in msg
     assert (tmp_path / "logs" / "make-src_uct.log").is_file() and "make-src_uct.log" in msg
     assert "[3/" not in capsys.readouterr().out, "nothing after the failing component ran"
+
+
+def test_a_file_the_user_added_to_an_earlier_build_is_never_replaced_with_it(tmp_path):
+    prefix = tmp_path / "prefix"
+    build.install_into_prefix(staged(tmp_path, "one"), prefix)
+    assert build.foreign_in_earlier_build(prefix) == []
+    (prefix / "etc").mkdir()
+    (prefix / "etc" / "site.conf").write_text("mine")
+    assert build.foreign_in_earlier_build(prefix) == ["etc"]  # build() refuses it (exit 9) before building
+    assert build.install_into_prefix(staged(tmp_path, "two"), prefix) == "merged"
+    assert (prefix / "etc" / "site.conf").read_text() == "mine"

@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import BUILD_FAILED, MISSING_CAPABILITY, USAGE, UserError
-from ..fsutil import atomic_path, atomic_write_text, claim_work_dir, sha256_file
+from ..errors import BUILD_FAILED, MISSING_CAPABILITY, OUTPUT_REFUSED, USAGE, UserError
+from ..fsutil import atomic_path, atomic_write_text, claim_work_dir, sha256_file, unknown_entries
 from ..stack import Stack
 from ..ucx.install import BUILD_INFO, read_build_info
 from . import cuda as cudamod
@@ -346,9 +346,22 @@ def check_required_modules(modules: list[str], require: frozenset[str], stack: S
     return [m for m in stack.required_modules if m not in modules]
 
 
+def foreign_in_earlier_build(prefix: Path) -> list[str]:
+    """The files in `prefix`, an earlier build of ours (its build info there), that its build info does not list:
+    the user's, which replacing the prefix whole would delete. Empty where there is no earlier build."""
+    if not (prefix / BUILD_INFO).is_file():
+        return []
+    try:
+        listed = json.loads((prefix / BUILD_INFO).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = {}
+    return unknown_entries(prefix, [*listed, BUILD_INFO.as_posix()])
+
+
 def install_into_prefix(staged: Path, prefix: Path) -> str:
-    """New prefix or one of our earlier builds: atomic replace. Anything else (a conda $PREFIX): merge files in."""
-    ours = (prefix / BUILD_INFO).is_file()
+    """New prefix or one of our earlier builds holding nothing else (checked before the build): atomic replace.
+    Anything else (a conda $PREFIX): merge files in."""
+    ours = (prefix / BUILD_INFO).is_file() and not foreign_in_earlier_build(prefix)
     if not prefix.exists() or ours or (prefix.is_dir() and not any(prefix.iterdir())):
         with atomic_path(prefix, replace_dir=True) as tmp:  # new, empty, or our own earlier build (checked above)
             shutil.copytree(staged, tmp, symlinks=True)
@@ -412,6 +425,11 @@ def build(stack: Stack, opts: BuildOptions) -> dict:
             say(f"{prefix}: UCX built from the same inputs already (input key {key}); nothing to do")
             repro.write_stamp(opts.stamp, key)
             return read_build_info(prefix)
+        foreign = foreign_in_earlier_build(prefix)
+        if foreign:  # replaced whole at the end, it would take the user's files with it: refused before the build
+            raise UserError(f"--prefix {prefix}: an earlier build holding {foreign[0]}"
+                            f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which its build info "
+                            "does not list; move it away, or give a new or empty prefix", OUTPUT_REFUSED)
         info = _build_in_work_dir(stack, opts, key)
     repro.write_stamp(opts.stamp, key)
     return info
