@@ -5,6 +5,8 @@ import itertools
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -440,3 +442,19 @@ def test_exit_codes_are_distinct():
     dupes = {v: sorted(k for k in codes if codes[k] == v) for v in codes.values()
              if list(codes.values()).count(v) > 1}
     assert not dupes, dupes
+
+
+@pytest.mark.parametrize("stdin, why", [
+    (None, "--from-topo -: stdin is closed"),
+    (b"\0" * ((1 << 20) + 1), "stdin: more than 1048576 bytes"),
+])
+def test_from_topo_stdin_closed_or_oversized_is_one_line(stdin, why):
+    cmd = [sys.executable, "-m", "ucx_dask_gpu", "topology", "--from-topo", "-"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    if stdin is None:  # fd 0 closed, as `<&-` leaves it: Python's sys.stdin is None
+        proc = subprocess.run(["sh", "-c", 'exec "$@" <&-', "sh", *cmd], capture_output=True, env=env)
+    else:
+        proc = subprocess.run(cmd, input=stdin, capture_output=True, env=env)
+    lines = proc.stderr.decode().splitlines()
+    assert proc.returncode == errors.BAD_TOPOLOGY and len(lines) == 1, lines
+    assert lines[0].startswith(f"ucx-dask-gpu topology: error: {why}")

@@ -14,8 +14,8 @@ import os
 import sys
 
 from ..cliutil import add_output
-from ..errors import USAGE, VERDICT_FAILED, UserError
-from ..fsutil import mapped_library, write_output_file
+from ..errors import RESULT_KEPT, USAGE, VERDICT_FAILED, UserError
+from ..fsutil import keep_result, mapped_library, write_output_file
 from ..gate.peer import parse_address
 from .client import connect
 from .from_map import FORMATS, NUMERIC_COLUMNS, prepare_dataset, run_from_map
@@ -101,8 +101,21 @@ def _run(args, body) -> int:
     with connect(args.scheduler, args.protocol, args.n_workers, args.threads_per_worker, args.timeout,
                  args.min_workers, args.wait_workers) as client:
         result = body(client)
-    results.write((json.dumps(result, indent=2) if args.json else _summary(result)) + "\n")
-    results.flush()
+    document = json.dumps(result, indent=2) + "\n"
+    try:
+        results.write(document if args.json else _summary(result) + "\n")
+        results.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:  # stdout on a full disk or a device that takes nothing (> /dev/full): keep the answer
+        os.dup2(os.open(os.devnull, os.O_WRONLY), results.fileno())  # its buffered copy must not fail again at exit
+        if args.output:  # where it was asked for too: there it is kept (or that write's own line says where)
+            write_output_file(args.output, document, stdout=sys.stderr)
+            where = f"in {args.output}"
+        else:
+            where = keep_result({"workload-result.json": document.encode()}, None, "workload-result", sys.stderr)
+        raise UserError(f"the result could not be written to stdout ({e.strerror}); it is kept {where}",
+                        RESULT_KEPT) from None
     if args.output:  # after the answer is out: a failed write keeps the JSON and says where (exit 18)
         write_output_file(args.output, json.dumps(result, indent=2) + "\n", stdout=results)
     return 0 if result["ok"] else VERDICT_FAILED

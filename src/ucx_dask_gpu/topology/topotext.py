@@ -172,11 +172,25 @@ def parse_topo_text(text: str, source: str = "nvidia-smi topo -m") -> Topology:
     return topo
 
 
+# `nvidia-smi topo -m` of 8 GPUs and 8 NICs is ~3 kB; more than this is not such a listing, and is not read whole.
+MAX_TOPO_BYTES = 1 << 20
+
+
 def read_topo_file(path: str) -> Topology:
-    if path == "-":
-        return parse_topo_text(sys.stdin.read(), source="nvidia-smi topo -m (stdin)")
+    """`path` ('-': stdin) read, at most MAX_TOPO_BYTES, and parsed; one line (BAD_TOPOLOGY) when it cannot be."""
+    where = "stdin" if path == "-" else path
     try:
-        text = Path(path).read_text(errors="replace")
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror or e}", BAD_TOPOLOGY) from None
-    return parse_topo_text(text, source=f"nvidia-smi topo -m text {path}")
+        if path == "-":
+            if sys.stdin is None:  # started with fd 0 closed (`<&-`, a service without stdin)
+                raise UserError("--from-topo -: stdin is closed (pipe `nvidia-smi topo -m` into it, or name a file)",
+                                BAD_TOPOLOGY)
+            data = sys.stdin.buffer.read(MAX_TOPO_BYTES + 1)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(MAX_TOPO_BYTES + 1)
+    except (OSError, ValueError) as e:  # ValueError: a stdin Python has closed
+        raise UserError(f"cannot read {where}: {getattr(e, 'strerror', None) or e}", BAD_TOPOLOGY) from None
+    if len(data) > MAX_TOPO_BYTES:
+        raise UserError(f"{where}: more than {MAX_TOPO_BYTES} bytes, not `nvidia-smi topo -m` output", BAD_TOPOLOGY)
+    source = "nvidia-smi topo -m (stdin)" if path == "-" else f"nvidia-smi topo -m text {path}"
+    return parse_topo_text(data.decode(errors="replace"), source=source)
