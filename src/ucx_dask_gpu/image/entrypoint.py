@@ -37,7 +37,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import NO_GPU, NO_SUCH_COMMAND, TRANSPORT_CONFLICT, UserError
+from ..errors import NO_GPU, NO_SUCH_COMMAND, TRANSPORT_CONFLICT, USAGE, UserError
 from ..gate.daskconfig import collect_for
 from ..gate.identity import GUARD
 from ..gate.peer import parse_address
@@ -154,6 +154,16 @@ def check_worker_address(role: Role) -> None:
         parse_address(role.argv[n], "the scheduler address")
 
 
+def check_worker_has_address(role: Role, config: dict) -> None:
+    """A worker given options only, or nothing (`docker run IMAGE dask worker`), and no scheduler-address in its dask
+    config: one line (USAGE) instead of dask's 26-line ValueError traceback."""
+    rest = role.argv[role.words:]
+    if role.kind in ("worker", "cuda-worker") and all(w.startswith("-") for w in rest) and "--help" not in rest \
+            and not (config.get("scheduler-address") or config.get("scheduler_address")):
+        raise UserError(f"{' '.join(role.argv[:role.words])}: no scheduler address: give one, e.g. "
+                        f"`{' '.join(role.argv[:role.words])} tcp://scheduler:8786`, or --scheduler-file FILE", USAGE)
+
+
 def nanny_preload_args(role: Role, config: dict) -> Role:
     """`dask worker` in any spelling (`dask-worker`, `python -m distributed.cli.dask_worker`) never reads
     distributed.nanny.preload: the configured nanny preloads (the guard first, always) as --preload-nanny options, so
@@ -175,6 +185,7 @@ def run(argv: list[str]) -> int:
         if role.kind in DASK_KINDS:
             check_worker_address(role)
             config = collect_for(env)
+            check_worker_has_address(role, config)
             role = nanny_preload_args(role, config)
             check_transports(config, env)
             check_gpu(role, env)
