@@ -441,16 +441,16 @@ def write_output_file(path: str | os.PathLike, data: bytes | str, stdout: IO[str
 
 
 def write_output_dir(path: str | os.PathLike, files: Mapping[str, bytes | str], stdout: IO[str] | None = None,
-                     what: str = "the report") -> list[Path]:
+                     what: str = "the report", overwrite: bool = False) -> list[Path]:
     """After the work: write these files into directory `path` (created with its parents when missing), all or none,
     leaving everything else in it alone, and record them in its manifest. A name taken by a file it did not write
-    is not replaced. When they cannot be written, keep them (keep_result) and end with one line saying where
-    (exit 18)."""
+    is not replaced, unless `overwrite` (the user said so, or another record of the caller's proves the files its
+    own). When they cannot be written, keep them (keep_result) and end with one line saying where (exit 18)."""
     directory = Path(path)
     data = {name: _bytes(d) for name, d in files.items()}
     created = not directory.exists()
     try:
-        taken = taken_names(directory, data) if directory.is_dir() else []
+        taken = taken_names(directory, data) if directory.is_dir() and not overwrite else []
         if taken:
             why = f"{_first_of(taken)} is there and this command did not write it (not in its {MANIFEST})"
         else:

@@ -205,7 +205,10 @@ def normalise_image(st: Stack, ref: str, out_dir: Path, *, tag: str | None = Non
                              pyc_fixed=sum(1 for r in results for p in r.rewritten if p.endswith(".pyc")),
                              seconds=secs)
         files[IMAGE_JSON] = json.dumps(result.__dict__, indent=2, sort_keys=True) + "\n"
-        write_output_dir(out_dir, files, what="the normalised image's records")
+        # an image.json of an earlier run (one written before directories carried the tool's record) proves the
+        # records there its own: the build cache of every existing checkout holds one
+        write_output_dir(out_dir, files, what="the normalised image's records",
+                         overwrite=_previous(out_dir) is not None)
     return result
 
 
