@@ -40,3 +40,20 @@ def test_cupy_workers_without_a_gpu_are_one_line(procs, tmp_path):
     lines = proc.stderr.splitlines()
     assert proc.returncode == WORKLOAD_FAILED and len(lines) == 1, lines
     assert lines[0].startswith("ucx-dask-gpu workload: error: transpose failed on the cluster: ")
+
+
+def test_a_ucx_worker_at_a_tcp_scheduler_is_one_line_per_attempt_in_the_schedulers_log(procs, shipped_config,
+                                                                                        tmp_path):
+    """UCX's bytes at a tcp listener: dask logged "Failed to deserialize" and tornado the same error, each with a
+    traceback, at every retry (12 tracebacks). The shipped preloads (quietclose) make it one warning line each."""
+    env = procs.env_for(tmp_path, shipped_config)
+    sched, address = procs.start_scheduler(tmp_path, env)
+    try:
+        worker = procs.start_worker(tmp_path, env, address.replace("tcp://", "ucx://"), "ucx-worker",
+                                    extra_args=("--death-timeout", "12"))
+        assert worker.wait(90) != 0
+    finally:
+        sched.stop()
+    text = sched.text()
+    assert "Traceback" not in text, text[-3000:]
+    assert "a peer connected that does not speak Dask's protocol" in text, text[-3000:]

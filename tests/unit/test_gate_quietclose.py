@@ -206,3 +206,43 @@ def test_an_abandoned_ucx_handshake_is_one_warning_line():
         assert len([f for f in ucx.filters if type(f).__name__ == "AbandonedHandshakeFilter"]) == 1
     finally:
         ucx.filters.clear()
+
+
+def test_a_connect_whose_ucx_handshake_timed_out_is_one_warning_line():
+    """distributed logs a failed connect with the exception it was raised from: a TimeoutError out of UCXX's
+    exchange_peer_info (a peer closing while the cluster stops, a loaded host) loses its traceback, in every role."""
+    import asyncio
+
+    from ucx_dask_gpu.gate.quietclose import HANDSHAKE_TIMED_OUT, quiet_handshake_timeouts
+
+    async def exchange_peer_info():
+        await asyncio.wait_for(asyncio.sleep(1), timeout=0.01)
+
+    def connect():
+        try:
+            asyncio.run(exchange_peer_info())
+        except TimeoutError as e:
+            raise OSError("Timed out trying to connect to ucx://10.0.0.2:40000 after 30 s") from e
+
+    out: list[str] = []
+
+    class Keep(logging.StreamHandler):
+        def emit(self, record):
+            out.append(f"{record.levelname} {self.format(record)}")
+
+    log = logging.getLogger("distributed")
+    handler = Keep()
+    log.addHandler(handler)
+    try:
+        quiet_handshake_timeouts()
+        quiet_handshake_timeouts()
+        assert len(handler.filters) == 1
+        for fn in (connect, lambda: (_ for _ in ()).throw(TimeoutError("another wait"))):
+            try:
+                fn()
+            except Exception:
+                logging.getLogger("distributed.core").exception("Failed to connect")
+    finally:
+        log.removeHandler(handler)
+    assert out[0] == f"WARNING Failed to connect: {HANDSHAKE_TIMED_OUT}"
+    assert out[1].startswith("ERROR Failed to connect\nTraceback"), "any other timeout keeps its traceback"

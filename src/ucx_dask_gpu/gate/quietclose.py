@@ -26,7 +26,10 @@ UCX listeners (every role): a peer that opens a UCX connection and goes away or 
 (a worker's connect cancelled as it closes, a client's reconnect ended with its process, a process killed) leaves
 UCXX's listener waiting for the peer's info; after the connect timeout (5 s) UCXX logs "UCXPY ERROR Unexpected error
 in listener handler coroutine" with the TimeoutError's traceback (seen on a scheduler at shutdown). Nothing is lost:
-that connection never carried anything. It becomes one warning line.
+that connection never carried anything. It becomes one warning line. So does any record distributed logs with a
+TimeoutError from that handshake on the connecting side (a scheduler connecting to a nanny that is closing, under
+load), with its own message. A peer that speaks another protocol at a listener (a ucx:// worker given a tcp://
+scheduler's address) is one warning line per attempt instead of two tracebacks.
 
 Load it on every role (dask config `distributed.scheduler|worker|nanny.preload`, next to the guard).
 """
@@ -35,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import sys
 
 from distributed import Nanny, Worker, WorkerPlugin
 from distributed.comm.core import CommClosedError
@@ -152,6 +156,88 @@ def quiet_abandoned_handshakes() -> None:
         ucx.addFilter(AbandonedHandshakeFilter())
 
 
+HANDSHAKE_TIMED_OUT = "a UCX handshake timed out (the peer was slow, loaded or going away)"
+
+
+def _handshake_timeout(exc: BaseException | None) -> bool:
+    """`exc`, or an exception it was raised from, is a TimeoutError that passed through UCXX's exchange_peer_info
+    (its asyncio.wait_for(req.wait(), timeout=connect_timeout))."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__ if isinstance(exc, TimeoutError) else None
+        while tb is not None:
+            if tb.tb_frame.f_code.co_name == "exchange_peer_info":
+                return True
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+class HandshakeTimeoutFilter(logging.Filter):
+    """A record that carries such a timeout (a connect from this process to a peer that is closing, logged by
+    distributed with the exception) becomes one warning line: its message and what happened, no traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and _handshake_timeout(record.exc_info[1]):
+            record.msg, record.args = f"{record.getMessage()}: {HANDSHAKE_TIMED_OUT}", ()
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_handshake_timeouts() -> None:
+    """On the handlers every distributed record goes through (a logger's own filters miss its children's records)."""
+    for logger in (logging.getLogger("distributed"), logging.getLogger()):
+        for handler in logger.handlers:
+            if not any(isinstance(f, HandshakeTimeoutFilter) for f in handler.filters):
+                handler.addFilter(HandshakeTimeoutFilter())
+
+
+FOREIGN_PEER = ("a peer connected that does not speak Dask's protocol over this listener's transport (e.g. a ucx:// "
+                "worker or client given a tcp:// address); its connection is closed")
+
+
+def _frames(frame):
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+def _in_listener_handshake(frames) -> bool:
+    """A new connection's first read on a distributed listener (BaseTCPListener._handle_stream) is on the stack."""
+    return any(f.f_code.co_name == "_handle_stream" and "distributed" in f.f_code.co_filename for f in frames)
+
+
+class ForeignPeerFilter(logging.Filter):
+    """What answers a listener's handshake with bytes of another protocol (UCX's wire format at a tcp port): dask
+    logs "Failed to deserialize" (CRITICAL) and then tornado the same error again, each with a traceback, at every
+    retry of that peer. The first becomes one warning line saying what happened; the second goes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "distributed.protocol.core" and record.msg == "Failed to deserialize" and \
+                _in_listener_handshake(_frames(sys._getframe())):
+            record.msg, record.args, record.exc_info, record.exc_text = FOREIGN_PEER, (), None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        elif record.name == "tornado.application" and record.exc_info:
+            tb = record.exc_info[2]
+            return not _in_listener_handshake(t.tb_frame for t in _tracebacks(tb))
+        return True
+
+
+def _tracebacks(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+def quiet_foreign_peers() -> None:
+    for name in ("distributed.protocol.core", "tornado.application"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ForeignPeerFilter) for f in logger.filters):
+            logger.addFilter(ForeignPeerFilter())
+
+
 def quiet_batched_close() -> None:
     batched = logging.getLogger("distributed.batched")
     if not any(isinstance(f, ExpectedCloseFilter) for f in batched.filters):
@@ -177,6 +263,8 @@ def stop_worker_process_on_graceful_close(nanny) -> None:
 async def dask_setup(server) -> None:
     quiet_batched_close()
     quiet_abandoned_handshakes()
+    quiet_handshake_timeouts()
+    quiet_foreign_peers()
     if isinstance(server, Nanny):
         stop_worker_process_on_graceful_close(server)
     if isinstance(server, Worker):
