@@ -97,3 +97,37 @@ def test_a_refusal_shows_peer_versions_escaped_on_one_line():
     versions = peermsg.versions({"packages": {"dask": "1.0\nERROR forged", "python": "3.11.1"}})
     refusal = identity.check_peer(ours, "client", "Client-1", None, versions)
     assert "\n" not in refusal and "1.0\\nERROR forged" in refusal
+
+
+class _Scheduler:
+    """What the guard's scheduler side touches: its handlers and its event log."""
+
+    def __init__(self):
+        self.handlers = {"register-worker": None, "register-client": None, "identity": lambda: {}}
+        self.events: list = []
+
+    def log_event(self, topic, msg):
+        self.events.append(msg)
+
+
+@pytest.mark.parametrize("name, address, refused", [
+    ("n" * peermsg.MAX_NAME_CHARS, "ucx://[fd00::1]:" + "1" * 200, None),   # each within its own limit
+    ("n" * (peermsg.MAX_NAME_CHARS + 1), "tcp://10.0.0.1:1", "its name has 256 characters"),
+    ("w-1", "tcp://" + "a" * peermsg.MAX_NAME_CHARS, "its address has 261 characters"),
+    ("w\n1", "tcp://10.0.0.1:1", "its name contains control characters"),
+])
+def test_the_guard_bounds_a_workers_name_and_address_each_on_its_own(name, address, refused):
+    """The name's limit is the one register-worker applies: the address does not count against it."""
+    import asyncio
+
+    from ucx_dask_gpu.gate import guard
+
+    scheduler = _Scheduler()
+    guard._install_on_scheduler(scheduler)
+    ours = identity.identity()
+    reply = asyncio.run(scheduler.handlers[guard.ADMIT](role="worker", peer=f"{name} ({address})"[:600], name=name,
+                                                         address=address, ident=ours, versions=None))
+    if refused is None:
+        assert reply == {"refusal": None}
+    else:
+        assert refused in reply["refusal"] and "\n" not in reply["refusal"]

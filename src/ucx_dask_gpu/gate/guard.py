@@ -117,13 +117,18 @@ def _install_on_scheduler(scheduler) -> None:
     add_client = scheduler.handlers["register-client"]
     ident_handler = scheduler.handlers["identity"]
 
-    async def admit(comm=None, role="worker", peer="?", ident=None, versions=None, **_ignored):
+    async def admit(comm=None, role="worker", peer="?", ident=None, versions=None, name=None, address=None,
+                    **_ignored):
         # Accepted peers are noted when they register; a refused one never gets that far. Whatever a peer sent, it
         # gets an answer: a malformed question is refused like a mismatched environment.
         label = peermsg.shown(peer)
         try:
             role = peermsg.role(role)
-            label = peermsg.label(peer)
+            if address is not None:  # a name and its address apart: each has the limit it has when it registers
+                label = _label_of("" if name is None else peermsg.name("its name", name),
+                                  peermsg.name("its address", address))
+            else:  # a guard of an earlier version sends the label only
+                label = peermsg.label(peer)
             checked = peermsg.ident(ident), peermsg.versions(versions)
         except peermsg.PeerMessageError as e:
             return {"refusal": _malformed(scheduler, "worker" if role not in peermsg.ROLES else role, label, e)}
@@ -213,7 +218,8 @@ async def _admit_or_exit(server) -> None:
         if not isinstance(info.get(identity.KEY), dict):
             return
         reply = await asyncio.wait_for(server.scheduler.ucx_dask_gpu_admit(
-            role="worker", peer=_label(server), ident=identity.identity(), versions=_versions.get_versions()),
+            role="worker", peer=_label(server), name=server.name, address=server.address, ident=identity.identity(),
+            versions=_versions.get_versions()),
             max(START_WAIT_S, wait))
     except UserError as e:
         _exit(str(e), e.exit_code)
