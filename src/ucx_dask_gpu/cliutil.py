@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -36,7 +37,7 @@ BYTE_SIZES = {**{k.lower(): v for k, v in {**_DECIMAL, **_BINARY, "B": 1, "": 1}
 
 def parse_bytes(s: float | str) -> int:
     """'100MB' -> 100000000, '1 MiB' -> 1048576, '5.4kB' -> 5400, '1e6' -> 1000000, 'MB' -> 1000000; ValueError
-    otherwise. What dask.utils.parse_bytes returns for every input (a unit test compares them)."""
+    otherwise. What dask.utils.parse_bytes returns for every input it accepts (a unit test compares them)."""
     if isinstance(s, (int, float)):
         return int(s)
     s = s.replace(" ", "")
@@ -54,14 +55,23 @@ def parse_bytes(s: float | str) -> int:
         multiplier = BYTE_SIZES[suffix.lower()]
     except KeyError as e:
         raise ValueError(f"Could not interpret '{suffix}' as a byte unit") from e
+    if not math.isfinite(n * multiplier):  # '1e999': dask's int() of it raises OverflowError, which no caller expects
+        raise ValueError(f"Could not interpret '{prefix}' as a finite number")
     return int(n * multiplier)
+
+
+# Longer is no size anyone types ('1.5 GiB' is 7): refused before float() reads a megabyte of digits.
+MAX_SIZE_CHARS = 64
 
 
 def _checked_size(text: str, minimum: int) -> int:
     try:
+        if len(text) > MAX_SIZE_CHARS:
+            raise ValueError(text)
         size = parse_bytes(text)
     except (ValueError, TypeError):
-        raise ValueError(f"{text!r}: not a byte size ({SIZE_HELP})") from None
+        shown = text if len(text) <= MAX_SIZE_CHARS else f"{text[:MAX_SIZE_CHARS]}...({len(text)} characters)"
+        raise ValueError(f"{shown!r}: not a byte size ({SIZE_HELP})") from None
     if size < minimum:
         raise ValueError(f"{text!r}: {size} bytes, at least {minimum} needed")
     return size

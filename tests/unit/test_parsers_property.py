@@ -142,6 +142,21 @@ def test_byte_sizes_parse_as_dask_parses_them(text):
     assert cliutil.parse_bytes(text) == expected
 
 
+NUMBERS = st.from_regex(r"\A-?[0-9]{1,400}(\.[0-9]*)?(e-?[0-9]{1,4})? ?[kMGTP]i?B?\Z")  # '1e999': infinite
+
+
+@FAST
+@given(text=st.one_of(st.text(max_size=100), NUMBERS))
+def test_a_size_option_is_a_number_of_bytes_or_one_line_exit_2(text):
+    try:
+        size = cliutil.parse_size(text, "--size")
+    except UserError as e:
+        assert e.exit_code == errors.USAGE and len(str(e)) < 400
+        one_line(e)
+    else:
+        assert isinstance(size, int) and size >= 1
+
+
 # --- the guard and what a peer sends ---------------------------------------------------------------------------------
 
 @FAST
