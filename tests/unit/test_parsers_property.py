@@ -131,7 +131,7 @@ def test_byte_sizes_parse_as_dask_parses_them(text):
 
     try:
         expected = dasks(text)
-    except Exception as e:  # dask refuses it: so do we, with ValueError, and the option's one line
+    except Exception:  # dask refuses it: so do we, with ValueError, and the option's one line
         with pytest.raises(ValueError):
             cliutil.parse_bytes(text)
         with pytest.raises(UserError) as err:

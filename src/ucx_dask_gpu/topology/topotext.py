@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 from ..errors import BAD_TOPOLOGY, NO_GPU, UserError
 from .model import (ANSI_RE, IPOIB_NAME_RE, LEVEL_ALIASES, NV_RE, PCI_LEVELS, RDMA_NAME_RE, TRAILING_COLUMNS, GpuInfo,
