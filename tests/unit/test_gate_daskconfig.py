@@ -27,7 +27,8 @@ def test_install_writes_every_file_with_guard_preloads(tmp_path, kind):
     every = ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup", "ucx_dask_gpu.gate.quietclose"]
     for role in ("scheduler", "worker", "nanny"):
         assert cfg["distributed"][role]["preload"] == every
-    assert cfg["distributed"]["client"]["preload"] == ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup"]
+    assert cfg["distributed"]["client"]["preload"] == ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup",
+                                                       "ucx_dask_gpu.gate.quietclose"]
     assert cfg["distributed-ucxx"].get("nvlink") is {"auto": None, "cpu": None, "gpu": True}[kind]
     # the tuned settings come with every transports kind, and are what the packaged tuned-gpu.yaml says
     assert daskconfig.in_force(cfg, [str(tmp_path)], {}).differ == {}

@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 from ..cliutil import Progress
 from ..errors import (ALL_WORKERS_LOST, BINDING_NOT_LOADABLE, ENV_MISMATCH, NO_WORKERS, NOT_A_SCHEDULER,
                       SCHEDULER_LOST, SCHEDULER_UNREACHABLE, WORKLOAD_FAILED, UserError)
-from ..gate.daskconfig import STARTUP
+from ..gate.daskconfig import QUIET_CLOSE, STARTUP
 from ..gate.identity import GUARD, REFUSAL_PREFIX
 from ..gate.peer import DIAGNOSIS_S, REPORT_EVERY_S, check_scheduler, parse_address, what_answers
 from ..ucx.transports import mapped_libucp
@@ -51,10 +51,11 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, th
     # The guard as a client preload: Client(...) imports it before connecting, so this client sends its environment
     # when it registers (gate/guard.py) and a scheduler that checks the contract can accept it, with or without a
     # dask config that says so; and the start-up preload, which applies the client's side of our settings
-    # (ucx-dask-gpu.batched-send.client-interval) when the config has them.
+    # (ucx-dask-gpu.batched-send.client-interval) when the config has them; quietclose, whose one line replaces the
+    # traceback of a UCX handshake that timed out.
     preload = dask.config.get("distributed.client.preload", None) or []
     preload = [preload] if isinstance(preload, str) else list(preload)
-    missing = [m for m in (GUARD, STARTUP) if m not in preload]
+    missing = [m for m in (GUARD, STARTUP, QUIET_CLOSE) if m not in preload]
     if missing:
         dask.config.set({"distributed.client.preload": preload + missing})
 
