@@ -146,3 +146,43 @@ def test_signals_deferred_delivers_a_held_signal_when_done():
             for s, h in previous.items():
                 signal.signal(s, h)
     assert held == "still here" and e.value.signum == signal.SIGTERM
+
+
+FAKE_PERFTEST = """#!{python}
+import socket, sys, time
+port = int(sys.argv[sys.argv.index("-p") + 1])
+if sys.argv[1] != "127.0.0.1":  # the server listens; both then run until stopped
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen()
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: signal.Signals(s).name)
+def test_a_signal_during_a_perftest_pair_ends_both_processes(tmp_path, capsys, sig):
+    """verify-nvlink's ucx_perftest server and client (their own sessions: a terminal's Ctrl-C does not reach them)
+    are ended by the command when it is interrupted."""
+    import sys
+
+    from ucx_dask_gpu.ucx.perftest import run_pair
+
+    fake = tmp_path / "ucx_perftest"
+    fake.write_text(FAKE_PERFTEST.format(python=sys.executable))
+    fake.chmod(0o755)
+    pids: list[int] = []
+
+    def poll(server: int, client: int) -> None:
+        if not pids:
+            pids.extend((server, client))
+            threading.Timer(0.2, os.kill, (os.getpid(), sig)).start()
+
+    def command(args):
+        run_pair(fake, ["-t", "tag_bw"], dict(os.environ), dict(os.environ), tmp_path / "w", poll=poll)
+
+    assert cliutil.run_parsed(argparse.Namespace(func=command), "ucx-dask-gpu verify-nvlink") == 128 + sig
+    assert len(pids) == 2
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..cliutil import signals_deferred
 from ..errors import PERFTEST_FAILED, UserError
 
 MIB = 1 << 20
@@ -326,8 +327,9 @@ def run_pair(perftest: str | os.PathLike, args: list[str], server_env: dict[str,
     full = [*map(str, args), "-p", str(port)]
     t0 = time.monotonic()
     with open(workdir / "server.out", "w+b") as so, open(workdir / "client.out", "w+b") as co:
-        server = subprocess.Popen([str(perftest), *full], stdout=so, stderr=subprocess.STDOUT, env=server_env,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        with signals_deferred():  # a process started is one the `finally` below ends (Ctrl-C, SIGTERM)
+            server = subprocess.Popen([str(perftest), *full], stdout=so, stderr=subprocess.STDOUT, env=server_env,
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
         client = None
         timed_out = False
         try:
@@ -335,8 +337,10 @@ def run_pair(perftest: str | os.PathLike, args: list[str], server_env: dict[str,
             while not listening(port) and server.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             if server.poll() is None and listening(port):
-                client = subprocess.Popen([str(perftest), "127.0.0.1", *full], stdout=co, stderr=subprocess.STDOUT,
-                                          env=client_env, stdin=subprocess.DEVNULL, start_new_session=True)
+                with signals_deferred():
+                    client = subprocess.Popen([str(perftest), "127.0.0.1", *full], stdout=co,
+                                              stderr=subprocess.STDOUT, env=client_env, stdin=subprocess.DEVNULL,
+                                              start_new_session=True)
                 deadline = time.monotonic() + timeout
                 while client.poll() is None and time.monotonic() < deadline:
                     if poll is not None and server.poll() is None:
@@ -353,9 +357,10 @@ def run_pair(perftest: str | os.PathLike, args: list[str], server_env: dict[str,
             elif server.poll() is None:
                 timed_out = True  # never started listening
         finally:
-            for p in (client, server):
-                if p is not None:
-                    _kill(p)
+            with signals_deferred():
+                for p in (client, server):
+                    if p is not None:
+                        _kill(p)
         so.seek(0)
         co.seek(0)
         return PairOutput(
