@@ -218,11 +218,19 @@ def test_a_connect_whose_ucx_handshake_timed_out_is_one_warning_line():
     async def exchange_peer_info():
         await asyncio.wait_for(asyncio.sleep(1), timeout=0.01)
 
-    def connect():
+    def slow():
+        async def exchange_peer_info():  # the name UCXX's frame has
+            await asyncio.sleep(1)
+        return exchange_peer_info()
+
+    def connect(handshake=exchange_peer_info):
         try:
-            asyncio.run(exchange_peer_info())
+            asyncio.run(handshake())
         except TimeoutError as e:
             raise OSError("Timed out trying to connect to ucx://10.0.0.2:40000 after 30 s") from e
+
+    def connect_timed_out_around_it():  # distributed's own wait_for cancels the handshake's wait
+        connect(lambda: asyncio.wait_for(slow(), timeout=0.01))
 
     out: list[str] = []
 
@@ -237,12 +245,12 @@ def test_a_connect_whose_ucx_handshake_timed_out_is_one_warning_line():
         quiet_handshake_timeouts()
         quiet_handshake_timeouts()
         assert len(handler.filters) == 1
-        for fn in (connect, lambda: (_ for _ in ()).throw(TimeoutError("another wait"))):
+        for fn in (connect, connect_timed_out_around_it, lambda: (_ for _ in ()).throw(TimeoutError("other wait"))):
             try:
                 fn()
             except Exception:
                 logging.getLogger("distributed.core").exception("Failed to connect")
     finally:
         log.removeHandler(handler)
-    assert out[0] == f"WARNING Failed to connect: {HANDSHAKE_TIMED_OUT}"
-    assert out[1].startswith("ERROR Failed to connect\nTraceback"), "any other timeout keeps its traceback"
+    assert out[:2] == [f"WARNING Failed to connect: {HANDSHAKE_TIMED_OUT}"] * 2
+    assert out[2].startswith("ERROR Failed to connect\nTraceback"), "any other timeout keeps its traceback"

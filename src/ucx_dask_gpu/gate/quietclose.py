@@ -161,11 +161,12 @@ HANDSHAKE_TIMED_OUT = "a UCX handshake timed out (the peer was slow, loaded or g
 
 def _handshake_timeout(exc: BaseException | None) -> bool:
     """`exc`, or an exception it was raised from, is a TimeoutError that passed through UCXX's exchange_peer_info
-    (its asyncio.wait_for(req.wait(), timeout=connect_timeout))."""
+    (its asyncio.wait_for(req.wait(), timeout=connect_timeout)), or the cancellation of that wait by distributed's own
+    connect timeout around it."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        tb = exc.__traceback__ if isinstance(exc, TimeoutError) else None
+        tb = exc.__traceback__ if isinstance(exc, (TimeoutError, asyncio.CancelledError)) else None
         while tb is not None:
             if tb.tb_frame.f_code.co_name == "exchange_peer_info":
                 return True
