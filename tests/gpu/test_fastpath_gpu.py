@@ -161,16 +161,20 @@ POOL = textwrap.dedent("""
 """)
 
 
-def test_the_rmm_pool_key_gives_what_dask_cuda_worker_rmm_pool_size_gives(tmp_path):
+def test_the_rmm_pool_keys_give_what_dask_cuda_worker_rmm_flags_give(tmp_path):
+    """The shipped config's one bounded pool with CuPy on it, on a real `dask cuda worker`: the same RMM resource and
+    CuPy allocator as the launcher's own flags give."""
     from ucx_dask_gpu.gate import daskconfig, tuning
 
     daskconfig.install(tmp_path / "dask")
     env = {"DASK_CONFIG": str(tmp_path / "dask"), "DASK_ROOT_CONFIG": str(tmp_path)}
-    key = "DASK_" + tuning.RMM_POOL_KEY.upper().replace(".", "__").replace("-", "_")
-    by_key = _run(POOL, env | {key: "1GiB"})
-    by_flag = _run(POOL, env | {key: "None"}, "--rmm-pool-size", "1GiB")
-    neither = _run(POOL, env | {key: "None"})
+    var = {k: "DASK_" + k.upper().replace(".", "__").replace("-", "_")
+           for k in (tuning.RMM_POOL_KEY, tuning.RMM_MAX_KEY, tuning.RMM_LIBS_KEY)}
+    by_key = _run(POOL, env | {var[tuning.RMM_POOL_KEY]: "1GiB", var[tuning.RMM_MAX_KEY]: "2GiB"})
+    by_flag = _run(POOL, env | {var[tuning.RMM_POOL_KEY]: "None"}, "--rmm-pool-size", "1GiB",
+                   "--rmm-maximum-pool-size", "2GiB", "--set-rmm-allocator-for-libs", "cupy")
+    neither = _run(POOL, env | {var[tuning.RMM_POOL_KEY]: "None"})
     assert by_key == by_flag and by_key["resource"] == "PoolMemoryResource" and by_key["pool_bytes"] >= 1 << 30, \
         (by_key, by_flag)
-    assert by_key["cupy"] == "MemoryPool"  # CuPy keeps its own pool
-    assert neither["resource"] != "PoolMemoryResource", neither
+    assert by_key["cupy"] != "MemoryPool", by_key  # CuPy allocates from the RMM pool, no second pool beside it
+    assert neither["resource"] != "PoolMemoryResource" and neither["cupy"] == "MemoryPool", neither

@@ -139,8 +139,9 @@ def test_tuned_file_keeps_the_measured_combination():
     """tuned-gpu.yaml keeps what the 2xH200 run measured (its base config plus the combined knob, which beat the base)
     except where its lines say why: an RMM pool for the receive buffers (measured since, on one H200), no
     create-cuda-context (every host gets the file; a UCX scheduler without GPU cannot make a CUDA context), no
-    array.chunk-size (dropped: the harness has not measured it), no max-rndv-rails (UCXX sets 1 itself) and no
-    worker-saturation inf (it overproduces root tasks: tests/integration/test_memory_cluster.py)."""
+    array.chunk-size (dropped: the harness has not measured it), no max-rndv-rails (UCXX sets 1 itself), no
+    worker-saturation inf (it overproduces root tasks: tests/integration/test_memory_cluster.py) and CuPy on the one
+    bounded RMM pool (memory; measured noise on speed)."""
     from ucx_dask_gpu.gate.daskconfig import flatten
 
     rec = json.loads((RESULTS / "transpose-128MiB-combined-knobs.json").read_text())
@@ -156,7 +157,8 @@ def test_tuned_file_keeps_the_measured_combination():
     shipped = dict(flatten(config.load_config("tuned", False)))
     changed = {k for k, v in flatten(measured) if shipped.get(k, "absent") != v}
     assert changed == {"ucx-dask-gpu.cluster.rmm-pool-size", "distributed-ucxx.create-cuda-context", "array.chunk-size",
-                       "distributed-ucxx.environment.max-rndv-rails", "distributed.scheduler.worker-saturation"}
+                       "distributed-ucxx.environment.max-rndv-rails", "distributed.scheduler.worker-saturation",
+                       "ucx-dask-gpu.cluster.rmm-allocator-external-lib-list"}
 
 
 def test_the_fastpath_variant_list_parses_whole():

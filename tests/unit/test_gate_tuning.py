@@ -151,6 +151,9 @@ def test_who_takes_the_pool(launcher, why):
     ours = tuning.rmm_pool_plugin("8GiB")  # what the key makes: the same plugin as --rmm-pool-size 8GiB alone
     assert {k: getattr(ours, k) for k in ("initial_pool_size", "managed_memory", "async_alloc", "external_lib_list")} \
         == {"initial_pool_size": "8GiB", "managed_memory": False, "async_alloc": False, "external_lib_list": None}
+    # ... and with the shipped bound and CuPy on it: --rmm-maximum-pool-size 0.9 --set-rmm-allocator-for-libs cupy
+    bounded = tuning.rmm_pool_plugin(0.05, 0.9, ["cupy"])
+    assert (bounded.initial_pool_size, bounded.maximum_pool_size, bounded.external_lib_list) == (0.05, 0.9, ["cupy"])
 
 
 def test_a_worker_without_pending_plugins_says_it_cannot_tell():

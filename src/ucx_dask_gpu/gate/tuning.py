@@ -9,7 +9,9 @@ nannies and the workers):
         scheduler-client-interval: 2ms # scheduler -> each client
         worker-interval: 2ms           # worker -> scheduler
       cluster:
-        rmm-pool-size: 8GiB            # each dask-cuda worker: an RMM pool (--rmm-pool-size), CuPy untouched
+        rmm-pool-size: 0.05            # each dask-cuda worker: an RMM pool (--rmm-pool-size) ...
+        rmm-maximum-pool-size: 0.9     # ... bounded (--rmm-maximum-pool-size) ...
+        rmm-allocator-external-lib-list: [cupy]  # ... and CuPy allocating from it (--set-rmm-allocator-for-libs)
 
 BatchedSend: distributed batches the small control messages of a role's stream to its peer; after sending a batch
 it sends the next one no sooner than `interval` later, so a message sent within `interval` of the previous batch
@@ -21,8 +23,9 @@ on the stream object after distributed made it is enough: no code of distributed
 RMM pool: distributed-ucxx receives each GPU frame into `rmm.DeviceBuffer(size=n)`, from RMM's current resource. A
 pool there spares every large receive a cudaMalloc, a fresh IPC handle opened by the sending peer and a
 device-synchronising cudaFree. Each dask-cuda worker (`dask cuda worker`, LocalCUDACluster) gets it from dask-cuda's
-own RMMSetup plugin with the arguments `dask cuda worker --rmm-pool-size SIZE` gives it, and without
-`--set-rmm-allocator-for-libs`: CuPy keeps its own memory pool. A worker whose launcher already configures RMM
+own RMMSetup plugin with the arguments `dask cuda worker --rmm-pool-size SIZE --rmm-maximum-pool-size MAX
+--set-rmm-allocator-for-libs LIBS` gives it: one pool, bounded, that CuPy allocates from too (no second pool beside
+it holding memory the other cannot use). A worker whose launcher already configures RMM
 (`--rmm-pool-size`, `--rmm-async`, `--rmm-managed-memory`, or LocalCUDACluster's rmm_* arguments) keeps its
 launcher's settings; a plain `dask worker` gets no pool.
 """
@@ -46,6 +49,8 @@ INTERVALS = {
     "worker-interval": "2ms",
 }
 RMM_POOL_KEY = "ucx-dask-gpu.cluster.rmm-pool-size"
+RMM_MAX_KEY = "ucx-dask-gpu.cluster.rmm-maximum-pool-size"
+RMM_LIBS_KEY = "ucx-dask-gpu.cluster.rmm-allocator-external-lib-list"
 
 
 def interval(name: str) -> float | None:
@@ -151,12 +156,14 @@ def why_no_pool(worker) -> str | None:
     return None
 
 
-def rmm_pool_plugin(size):
-    """dask-cuda's RMMSetup exactly as `dask cuda worker --rmm-pool-size SIZE` makes it (no other RMM flag)."""
+def rmm_pool_plugin(size, maximum=None, libs=None):
+    """dask-cuda's RMMSetup exactly as `dask cuda worker --rmm-pool-size SIZE [--rmm-maximum-pool-size MAXIMUM]
+    [--set-rmm-allocator-for-libs LIBS]` makes it (no other RMM flag)."""
     from dask_cuda.plugins import RMMSetup  # dask-cuda workers only: it loads CUDA libraries at import
 
-    return RMMSetup(initial_pool_size=size, maximum_pool_size=None, managed_memory=False, async_alloc=False,
-                    release_threshold=None, log_directory=None, track_allocations=False, external_lib_list=None)
+    return RMMSetup(initial_pool_size=size, maximum_pool_size=maximum, managed_memory=False, async_alloc=False,
+                    release_threshold=None, log_directory=None, track_allocations=False,
+                    external_lib_list=list(libs) if libs else None)
 
 
 async def apply_rmm_pool(worker) -> RmmPool:
@@ -166,8 +173,12 @@ async def apply_rmm_pool(worker) -> RmmPool:
     why = why_no_pool(worker)
     if why:
         return RmmPool(str(size), False, why)
-    await worker.plugin_add(rmm_pool_plugin(size), name="ucx-dask-gpu-rmm-pool", catch_errors=False)
-    return RmmPool(str(size), True, "")
+    maximum, libs = dask.config.get(RMM_MAX_KEY, None), dask.config.get(RMM_LIBS_KEY, None)
+    if isinstance(libs, str):  # `--set-rmm-allocator-for-libs cupy,torch`, as the variable or the flag spells it
+        libs = [lib.strip() for lib in libs.split(",") if lib.strip()]
+    await worker.plugin_add(rmm_pool_plugin(size, maximum, libs), name="ucx-dask-gpu-rmm-pool", catch_errors=False)
+    return RmmPool(f"{size}" + (f" (at most {maximum})" if maximum is not None else "")
+                   + (f", {', '.join(libs)} on it" if libs else ""), True, "")
 
 
 async def apply(dask_object) -> None:
@@ -178,8 +189,8 @@ async def apply(dask_object) -> None:
         _set(dask_object.batched_stream, interval("worker-interval"))
         pool = await apply_rmm_pool(dask_object)
         if pool.size is not None:
-            logger.info("ucx-dask-gpu: RMM pool %s: %s", pool.size, "applied (CuPy keeps its own pool)"
-                        if pool.applied else f"not applied: {pool.why}")
+            logger.info("ucx-dask-gpu: RMM pool %s: %s", pool.size, "applied" if pool.applied
+                        else f"not applied: {pool.why}")
     elif isinstance(dask_object, Client):
         # The stream exists once the client is connected (client preloads run then). A reconnect makes a new one
         # with distributed's interval.
