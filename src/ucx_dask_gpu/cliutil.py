@@ -1,7 +1,7 @@
 """The pieces every entry point shares: a parser whose errors are one line, options that name an output, byte sizes
 as dask spells them, progress lines, and running a parsed command with the project's exit codes (its outputs checked
-first). Standard library only: the UCX build
-(ucxbuild) runs with a bare python3 and imports this, and keeping cli.py (which lists every command) out of its
+first; SIGINT and SIGTERM unwinding it, so what it started is stopped, then 130/143). Standard library only: the UCX
+build (ucxbuild) runs with a bare python3 and imports this, and keeping cli.py (which lists every command) out of its
 imports keeps the UCX build's inputs small.
 """
 from __future__ import annotations
