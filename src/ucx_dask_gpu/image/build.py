@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cliutil import Progress
+from ..cliutil import Progress, format_bytes
 from ..errors import BUILD_FAILED, HASH_MISMATCH, UCX_NOT_FOUND, UserError
 from ..fsutil import atomic_write_text, sha256_file
 from ..gate import identity
@@ -42,7 +42,7 @@ from ..stack.lock import canonical, load_lock
 from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO, read_ucxx_build_info
 from ..ucxbuild.ucxx import ucx_identity
 from . import bases, leftovers, wheelhouse
-from .docker import docker, docker_bin, engine_version, human_size, image_inspect
+from .docker import docker, docker_bin, engine_version, image_inspect
 from .labels import build_labels
 from .normalise import finish_build
 from .paths import UCX_SOURCES, image_ref, stage_ref, work_dir
@@ -67,7 +67,7 @@ class BuildResult:
     labels: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
-        return (f"{self.tag}  id {self.image_id}  size {human_size(self.size)}  stack id {self.stack_id}  "
+        return (f"{self.tag}  id {self.image_id}  size {format_bytes(self.size, binary=False)}  stack id {self.stack_id}  "
                 f"UCX {self.ucx_version} + UCXX {self.ucxx_version}, both built from source")
 
 

@@ -339,7 +339,7 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
                    help=f"largest part, e.g. 200MiB (default {rootfs.DEFAULT_PART_SIZE}): size it for how the parts "
                         f"travel (a file-size or upload limit, removable media); {SIZE_HELP}")
     x.add_argument("--level", type=int, default=19, help="compression level (default 19; xz: at most 9)")
-    x.add_argument("--compression", choices=sorted(rootfs.COMPRESSIONS), default="xz",
+    x.add_argument("--compression", choices=sorted(rootfs.COMPRESSIONS), default=rootfs.DEFAULT_COMPRESSION,
                    help="xz (default: Python's standard library decodes it, nothing to install) or zstd (--long; the "
                         "host needs the zstd command or the zstandard module)")
     x.set_defaults(func=_cmd_export_rootfs)

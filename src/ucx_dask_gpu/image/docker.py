@@ -207,11 +207,3 @@ def wait_until(predicate, timeout: float, interval: float = 0.5):
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval)
-
-
-def human_size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return f"{n} B"

@@ -9,9 +9,9 @@
                              the parts can travel one at a time (a file-size or transfer limit, removable media)
                              and each is checked on arrival
 
-from `docker export` of a container created (never started) from the image, compressed (zstd -19 --long by
-default), split and hashed on the way, in a temporary directory beside DIR first (nothing half-written is left under
-DIR).
+from `docker export` of a container created (never started) from the image, compressed (xz by default, zstd -19
+--long on request), split and hashed on the way, in a temporary directory beside DIR first (nothing half-written is
+left under DIR).
 
 On the machine that runs it (as root, standard library only):
     `receive BATCH_DIR`  moves the batch's part(s) into the parts directory (stack.toml [gpu_host]), checks each against
@@ -47,6 +47,8 @@ DEFAULT_PART_SIZE = "1GiB"    # export-rootfs --part-size: smaller where a file-
 CHUNK = 4 * MIB
 ZSTD_WINDOW_LOG = 27          # --long: a 128 MiB window; the decoder needs the same (--long=27)
 COMPRESSIONS = {"zstd": "zst", "xz": "xz"}
+# xz: present on every host that unpacks the parts (zstd smaller and faster where both ends have it: --compression)
+DEFAULT_COMPRESSION = "xz"
 CONFIG_KEYS = ("Env", "User", "WorkingDir", "Entrypoint", "Cmd", "Labels")
 
 
@@ -75,7 +77,7 @@ def _pump(src, dst, digest) -> None:
 
 
 def export_rootfs(image: str, out: str | os.PathLike, part_size: int, level: int = 19,
-                  compression: str = "zstd") -> dict:
+                  compression: str = DEFAULT_COMPRESSION) -> dict:
     """Export `image`'s filesystem into `out` (see the module doc); returns the manifest."""
     fsutil.refuse_unknown(out)  # before Docker works: pack() checks again at the end
     meta = image_inspect(image)
@@ -96,7 +98,7 @@ def export_rootfs(image: str, out: str | os.PathLike, part_size: int, level: int
 
 
 def pack(tar_command: list[str], out: str | os.PathLike, identity: dict, config: dict, part_size: int,
-         level: int = 19, compression: str = "zstd") -> dict:
+         level: int = 19, compression: str = DEFAULT_COMPRESSION) -> dict:
     """The tar that `tar_command` writes on stdout, compressed, split and hashed into `out` (batches, manifest with
     `identity`, image config `config`); written in a temporary directory beside it and renamed when complete."""
     if part_size < MIB:

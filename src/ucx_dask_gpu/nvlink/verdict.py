@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..cliutil import format_bytes
 from ..ucx.perftest import ProtoTable
 
 PASS, FAIL, INVALID, NO_NVLINK = "pass", "fail", "invalid", "no-nvlink"
@@ -256,15 +257,6 @@ class PairVerdict:
     notes: list[str] = field(default_factory=list)
 
 
-def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= div:
-            return f"{n / div:.3g} {unit}"
-    return f"{n:.0f} B"
-
-
 def size_label(n: int) -> str:
     for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= div and n % div == 0:
@@ -339,8 +331,8 @@ def evaluate_pair(p: PairInput, th: Thresholds = Thresholds()) -> PairVerdict:
         else:
             need = th.counter_fraction * exp
             if tx < need or rx < need:
-                msg = (f"{lbl}: NVLink counters saw {_fmt_bytes(tx)} sent by the source / {_fmt_bytes(rx)} received "
-                       f"by the destination of {_fmt_bytes(exp)} perftest moved (need >= {th.counter_fraction:.0%})")
+                msg = (f"{lbl}: NVLink counters saw {format_bytes(tx)} sent by the source / {format_bytes(rx)} received "
+                       f"by the destination of {format_bytes(exp)} perftest moved (need >= {th.counter_fraction:.0%})")
                 rtx, rrx = s.counters_dst.get("data_tx"), s.counters_src.get("data_rx")
                 if rtx is not None and rrx is not None and min(rtx, rrx) >= need:
                     msg += "; the bytes went the other way (dst -> src): sender/receiver roles reversed?"
