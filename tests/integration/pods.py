@@ -41,8 +41,9 @@ class Net:
 
     def run_args(self, name: str, argv: list[str], pod: str | None = None, env: dict | None = None,
                  entrypoint: str | None = None, aliases: tuple[str, ...] = (), hostname: str | None = None,
-                 volumes: tuple[str, ...] = (), detach: bool = True) -> list[str]:
-        args = [*self._base(name), "--shm-size", "1g"] + (["-d"] if detach else ["--rm", "-i"])
+                 volumes: tuple[str, ...] = (), detach: bool = True, flags: tuple[str, ...] = ()) -> list[str]:
+        """`flags`: more `docker run` options as a runtime would give them (--read-only, --user, --tmpfs)."""
+        args = [*self._base(name), "--shm-size", "1g", *flags] + (["-d"] if detach else ["--rm", "-i"])
         if pod:
             args += ["--network", f"container:{pod}", "--ipc", f"container:{pod}"]
         else:

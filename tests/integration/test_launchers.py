@@ -55,6 +55,31 @@ def transports_line(log: str) -> str:
     return next((ln for ln in log.splitlines() if "ucx-dask-gpu transports" in ln), "")
 
 
+# --- what a runtime other than Docker gives the image -----------------------------------------------------------------
+
+# Apptainer, enroot, Podman, Kubernetes readOnlyRootFilesystem, OpenShift: the image's root read-only, a user the
+# image does not know (no home of its own), a writable /tmp (docs/gpu-hosts.md).
+CONSTRAINED = ("--read-only", "--tmpfs", "/tmp:exec,mode=1777", "--user", "4242:4242")
+
+
+@pytest.mark.parametrize("protocol", ["ucx", "tcp"])
+def test_every_role_runs_with_a_read_only_root_and_an_arbitrary_uid(image, st, protocol):
+    net = Net(image["tag"], f"readonly-{protocol}")
+    address = f"{protocol}://scheduler:8786"
+    try:
+        sched = net.run("scheduler", ["dask", "scheduler", "--protocol", protocol, "--port", "8786",
+                                      "--no-dashboard"], aliases=("scheduler",), flags=CONSTRAINED)
+        net.wait_log(sched, "Scheduler at:")
+        net.run("worker", ["dask", "worker", address, "--nthreads", "1", "--no-dashboard"], flags=CONSTRAINED)
+        net.wait_log(sched, "Register worker")
+        r = net.workload(address, "--size", "1000", "--chunk", "500", flags=CONSTRAINED)
+        assert r["ok"] and r["protocol"] == protocol and r["workers_start"] == 1
+        if protocol == "ucx":
+            assert r["ucx"]["scheduler"]["libucp"].startswith(f"{st.image.ucx_prefix}/lib/libucp.so")
+    finally:
+        stop_clean(net)
+
+
 # --- the spellings themselves, through the image's entrypoint ---------------------------------------------------------
 
 def test_python_module_spellings_through_the_entrypoint(image, st):
