@@ -42,8 +42,10 @@ def test_exit_outputs_and_stdout(transpose):
                                                MANIFEST}
     assert (out / "transpose.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ucx-dask-gpu bench transpose --cpu" in (out / "command.txt").read_text()
-    assert [ln.split()[0] for ln in proc.stdout.splitlines() if ln.startswith(("ucx/", "tcp/"))] == [
-        "ucx/defaults", "ucx/split", "tcp/threads"]
+    rows = [ln.split()[:2] for ln in proc.stdout.splitlines() if ln.startswith(("ucx/", "tcp/"))]
+    assert list(dict.fromkeys(r[0] for r in rows)) == ["ucx/defaults", "ucx/split", "tcp/threads"]
+    # each variant: the fresh-input repetition and the steady state on the resident input
+    assert all(sorted(r[1] for r in rows if r[0] == v) == ["steady_s", "wall_s"] for v in {r[0] for r in rows})
     assert p["schema_version"] == 2 and p["workload"] == "transpose" and p["chunk"] == [CHUNK, CHUNK]
 
 

@@ -100,6 +100,7 @@ def test_a_ratio_only_between_variants_that_moved_the_same_bytes():
     base = [1_000_000_000] * 5
     assert stats.same_work([1_040_000_000] * 5, base) and stats.same_work([], [])
     assert not stats.same_work([1_548_000_000] * 5, [1_011_000_000] * 5) and not stats.same_work([1], [])
+    assert stats.same_work([96], [480]) and not stats.same_work([0], [1 << 20])  # next to nothing, both
     d = stats.different_work([1_548_000_000], [1_011_000_000])
     assert d["verdict"] == "different work" and d["median"] is None and d["ci95"] is None
     assert (d["bytes_moved_median"], d["baseline_bytes_moved_median"]) == (1_548_000_000, 1_011_000_000)

@@ -235,6 +235,18 @@ def timed_persist(client, outputs: list, gpu: bool) -> tuple[float, list, list[d
     return wall, futures, transfers
 
 
+def _any_held(keys: list, dask_scheduler=None) -> bool:
+    return any(k in dask_scheduler.tasks for k in keys)
+
+
+def wait_released(client, keys: list, timeout: float = 10.0) -> None:
+    """Until the scheduler has forgotten `keys` (their futures dropped here): computing the same graph again then
+    runs it anew instead of returning the results it still holds."""
+    deadline = time.monotonic() + timeout
+    while client.run_on_scheduler(_any_held, keys) and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
 # --- serving the driver ---------------------------------------------------------------------------------------------
 
 def open_cluster(spec: dict, study):

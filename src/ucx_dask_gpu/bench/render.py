@@ -29,13 +29,17 @@ def run_entry(opts, rec, base) -> dict:
     v, primary = rec.variant, opts.study.primary(opts.params)
     names = list(dict.fromkeys(m for r in rec.reps for m in r["metrics"]))
     samples = {m: [round(x, 6) for x in rec.metric(m)] for m in names}
-    moved, base_moved = [r["bytes"] for r in rec.reps], [r["bytes"] for r in base.reps]
-    if rec is base or not base.reps or not rec.reps:
-        ratios = {}
-    elif stats.same_work(moved, base_moved):
-        ratios = {m: stats.bootstrap_ratio(rec.metric(m), base.metric(m), opts.resamples, opts.seed) for m in names}
-    else:
-        ratios = {m: stats.different_work(moved, base_moved) for m in names}
+    moved = [r["bytes"] for r in rec.reps]
+
+    def ratio(m: str) -> dict | None:
+        # A metric's own bytes where the repetition has them (`steady_s` -> `steady_bytes`), else the repetition's.
+        field = f"{m.removesuffix('_s')}_bytes"
+        mine, theirs = ([r.get(field, r["bytes"]) for r in reps] for reps in (rec.reps, base.reps))
+        if not stats.same_work(mine, theirs):
+            return stats.different_work(mine, theirs)
+        return stats.bootstrap_ratio(rec.metric(m), base.metric(m), opts.resamples, opts.seed)
+
+    ratios = {} if rec is base or not base.reps or not rec.reps else {m: ratio(m) for m in names}
     transfers = [t for r in rec.reps for t in r.get("transfers", [])]
     workers = (rec.host.facts or {}).get("workers", [])
     p2p = stats.p2p(transfers, workers, len(rec.reps), MIB) if transfers else None
@@ -49,6 +53,7 @@ def run_entry(opts, rec, base) -> dict:
         "warmup_s": [round(r["metrics"].get(primary, 0.0), 6) for r in rec.warmup],
         "samples": samples, "summary": {m: stats.summary(vals) for m, vals in samples.items()},
         "bytes_moved": {"per_repetition": moved, "median": stats.median(moved),
+                        "steady_per_repetition": [r["steady_bytes"] for r in rec.reps if "steady_bytes" in r],
                         "from_1MiB_per_repetition": [sum(t["bytes"] for t in r.get("transfers", [])
                                                          if t["bytes"] >= MIB) for r in rec.reps]},
         "p2p_gbps_median": p2p["gbps_median"] if p2p else None, "p2p": p2p,

@@ -16,6 +16,7 @@ RESAMPLES = 2000
 LEVEL = 0.95
 BYTES_TOLERANCE = 0.01  # variants whose median bytes moved per repetition differ by more are flagged
 SAME_WORK = 0.05  # beyond this difference in median bytes moved per repetition two variants did other work: no ratio
+SAME_WORK_FLOOR = 64 << 10  # ... unless both moved next to nothing (a steady-state repeat's few hundred bytes)
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:
@@ -50,12 +51,12 @@ def verdict(lo: float, hi: float) -> str:
 
 
 def same_work(moved: Sequence[int], baseline_moved: Sequence[int], tolerance: float = SAME_WORK) -> bool:
-    """Whether two variants moved the same bytes between workers per repetition (medians within `tolerance`): only
-    then does a ratio of their times compare the same work."""
+    """Whether two variants moved the same bytes between workers per repetition (medians within `tolerance`, or
+both within SAME_WORK_FLOOR of each other): only then does a ratio of their times compare the same work."""
     a, b = median(moved), median(baseline_moved)
     if a is None or b is None:
         return a is None and b is None
-    return abs(a - b) <= tolerance * max(a, b, 1)
+    return abs(a - b) <= max(tolerance * max(a, b), SAME_WORK_FLOOR)
 
 
 def different_work(moved: Sequence[int], baseline_moved: Sequence[int]) -> dict:
