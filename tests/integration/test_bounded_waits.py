@@ -32,7 +32,18 @@ from ucx_dask_gpu.gate.guard import START_WAIT_S
 
 pytestmark = pytest.mark.integration
 
-DASK_WORKER = Path(sys.executable).parent / "dask-worker"  # this package's console script: the entrypoint's checks
+# What the image installs as `dask-worker` (docker/Dockerfile writes it: the entrypoint's checks, then dask's worker),
+# written the same way for this Python; the package itself leaves the name to conda-forge's distributed.
+LEGACY_SCRIPT = ("#!{python}\nimport sys\nfrom ucx_dask_gpu.image.entrypoint import legacy_main\n"
+                 "sys.exit(legacy_main())\n")
+
+
+@pytest.fixture(scope="module")
+def dask_worker(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("legacy-bin") / "dask-worker"
+    path.write_text(LEGACY_SCRIPT.format(python=sys.executable))
+    path.chmod(0o755)
+    return path
 MARGIN_S = 20.0
 UCX_LOG = re.compile(r"^\[\d+\.\d+\] \[[^]]+\] +\S+:\d+ +UCX +WARN ")
 
@@ -165,9 +176,9 @@ def targets(procs, shipped_config, tmp_path):
         fn()
 
 
-def start_dask_worker(tmp_path, env, address: str, *args: str) -> subprocess.Popen:
+def start_dask_worker(dask_worker: Path, tmp_path, env, address: str, *args: str) -> subprocess.Popen:
     log = open(tmp_path / "dask-worker.log", "w")
-    return subprocess.Popen([str(DASK_WORKER), address, "--nthreads", "1", "--dashboard-address", ":0",
+    return subprocess.Popen([str(dask_worker), address, "--nthreads", "1", "--dashboard-address", ":0",
                              "--local-directory", str(tmp_path / "space"), *args], env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -179,14 +190,13 @@ def start_dask_worker(tmp_path, env, address: str, *args: str) -> subprocess.Pop
     ("silent", NOT_A_SCHEDULER, "it accepted the connection and said nothing within", "15"),
 ])
 def test_a_worker_pointed_at_no_scheduler_ends_in_one_line_naming_what_answered(procs, shipped_config, tmp_path,
+                                                                               dask_worker,
                                                                                targets, kind, code, says,
                                                                                death_timeout):
-    if not DASK_WORKER.exists():
-        pytest.skip(f"{DASK_WORKER} not installed (pip install -e . installs it)")
     address = targets[kind]()
     args = ("--death-timeout", death_timeout) if death_timeout else ()
     started = time.monotonic()
-    proc = start_dask_worker(tmp_path, procs.env_for(tmp_path, shipped_config), address, *args)
+    proc = start_dask_worker(dask_worker, tmp_path, procs.env_for(tmp_path, shipped_config), address, *args)
     try:
         rc = proc.wait(timeout=300)
     finally:
@@ -205,10 +215,10 @@ def test_a_worker_pointed_at_no_scheduler_ends_in_one_line_naming_what_answered(
         assert "ucx-dask-gpu guard: waiting for the scheduler at" in text
 
 
-def test_sigterm_while_a_worker_waits_for_its_scheduler_ends_it_without_a_traceback(procs, shipped_config, tmp_path):
-    if not DASK_WORKER.exists():
-        pytest.skip(f"{DASK_WORKER} not installed (pip install -e . installs it)")
-    proc = start_dask_worker(tmp_path, procs.env_for(tmp_path, shipped_config), f"tcp://127.0.0.1:{free_port()}")
+def test_sigterm_while_a_worker_waits_for_its_scheduler_ends_it_without_a_traceback(procs, shipped_config, tmp_path,
+                                                                                    dask_worker):
+    proc = start_dask_worker(dask_worker, tmp_path, procs.env_for(tmp_path, shipped_config),
+                             f"tcp://127.0.0.1:{free_port()}")
     log = tmp_path / "dask-worker.log"
     try:
         wait_for(lambda: "Run preload setup: ucx_dask_gpu.gate.guard" in log.read_text(), 120, "the pre-check")
@@ -229,12 +239,10 @@ def test_sigterm_while_a_worker_waits_for_its_scheduler_ends_it_without_a_traceb
 # --- a worker whose scheduler stops ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("protocol", ["tcp", "ucx", "tls"])
-def test_a_worker_ends_quietly_soon_after_its_scheduler_stops(procs, shipped_config, tmp_path, protocol):
+def test_a_worker_ends_quietly_soon_after_its_scheduler_stops(procs, shipped_config, tmp_path, protocol, dask_worker):
     """As the image runs a worker (the entrypoint: the guard in its nanny, the configured preloads); the scheduler
     gets SIGTERM. Before: over ucx and tls the worker stalled 10 s in the quiet-close wait, then logged 1-3
     tracebacks; distributed's 'Worker process died unexpectedly' traceback on any protocol."""
-    if not DASK_WORKER.exists():
-        pytest.skip(f"{DASK_WORKER} not installed (pip install -e . installs it)")
     env = procs.env_for(tmp_path, shipped_config)
     worker_env = env
     if protocol == "tls":
@@ -242,7 +250,7 @@ def test_a_worker_ends_quietly_soon_after_its_scheduler_stops(procs, shipped_con
         env = {**env, **tls.dask_env(tmp_path / "certs", "scheduler")}
         worker_env = {**worker_env, **tls.dask_env(tmp_path / "certs", "worker")}
     sched, address = procs.start_scheduler(tmp_path, env, protocol=protocol)
-    worker = start_dask_worker(tmp_path, worker_env, address, "--name", f"w-{protocol}")
+    worker = start_dask_worker(dask_worker, tmp_path, worker_env, address, "--name", f"w-{protocol}")
     log = tmp_path / "dask-worker.log"
     try:
         wait_for(lambda: "Register worker" in sched.text(), 180, "the worker registering")
