@@ -80,7 +80,8 @@ def write_stack(tmp_path: Path, urls: list[str], mirror_dirs: list[str] = ()) ->
     tree_file = tmp_path / "tree.tar.gz"
     tree_file.write_bytes(GOOD)
     block = (f'[ucx.source]\nversion = "{VERSION}"\ntag = "v{VERSION}"\ncommit = "{"1" * 40}"\n'
-             f'archive = "{ARCHIVE}"\nurls = {json.dumps(urls)}\ncontent_tree = "{content_tree(tree_file)}"\n'
+             f'archive = "{ARCHIVE}"\nurls = {json.dumps(urls)}\ngit = "https://github.com/openucx/ucx.git"\n'
+             f'content_tree = "{content_tree(tree_file)}"\n'
              f'sha256 = "{SHA}"\n\n')
     text = text[:start] + block + text[end:]
     text = re.sub(r"^mirror_dirs = .*$", f"mirror_dirs = {json.dumps(list(mirror_dirs))}", text, count=1, flags=re.M)
