@@ -254,3 +254,19 @@ def test_a_connect_whose_ucx_handshake_timed_out_is_one_warning_line():
         log.removeHandler(handler)
     assert out[:2] == [f"WARNING Failed to connect: {HANDSHAKE_TIMED_OUT}"] * 2
     assert out[2].startswith("ERROR Failed to connect\nTraceback"), "any other timeout keeps its traceback"
+
+
+def test_a_ucx_error_nobody_retrieved_after_its_close_is_not_reported_again():
+    """asyncio's 'Future exception was never retrieved' for UCXX's own error class (a receive cut by the peer's
+    stop, its waiter cancelled by the same close) goes; any other exception's report stays."""
+    from ucxx._lib.libucxx import UCXMessageTruncatedError
+
+    from ucx_dask_gpu.gate.quietclose import UnretrievedUcxErrorFilter
+
+    def record(exc):
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Future exception was never retrieved\n"
+                                 f"future: <Future finished exception={exc!r}>", None, (type(exc), exc, None))
+
+    f = UnretrievedUcxErrorFilter()
+    assert not f.filter(record(UCXMessageTruncatedError("Message truncated")))
+    assert f.filter(record(ValueError("a task's own error")))

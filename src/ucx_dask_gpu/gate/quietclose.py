@@ -29,7 +29,8 @@ in listener handler coroutine" with the TimeoutError's traceback (seen on a sche
 that connection never carried anything. It becomes one warning line. So does any record distributed logs with a
 TimeoutError from that handshake on the connecting side (a scheduler connecting to a nanny that is closing, under
 load), with its own message. A peer that speaks another protocol at a listener (a ucx:// worker given a tcp://
-scheduler's address) is one warning line per attempt instead of two tracebacks.
+scheduler's address) is one warning line per attempt instead of two tracebacks. A UCX request that failed with its
+connection after the waiting coroutine was cancelled by the same close is not reported again by asyncio.
 
 Load it on every role (dask config `distributed.scheduler|worker|nanny.preload`, next to the guard).
 """
@@ -261,7 +262,27 @@ def stop_worker_process_on_graceful_close(nanny) -> None:
     nanny.handlers["close_gracefully"] = close_gracefully
 
 
+class UnretrievedUcxErrorFilter(logging.Filter):
+    """A UCX request that failed because its connection closed (its peer stopped: "Message truncated", "Connection
+    reset") after the coroutine waiting for it was cancelled by that same close: asyncio reports the future's
+    exception as never retrieved when it is collected. The close itself is already handled and said (a worker's
+    reconnect, a client's 'scheduler lost'): the record goes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (str(record.msg).startswith(("Future exception was never retrieved",
+                                                "Task exception was never retrieved"))
+                    and exc is not None and type(exc).__module__.split(".")[0] == "ucxx")
+
+
+def quiet_unretrieved_ucx_errors() -> None:
+    aio = logging.getLogger("asyncio")
+    if not any(isinstance(f, UnretrievedUcxErrorFilter) for f in aio.filters):
+        aio.addFilter(UnretrievedUcxErrorFilter())
+
+
 async def dask_setup(server) -> None:
+    quiet_unretrieved_ucx_errors()
     quiet_batched_close()
     quiet_abandoned_handshakes()
     quiet_handshake_timeouts()
