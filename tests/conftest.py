@@ -25,6 +25,22 @@ for _var in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
     os.environ.pop(_var, None)
 
 
+def write_legacy_command(directory: Path, name: str) -> Path:
+    """`dask-scheduler` / `dask-worker` as the image has them (docker/Dockerfile writes each: the entrypoint's checks,
+    then dask's own command), written the same way for this Python; the package itself installs no such name."""
+    path = Path(directory) / name
+    path.write_text(f"#!{sys.executable}\nimport sys\nfrom ucx_dask_gpu.image.entrypoint import legacy_main\n"
+                    "sys.exit(legacy_main())\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="session")
+def legacy_command():
+    """write_legacy_command(directory, name) -> the image's `dask-scheduler` / `dask-worker` for this Python."""
+    return write_legacy_command
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     """The checkout under test."""

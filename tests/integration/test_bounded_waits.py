@@ -32,18 +32,10 @@ from ucx_dask_gpu.gate.guard import START_WAIT_S
 
 pytestmark = pytest.mark.integration
 
-# What the image installs as `dask-worker` (docker/Dockerfile writes it: the entrypoint's checks, then dask's worker),
-# written the same way for this Python; the package itself leaves the name to conda-forge's distributed.
-LEGACY_SCRIPT = ("#!{python}\nimport sys\nfrom ucx_dask_gpu.image.entrypoint import legacy_main\n"
-                 "sys.exit(legacy_main())\n")
-
-
 @pytest.fixture(scope="module")
-def dask_worker(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("legacy-bin") / "dask-worker"
-    path.write_text(LEGACY_SCRIPT.format(python=sys.executable))
-    path.chmod(0o755)
-    return path
+def dask_worker(tmp_path_factory, legacy_command) -> Path:
+    """What the image installs as `dask-worker` (the package leaves the name to conda-forge's distributed)."""
+    return legacy_command(tmp_path_factory.mktemp("legacy-bin"), "dask-worker")
 MARGIN_S = 20.0
 UCX_LOG = re.compile(r"^\[\d+\.\d+\] \[[^]]+\] +\S+:\d+ +UCX +WARN ")
 

@@ -155,15 +155,12 @@ def test_gpu_worker_without_a_gpu_names_what_is_missing(tmp_path):
     entrypoint.check_gpu(entrypoint.classify(["dask", "worker", "tcp://s:8786"]), {})
 
 
-def test_legacy_commands_of_the_image_go_through_the_entrypoint(tmp_path):
+def test_legacy_commands_of_the_image_go_through_the_entrypoint(tmp_path, legacy_command):
     """`dask-scheduler` as the image has it (what a launcher that bypasses the entrypoint runs): the script
     docker/Dockerfile writes, written the same way for this Python (the package itself installs no such name)."""
     dockerfile = (Path(__file__).resolve().parents[2] / "docker" / "Dockerfile").read_text()
     assert "from %s import legacy_main" in dockerfile and "for name in dask-scheduler dask-worker" in dockerfile
-    exe = tmp_path / "dask-scheduler"
-    exe.write_text(f"#!{sys.executable}\nimport sys\nfrom ucx_dask_gpu.image.entrypoint import legacy_main\n"
-                   "sys.exit(legacy_main())\n")
-    exe.chmod(0o755)
+    exe = legacy_command(tmp_path, "dask-scheduler")
     proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "Usage: dask scheduler" in proc.stdout
 
