@@ -192,13 +192,42 @@ def _interrupt(signum, frame):
         raise Interrupted(signum)
 
 
+def _redeliver_swallowed(unraisable) -> None:
+    """sys.unraisablehook while a command runs. A signal that arrives while Python runs a garbage-collector callback
+    (distributed's GC diagnosis has one), a __del__ or a weakref callback raises Interrupted there, where Python only
+    prints "Exception ignored" and goes on: the command would run to its end and exit 0. Deliver it again, from a
+    thread, so that it lands once that callback has returned (again, should it land in another one)."""
+    exc = unraisable.exc_value
+    if not isinstance(exc, Interrupted):
+        _redeliver_swallowed.previous(unraisable)
+        return
+    _interrupt.raised = False  # it never reached the command: the next delivery is the first one
+
+    def again():
+        time.sleep(0.01)
+        signal.pthread_kill(threading.main_thread().ident, exc.signum)
+
+    threading.Thread(target=again, name="signal-redelivery", daemon=True).start()
+
+
 def _on_signals() -> dict:
     """SIGINT and SIGTERM raise Interrupted in the main thread (SIGTERM's default would end the process without a
-    line and without cleanup); returns the handlers to put back."""
+    line and without cleanup); returns the handlers to put back (sys.unraisablehook under the key None)."""
     _interrupt.raised = False
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous: dict = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous[None], _redeliver_swallowed.previous = sys.unraisablehook, sys.unraisablehook
+    sys.unraisablehook = _redeliver_swallowed
+    return previous
+
+
+def _put_back(previous: dict) -> None:
+    for s, handler in previous.items():
+        if s is None:
+            sys.unraisablehook = handler
+        else:
+            signal.signal(s, handler)
 
 
 @contextlib.contextmanager
@@ -237,8 +266,7 @@ def run_parsed(args: argparse.Namespace, label: str) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's final flush must not fail again
         return 141
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        _put_back(previous)
 
 
 def standalone_main(command: str, register, argv: list[str] | None = None, description: str | None = None) -> int:

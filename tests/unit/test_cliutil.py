@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -143,9 +145,38 @@ def test_signals_deferred_delivers_a_held_signal_when_done():
                 time.sleep(0.1)
                 held = "still here"
         finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
+            cliutil._put_back(previous)
     assert held == "still here" and e.value.signum == signal.SIGTERM
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: signal.Signals(s).name)
+def test_a_signal_that_lands_in_a_gc_callback_still_ends_the_command(capsys, sig):
+    """Python ignores (prints "Exception ignored in") an exception raised in a garbage-collector callback, as
+    distributed's GC diagnosis installs: the signal must still end the command, with its one line."""
+    steps = []
+
+    def on_gc(phase, info):
+        if phase == "start" and not steps:
+            steps.append("signalled in the callback")
+            signal.raise_signal(sig)   # its handler runs here, inside the callback
+            sum(range(1000))
+
+    def command(args):
+        gc.callbacks.append(on_gc)
+        try:
+            gc.collect()
+            for _ in range(500):       # 5 s of work the signal must cut short
+                time.sleep(0.01)
+            steps.append("ran to its end")
+        finally:
+            gc.callbacks.remove(on_gc)
+
+    hook = sys.unraisablehook
+    assert cliutil.run_parsed(argparse.Namespace(func=command), "ucx-dask-gpu x") == 128 + sig
+    assert steps == ["signalled in the callback"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"ucx-dask-gpu x: interrupted by {signal.Signals(sig).name}; what it started has stopped"]
+    assert sys.unraisablehook is hook, "the caller's hook is put back"
 
 
 FAKE_PERFTEST = """#!{python}
