@@ -132,4 +132,4 @@ unit: venv
 	$(VPY) -m pytest -q tests/unit
 
 test: sources prereqs venv ucx ucxx
-	$(VPY) -m pytest tests
+	$(VPY) -m pytest tests --durations=30

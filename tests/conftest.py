@@ -25,6 +25,26 @@ for _var in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
     os.environ.pop(_var, None)
 
 
+@pytest.fixture(autouse=True)
+def _the_machines_null_device_stays_one():
+    """No test may replace this machine's /dev/null (a command that renames a file over a path it was given would):
+    the test that does fails by name, and the device is put back so that the rest of the run is not spoilt."""
+    before = os.stat("/dev/null")
+    yield
+    after = os.stat("/dev/null")
+    if (after.st_mode, after.st_rdev, after.st_ino) != (before.st_mode, before.st_rdev, before.st_ino):
+        if os.geteuid() == 0:
+            os.replace(_fresh_null_device(), "/dev/null")
+        pytest.fail(f"this test replaced /dev/null (now mode {after.st_mode:o}, device {after.st_rdev})")
+
+
+def _fresh_null_device() -> str:
+    path = f"/dev/.null-{os.getpid()}"
+    os.mknod(path, 0o20666, os.makedev(1, 3))
+    os.chmod(path, 0o666)
+    return path
+
+
 def write_legacy_command(directory: Path, name: str) -> Path:
     """`dask-scheduler` / `dask-worker` as the image has them (docker/Dockerfile writes each: the entrypoint's checks,
     then dask's own command), written the same way for this Python; the package itself installs no such name."""
