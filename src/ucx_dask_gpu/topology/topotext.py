@@ -52,7 +52,22 @@ def parse_topo_text(text: str, source: str = "nvidia-smi topo -m") -> Topology:
     def bad(msg: str):
         return UserError(f"{source}: {msg}", BAD_TOPOLOGY)
 
-    lines = [ANSI_RE.sub("", ln).rstrip("\r\n") for ln in text.splitlines()]
+    legend, body = _split_legend([ANSI_RE.sub("", ln).rstrip("\r\n") for ln in text.splitlines()])
+    blocks = _blocks(body)
+    if not blocks:
+        raise UserError(f"{source}: no topology matrix found", BAD_TOPOLOGY)
+    devices, matrix, trailing = _read_blocks(blocks, bad)
+    if devices is None:
+        raise bad("no device columns (GPU0, GPU1, ...) in the header")
+    gpu_labels = [d for d in devices if re.fullmatch(r"GPU\d+", d)]
+    if not gpu_labels:
+        raise UserError(f"{source}: no GPU in the topology (columns: {', '.join(devices)})", NO_GPU)
+    _check_matrix(devices, gpu_labels, matrix, trailing, bad)
+    return _topology(source, devices, gpu_labels, matrix, trailing, legend, bad)
+
+
+def _split_legend(lines: list[str]) -> tuple[dict[str, str], list[str]]:
+    """(NIC legend: NICn -> device name, the lines before the legend)."""
     # The matrix (and, in some listings, a separate CPU Affinity block) comes first; "Legend:" and
     # "NIC Legend:" (NIC0: mlx5_0, ...) close the listing.
     legend: dict[str, str] = {}
@@ -68,8 +83,11 @@ def parse_topo_text(text: str, source: str = "nvidia-smi topo -m") -> Topology:
                 legend[m.group(1)] = m.group(2)
         elif not (s.startswith("$") or "nvidia-smi" in s):   # the command line / prompt in pasted listings
             body.append(ln)
+    return legend, body
 
-    # Blocks separated by blank lines; each starts with a header line (first cell empty, i.e. indented).
+
+def _blocks(body: list[str]) -> list[list[str]]:
+    """Blocks separated by blank lines; each starts with a header line (first cell empty, i.e. indented)."""
     blocks: list[list[str]] = []
     cur: list[str] = []
     for ln in body + [""]:
@@ -78,9 +96,11 @@ def parse_topo_text(text: str, source: str = "nvidia-smi topo -m") -> Topology:
         elif cur:
             blocks.append(cur)
             cur = []
-    if not blocks:
-        raise UserError(f"{source}: no topology matrix found", BAD_TOPOLOGY)
+    return blocks
 
+
+def _read_blocks(blocks: list[list[str]], bad):
+    """(device columns or None, label -> column -> level, label -> trailing column -> value)."""
     devices: list[str] | None = None
     matrix: dict[str, dict[str, str]] = {}
     trailing: dict[str, dict[str, str]] = {}
@@ -104,17 +124,7 @@ def parse_topo_text(text: str, source: str = "nvidia-smi topo -m") -> Topology:
             if len(cells) != len(devcols):
                 raise bad(f"row {label!r} has {len(cells)} matrix cells, the header names {len(devcols)}")
             if devcols:
-                if label not in devcols:
-                    raise bad(f"row {label!r} is not one of the columns {devcols}")
-                levels = {}
-                for col, cell in zip(devcols, cells):
-                    lvl = _norm_level(cell)
-                    if lvl is None:
-                        raise bad(f"row {label!r}, column {col!r}: unknown connection {cell!r}")
-                    if (lvl == "X") != (col == label):
-                        raise bad(f"row {label!r}, column {col!r}: {cell!r} (X belongs on the diagonal only)")
-                    levels[col] = lvl
-                matrix[label] = levels
+                matrix[label] = _row_levels(label, devcols, cells, bad)
             # nvidia-smi prints an extra tab after the NUMA Affinity value: drop surplus empty cells.
             while len(trail) > len(trailcols) and "" in trail[1:]:
                 trail.pop(trail.index("", 1))
@@ -122,12 +132,26 @@ def parse_topo_text(text: str, source: str = "nvidia-smi topo -m") -> Topology:
                 raise bad(f"row {label!r} has {len(trail)} cells after the matrix, the header names {trailcols}")
             trailing.setdefault(label, {}).update(
                 {col: val for col, val in zip(trailcols, trail) if val and val != "N/A"})
+    return devices, matrix, trailing
 
-    if devices is None:
-        raise bad("no device columns (GPU0, GPU1, ...) in the header")
-    gpu_labels = [d for d in devices if re.fullmatch(r"GPU\d+", d)]
-    if not gpu_labels:
-        raise UserError(f"{source}: no GPU in the topology (columns: {', '.join(devices)})", NO_GPU)
+
+def _row_levels(label: str, devcols: list[str], cells: list[str], bad) -> dict[str, str]:
+    """One matrix row: column -> connection level, X on the diagonal only."""
+    if label not in devcols:
+        raise bad(f"row {label!r} is not one of the columns {devcols}")
+    levels = {}
+    for col, cell in zip(devcols, cells):
+        lvl = _norm_level(cell)
+        if lvl is None:
+            raise bad(f"row {label!r}, column {col!r}: unknown connection {cell!r}")
+        if (lvl == "X") != (col == label):
+            raise bad(f"row {label!r}, column {col!r}: {cell!r} (X belongs on the diagonal only)")
+        levels[col] = lvl
+    return levels
+
+
+def _check_matrix(devices, gpu_labels, matrix, trailing, bad) -> None:
+    """Every device has a row, GPU links are symmetric, affinity rows name known devices."""
     missing = [d for d in devices if d not in matrix]
     if missing:
         raise bad(f"no row for {', '.join(missing)}")
@@ -139,11 +163,12 @@ def parse_topo_text(text: str, source: str = "nvidia-smi topo -m") -> Topology:
     if unknown_trailing:
         raise bad(f"affinity rows for unknown devices {unknown_trailing}")
 
+
+def _topology(source, devices, gpu_labels, matrix, trailing, legend, bad) -> Topology:
     topo = Topology(source=source, gpus=[])
     for lbl in gpu_labels:
-        idx = int(lbl[3:])
         t = trailing.get(lbl, {})
-        g = GpuInfo(index=idx)
+        g = GpuInfo(index=int(lbl[3:]))
         try:
             if "CPU Affinity" in t:
                 g.cpus, g.cpus_source = parse_cpulist(t["CPU Affinity"]), "topo-text"
