@@ -90,14 +90,9 @@ def normalise_image(st: Stack, ref: str, out_dir: Path, *, tag: str | None = Non
     if meta is None:
         raise UserError(f"no image {ref!r} to normalise (build it first: scripts/build_image.sh)", BAD_ARCHIVE)
     source_id = meta["Id"]
-    previous = _previous(out_dir)
-    if previous and source_id in (previous["image_id"], previous["source_image_id"]) \
-            and image_inspect(previous["image_id"]) is not None and (not keep_archive or previous.get("archive")):
-        # A warm rebuild gave the same docker build output (or REF is our result already): same normalised image.
-        if tag != ref or source_id != previous["image_id"]:
-            docker(["tag", previous["image_id"], tag], code=BAD_ARCHIVE, what=f"docker tag {tag}")
-        say(f"{tag}: {previous['image_id'][:19]} (normalised before from {previous['source_image_id'][:19]})")
-        return ImageResult(**{**previous, "tag": tag})
+    reused = _reuse_previous(ref, tag, source_id, out_dir, keep_archive)
+    if reused is not None:
+        return reused
     if LABEL_PREFIX + "sbom" in ((meta.get("Config") or {}).get("Labels") or {}):
         raise UserError(f"{ref} is a normalised image already (it has an SBOM layer) but {out_dir} does not record "
                         "it; normalise the image docker build made", BAD_ARCHIVE)
@@ -111,105 +106,142 @@ def normalise_image(st: Stack, ref: str, out_dir: Path, *, tag: str | None = Non
         docker(["save", "-o", str(saved), ref], code=BAD_ARCHIVE, what=f"docker save {ref}")
         secs["save"] = round(time.monotonic() - t0, 1)
         t0 = time.monotonic()
-        try:
-            outer = tarfile.open(saved)
-            dmanifest = json.load(outer.extractfile("manifest.json"))
-            if len(dmanifest) != 1:
-                raise UserError(f"docker save {ref}: expected one image in the archive, got {len(dmanifest)}",
-                                BAD_ARCHIVE)
-            cfg = json.load(outer.extractfile(dmanifest[0]["Config"]))
-        except (KeyError, ValueError, tarfile.TarError, TypeError) as e:
-            raise UserError(f"docker save {ref}: unexpected archive layout ({e})", BAD_ARCHIVE) from None
-        overlay = Overlay()
         blobs = tmp / "blobs"
         blobs.mkdir()
-        results: list[LayerResult] = []
-        paths: list[tuple[str, Path]] = []
-        for i, layer_path in enumerate(dmanifest[0]["Layers"]):
-            staged = blobs / f"layer-{i}"
-            ltar = tarfile.open(fileobj=outer.extractfile(layer_path))
-            with open(staged, "wb") as f:
-                res = normalise_layer(ltar, f, epoch, overlay, where=f"{ref} layer {i}")
-            results.append(res)
-            paths.append((res.diff_id, staged))
-            if res.dropped:
-                say(f"layer {i}: dropped {len(res.dropped)} build-litter file(s), e.g. {', '.join(res.dropped[:3])}")
-        labels_before = (cfg.get("config") or {}).get("Labels") or {}
-        stack_id = (overlay.watched.get(STACK_ID_IN_LAYER, b"").decode().split() or [None])[0] \
-            or labels_before.get(LABEL_PREFIX + "stack-id")
-        labels = oci_labels(st, labels_before, stack_id)
-        extra_history = []
-        sbom_bytes = None
-        if with_sbom:
-            sbom_bytes = sbommod.sbom_from_overlay(st, overlay.watched, labels={**labels_before, **labels},
-                                                   wheels=wheels)
-            staged = blobs / "layer-sbom"
-            with open(staged, "wb") as f:
-                res = sbom_layer(f, epoch, sbom_bytes, overlay)
-            results.append(res)
-            paths.append((res.diff_id, staged))
-            extra_history.append({"created": iso(epoch), "created_by": f"ucx-dask-gpu repro normalise: "
-                                  f"SBOM (CycloneDX) at /{SBOM_IN_IMAGE}", "comment": "sbom"})
-            labels[LABEL_PREFIX + "sbom.sha256"] = hashlib.sha256(sbom_bytes).hexdigest()
-        diff_ids = [d for d, _ in paths]
-        config = normalise_config(cfg, diff_ids, epoch, labels, extra_history)
+        results, paths, labels, config, sbom_bytes = _normalise_saved(st, ref, saved, blobs, with_sbom, wheels)
         config_bytes = canonical_json(config)
-        outer.close()
         saved.unlink()
         secs["normalise"] = round(time.monotonic() - t0, 1)
-        annotations = {k: v for k, v in labels.items() if k.startswith("org.opencontainers.image.")}
-        annotations[LABEL_PREFIX + "stack-id"] = labels.get(LABEL_PREFIX + "stack-id", "")
-        ref_name = st.version
-        t0 = time.monotonic()
-        image_id = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
-        # An image with this id exists already (another build gave the same bytes): docker has every layer, so
-        # the archive is only hashed (for its digest), not written, and nothing is loaded.
-        present = load and image_inspect(image_id) is not None
         archive_tmp = tmp / ARCHIVE
-        if keep_archive or (load and not present):
-            with open(archive_tmp, "wb") as f:
-                digests = write_archive(f, epoch, config_bytes, paths, ref_name, annotations)
-        else:
-            digests = write_archive(NullWriter(), epoch, config_bytes, paths, ref_name, annotations)
-        shutil.rmtree(blobs)
-        secs["archive"] = round(time.monotonic() - t0, 1)
-        if load and not present:
-            t0 = time.monotonic()
-            say(f"docker load {digests['image_id'][:19]} ({archive_tmp.stat().st_size / 1e9:.2f} GB)")
-            docker(["load", "-q", "-i", str(archive_tmp)], code=BAD_ARCHIVE, what="docker load of the normalised image")
-            secs["load"] = round(time.monotonic() - t0, 1)
-        if load:
-            loaded = image_inspect(digests["image_id"])
-            if loaded is None or loaded.get("Id") != digests["image_id"]:
-                raise UserError(f"docker load did not give image {digests['image_id']} (docker computed "
-                                f"{(loaded or {}).get('Id')})", BAD_ARCHIVE)
-            if present:
-                say(f"{digests['image_id'][:19]} is in Docker already (same bytes as an earlier build): not loaded")
-            docker(["tag", digests["image_id"], tag], code=BAD_ARCHIVE, what=f"docker tag {tag}")
+        digests = _archive_and_load(st, config_bytes, paths, blobs, labels, archive_tmp, tag, keep_archive, load,
+                                    secs)
         archive_path = None
         if keep_archive:
             archive_path = out_dir / ARCHIVE
             os.replace(archive_tmp, archive_path)
-        files = {
-            LAYERS_JSON: json.dumps({"config": config, "layers": [
-                {"diff_id": r.diff_id, "size": r.size, "dropped": r.dropped, "rewritten": r.rewritten,
-                 "entries": [e.as_list() for e in r.entries]} for r in results]}, separators=(",", ":")) + "\n",
-        }
-        if sbom_bytes is not None:
-            files[SBOM_JSON] = sbom_bytes.decode()
         result = ImageResult(tag=tag, image_id=digests["image_id"], source_image_id=source_id,
                              manifest_digest=digests["manifest_digest"], archive_sha256=digests["archive_sha256"],
-                             diff_ids=diff_ids, out_dir=str(out_dir), archive=str(archive_path) if archive_path else None,
+                             diff_ids=[d for d, _ in paths], out_dir=str(out_dir),
+                             archive=str(archive_path) if archive_path else None,
                              sbom_sha256=hashlib.sha256(sbom_bytes).hexdigest() if sbom_bytes else None,
                              dropped={str(i): r.dropped for i, r in enumerate(results) if r.dropped},
                              pyc_fixed=sum(1 for r in results for p in r.rewritten if p.endswith(".pyc")),
                              seconds=secs)
-        files[IMAGE_JSON] = json.dumps(result.__dict__, indent=2, sort_keys=True) + "\n"
-        # an image.json of an earlier run (one written before directories carried the tool's record) proves the
-        # records there its own: the build cache of every existing checkout holds one
-        write_output_dir(out_dir, files, what="the normalised image's records",
-                         overwrite=_previous(out_dir) is not None)
+        _write_records(out_dir, result, config, results, sbom_bytes)
     return result
+
+
+def _reuse_previous(ref: str, tag: str, source_id: str, out_dir: Path, keep_archive: bool) -> ImageResult | None:
+    """The result recorded in `out_dir` when it was normalised from the same docker build output (tagged `tag`)."""
+    previous = _previous(out_dir)
+    if not (previous and source_id in (previous["image_id"], previous["source_image_id"])
+            and image_inspect(previous["image_id"]) is not None and (not keep_archive or previous.get("archive"))):
+        return None
+    # A warm rebuild gave the same docker build output (or REF is our result already): same normalised image.
+    if tag != ref or source_id != previous["image_id"]:
+        docker(["tag", previous["image_id"], tag], code=BAD_ARCHIVE, what=f"docker tag {tag}")
+    say(f"{tag}: {previous['image_id'][:19]} (normalised before from {previous['source_image_id'][:19]})")
+    return ImageResult(**{**previous, "tag": tag})
+
+
+def _normalise_saved(st: Stack, ref: str, saved: Path, blobs: Path, with_sbom: bool,
+                     wheels: dict[str, tuple[str, str]] | None):
+    """A `docker save` archive -> (layer results, (diff_id, staged layer) pairs, labels, config, SBOM bytes or None);
+    every layer, the SBOM layer last, is staged under `blobs`."""
+    epoch = st.source_date_epoch
+    try:
+        outer = tarfile.open(saved)
+        dmanifest = json.load(outer.extractfile("manifest.json"))
+        if len(dmanifest) != 1:
+            raise UserError(f"docker save {ref}: expected one image in the archive, got {len(dmanifest)}",
+                            BAD_ARCHIVE)
+        cfg = json.load(outer.extractfile(dmanifest[0]["Config"]))
+    except (KeyError, ValueError, tarfile.TarError, TypeError) as e:
+        raise UserError(f"docker save {ref}: unexpected archive layout ({e})", BAD_ARCHIVE) from None
+    overlay = Overlay()
+    results: list[LayerResult] = []
+    for i, layer_path in enumerate(dmanifest[0]["Layers"]):
+        ltar = tarfile.open(fileobj=outer.extractfile(layer_path))
+        with open(blobs / f"layer-{i}", "wb") as f:
+            res = normalise_layer(ltar, f, epoch, overlay, where=f"{ref} layer {i}")
+        results.append(res)
+        if res.dropped:
+            say(f"layer {i}: dropped {len(res.dropped)} build-litter file(s), e.g. {', '.join(res.dropped[:3])}")
+    paths = [(res.diff_id, blobs / f"layer-{i}") for i, res in enumerate(results)]
+    labels_before = (cfg.get("config") or {}).get("Labels") or {}
+    stack_id = (overlay.watched.get(STACK_ID_IN_LAYER, b"").decode().split() or [None])[0] \
+        or labels_before.get(LABEL_PREFIX + "stack-id")
+    labels = oci_labels(st, labels_before, stack_id)
+    extra_history = []
+    sbom_bytes = None
+    if with_sbom:
+        sbom_bytes = sbommod.sbom_from_overlay(st, overlay.watched, labels={**labels_before, **labels},
+                                               wheels=wheels)
+        staged = blobs / "layer-sbom"
+        with open(staged, "wb") as f:
+            res = sbom_layer(f, epoch, sbom_bytes, overlay)
+        results.append(res)
+        paths.append((res.diff_id, staged))
+        extra_history.append({"created": iso(epoch), "created_by": f"ucx-dask-gpu repro normalise: "
+                              f"SBOM (CycloneDX) at /{SBOM_IN_IMAGE}", "comment": "sbom"})
+        labels[LABEL_PREFIX + "sbom.sha256"] = hashlib.sha256(sbom_bytes).hexdigest()
+    config = normalise_config(cfg, [d for d, _ in paths], epoch, labels, extra_history)
+    outer.close()
+    return results, paths, labels, config, sbom_bytes
+
+
+def _archive_and_load(st: Stack, config_bytes: bytes, paths: list[tuple[str, Path]], blobs: Path,
+                      labels: dict[str, str], archive_tmp: Path, tag: str, keep_archive: bool, load: bool,
+                      secs: dict[str, float]) -> dict:
+    """Write (or only hash) the archive of the layers staged in `blobs` (removed then), `docker load` it unless
+    Docker has that image already, tag it; the archive's digests."""
+    epoch = st.source_date_epoch
+    annotations = {k: v for k, v in labels.items() if k.startswith("org.opencontainers.image.")}
+    annotations[LABEL_PREFIX + "stack-id"] = labels.get(LABEL_PREFIX + "stack-id", "")
+    ref_name = st.version
+    t0 = time.monotonic()
+    image_id = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
+    # An image with this id exists already (another build gave the same bytes): docker has every layer, so
+    # the archive is only hashed (for its digest), not written, and nothing is loaded.
+    present = load and image_inspect(image_id) is not None
+    if keep_archive or (load and not present):
+        with open(archive_tmp, "wb") as f:
+            digests = write_archive(f, epoch, config_bytes, paths, ref_name, annotations)
+    else:
+        digests = write_archive(NullWriter(), epoch, config_bytes, paths, ref_name, annotations)
+    shutil.rmtree(blobs)
+    secs["archive"] = round(time.monotonic() - t0, 1)
+    if load and not present:
+        t0 = time.monotonic()
+        say(f"docker load {digests['image_id'][:19]} ({archive_tmp.stat().st_size / 1e9:.2f} GB)")
+        docker(["load", "-q", "-i", str(archive_tmp)], code=BAD_ARCHIVE, what="docker load of the normalised image")
+        secs["load"] = round(time.monotonic() - t0, 1)
+    if load:
+        loaded = image_inspect(digests["image_id"])
+        if loaded is None or loaded.get("Id") != digests["image_id"]:
+            raise UserError(f"docker load did not give image {digests['image_id']} (docker computed "
+                            f"{(loaded or {}).get('Id')})", BAD_ARCHIVE)
+        if present:
+            say(f"{digests['image_id'][:19]} is in Docker already (same bytes as an earlier build): not loaded")
+        docker(["tag", digests["image_id"], tag], code=BAD_ARCHIVE, what=f"docker tag {tag}")
+    return digests
+
+
+def _write_records(out_dir: Path, result: ImageResult, config: dict, results: list[LayerResult],
+                   sbom_bytes: bytes | None) -> None:
+    """image.json, layers.json and (with an SBOM) sbom.cdx.json into `out_dir`."""
+    files = {
+        LAYERS_JSON: json.dumps({"config": config, "layers": [
+            {"diff_id": r.diff_id, "size": r.size, "dropped": r.dropped, "rewritten": r.rewritten,
+             "entries": [e.as_list() for e in r.entries]} for r in results]}, separators=(",", ":")) + "\n",
+    }
+    if sbom_bytes is not None:
+        files[SBOM_JSON] = sbom_bytes.decode()
+    files[IMAGE_JSON] = json.dumps(result.__dict__, indent=2, sort_keys=True) + "\n"
+    # an image.json of an earlier run (one written before directories carried the tool's record) proves the
+    # records there its own: the build cache of every existing checkout holds one
+    write_output_dir(out_dir, files, what="the normalised image's records",
+                     overwrite=_previous(out_dir) is not None)
 
 
 def _previous(out_dir: Path) -> dict | None:
