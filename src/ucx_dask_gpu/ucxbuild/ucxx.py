@@ -358,47 +358,16 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
     logs = work / "logs"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
-    jobs = opts.jobs or (os.cpu_count() or 1) + 1
-    fetch_kw = {"cache": cache, "dirs": [p.resolve() for p in opts.sources], "offline": opts.offline}
     say(f"UCXX {u.source.version}: against UCX {ucx_info['ucx_version']} at {prefix}, work dir {work}")
-    fetched = {f.source.name: f for f in fetch_sources((u.source, u.rapids_cmake, u.cpm), **fetch_kw)}
-    trees = {name: unpack_tree(f.path, work / "src" / name) for name, f in fetched.items()}
-    src, rapids_cmake, cpm = trees[u.source.name], trees[u.rapids_cmake.name], trees[u.cpm.name]
-    if patches and shutil.which("patch") is None:
-        raise UserError("`patch` is needed to apply the UCXX patches (apt-get install patch)", MISSING_CAPABILITY)
-    applied = apply_patches(src, patches, logs / "patch.log") if patches else []
-    cpm_file = cpm / "cmake" / "CPM.cmake"
-    if not cpm_file.is_file():
-        raise UserError(f"{u.cpm.archive}: no cmake/CPM.cmake", BUILD_FAILED)
-
-    # The work directory (sources, build venv with librmm's headers), the UCX prefix and this checkout, as the
-    # compilers and the recorded options show them.
-    paths = repro.PathMap.of({work: repro.stand_in(stack, "ucxx"), prefix: stack.image.ucx_prefix,
-                              stack.root: repro.stand_in(stack, "checkout")})
-    env = paths.flag_env(repro.build_env(stack))
-    env.update(PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONDONTWRITEBYTECODE="1",
-               # rapids-build-backend records `git rev-parse HEAD`: not this repository's commit.
-               GIT_CEILING_DIRECTORIES=str(work / "src"))
-    for var in ("PIP_CONSTRAINT", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS",
-                "SKBUILD_CMAKE_ARGS", "CMAKE_ARGS", "LD_LIBRARY_PATH"):
-        env.pop(var, None)
+    fetched, src, rapids_cmake, cpm_file, applied = _sources(stack, opts, work, cache, patches, logs)
+    paths, env = _path_map_and_env(stack, work, prefix)
     py = make_build_venv(stack, work / "venv", cache.parent / "wheels", opts, logs, env)
     site = site_packages(py)
     toolkit = assemble_toolkit(stack, site, work / "cuda-toolkit")
-    cccl = site / "librmm" / "lib64" / "rapids" / "cmake" / "cccl"
-    common = [
-        f"-DFETCHCONTENT_SOURCE_DIR_RAPIDS-CMAKE={rapids_cmake}",
-        "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
-        f"-DCPM_DOWNLOAD_LOCATION={cpm_file}",
-        f"-DCCCL_DIR={cccl}",
-        f"-DCUDAToolkit_ROOT={toolkit}",
-        f"-Ducx_DIR={prefix / 'lib' / 'cmake' / 'ucx'}",
-        f"-Ducxx_DIR={site / 'libucxx' / 'lib64' / 'cmake' / 'ucxx'}",
-        *repro.CMAKE_ARGS,
-    ]
+    common = _cmake_args(rapids_cmake, cpm_file, site, toolkit, prefix)
     env.update(PATH=os.pathsep.join([str(py.parent), str(toolkit / "bin"), env.get("PATH", "")]),
                CUDAToolkit_ROOT=str(toolkit), CUDA_HOME=str(toolkit), RAPIDS_MATRIX_ENTRY=u.matrix_entry,
-               CMAKE_BUILD_PARALLEL_LEVEL=str(jobs))
+               CMAKE_BUILD_PARALLEL_LEVEL=str(opts.jobs or (os.cpu_count() or 1) + 1))
     isolate = isolation_prefix()
     say("network: " + (f"each build step runs under `{' '.join(isolate[:-1])}` (loopback only)" if isolate
                        else "this machine has only loopback"))
@@ -408,31 +377,8 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
     built: dict[str, Path] = {}
     for i, pkg in enumerate(u.packages, 1):
         t0 = time.monotonic()
-        pkg_dir = src / pkg.path
-        shutil.rmtree(pkg_dir / "build", ignore_errors=True)
-        out = work / "wheels" / pkg.name
-        shutil.rmtree(out, ignore_errors=True)
-        env["SKBUILD_CMAKE_ARGS"] = ";".join([*common, *pkg.cmake_args])
-        cmd = isolate + [str(py), "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-index", "--no-deps",
-                         "-w", str(out), str(pkg_dir)]
-        log = logs / f"{pkg.name}.log"
-        rc, tail = run_logged(cmd, work, log, env, pkg.name)
-        wheels = sorted(out.glob("*.whl"))
-        if rc != 0 or len(wheels) != 1:
-            _print_tail(f"building the {pkg.name} wheel failed; last lines of {log}:", tail)
-            fetches = [ln.strip() for ln in log.read_text(errors="replace").splitlines()
-                       if re.search(r"(https?://\S+)", ln) and re.search(r"(?i)download|fetch|resolv|connect", ln)]
-            why = f"; it tried the network: {fetches[0][:200]}" if fetches else ""
-            raise UserError(f"UCXX: the {pkg.name} wheel did not build (exit {rc}){why}; log: {log}", BUILD_FAILED)
-        built[pkg.name] = shutil.copy2(wheels[0], dist / wheels[0].name)
-        if pkg.name == "libucxx":  # ucxx's CMake finds libucxx in the build venv
-            rc, tail = run_logged([str(py), "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                                   str(built[pkg.name])], work, log, env, pkg.name)
-            if rc != 0:
-                _print_tail(f"installing {wheels[0].name} into the build venv failed:", tail)
-                raise UserError(f"UCXX: installing the libucxx wheel failed; log: {log}", BUILD_FAILED)
-            _check_links_ucp(site)
-        say(f"[{i}/{len(u.packages)}] {wheels[0].name} in {_fmt_s(time.monotonic() - t0)}")
+        built[pkg.name] = _build_wheel(pkg, src, work, dist, logs, env, common, isolate, py, site)
+        say(f"[{i}/{len(u.packages)}] {built[pkg.name].name} in {_fmt_s(time.monotonic() - t0)}")
     packages = check_wheels(stack, built)
     leaks = {k: v for whl in built.values() for k, v in repro.paths_in(whl, paths.dirs).items()}
     for where, dirs in leaks.items():
@@ -457,6 +403,84 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
     atomic_write_text(dist / UCXX_BUILD_INFO, json.dumps(info, indent=2, sort_keys=True) + "\n")
     say(f"UCXX wheels built in {_fmt_s(time.monotonic() - t_start)}")
     return info
+
+
+def _path_map_and_env(stack: Stack, work: Path, prefix: Path) -> tuple[repro.PathMap, dict[str, str]]:
+    """The build's directories and their stand-ins, and the environment of every build step."""
+    # The work directory (sources, build venv with librmm's headers), the UCX prefix and this checkout, as the
+    # compilers and the recorded options show them.
+    paths = repro.PathMap.of({work: repro.stand_in(stack, "ucxx"), prefix: stack.image.ucx_prefix,
+                              stack.root: repro.stand_in(stack, "checkout")})
+    env = paths.flag_env(repro.build_env(stack))
+    env.update(PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONDONTWRITEBYTECODE="1",
+               # rapids-build-backend records `git rev-parse HEAD`: not this repository's commit.
+               GIT_CEILING_DIRECTORIES=str(work / "src"))
+    for var in ("PIP_CONSTRAINT", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS",
+                "SKBUILD_CMAKE_ARGS", "CMAKE_ARGS", "LD_LIBRARY_PATH"):
+        env.pop(var, None)
+    return paths, env
+
+
+def _cmake_args(rapids_cmake: Path, cpm_file: Path, site: Path, toolkit: Path, prefix: Path) -> list[str]:
+    """The CMake options every package's build gets: everything it would fetch is here already."""
+    return [
+        f"-DFETCHCONTENT_SOURCE_DIR_RAPIDS-CMAKE={rapids_cmake}",
+        "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+        f"-DCPM_DOWNLOAD_LOCATION={cpm_file}",
+        f"-DCCCL_DIR={site / 'librmm' / 'lib64' / 'rapids' / 'cmake' / 'cccl'}",
+        f"-DCUDAToolkit_ROOT={toolkit}",
+        f"-Ducx_DIR={prefix / 'lib' / 'cmake' / 'ucx'}",
+        f"-Ducxx_DIR={site / 'libucxx' / 'lib64' / 'cmake' / 'ucxx'}",
+        *repro.CMAKE_ARGS,
+    ]
+
+
+def _sources(stack: Stack, opts: UcxxOptions, work: Path, cache: Path, patches: list[Path], logs: Path):
+    """UCXX, rapids-cmake and CPM fetched and unpacked under <work>/src, UCXX patched: (the fetched sources by name,
+    UCXX's tree, rapids-cmake's tree, CPM.cmake, the patches applied)."""
+    u = stack.ucxx
+    fetch_kw = {"cache": cache, "dirs": [p.resolve() for p in opts.sources], "offline": opts.offline}
+    fetched = {f.source.name: f for f in fetch_sources((u.source, u.rapids_cmake, u.cpm), **fetch_kw)}
+    trees = {name: unpack_tree(f.path, work / "src" / name) for name, f in fetched.items()}
+    src = trees[u.source.name]
+    if patches and shutil.which("patch") is None:
+        raise UserError("`patch` is needed to apply the UCXX patches (apt-get install patch)", MISSING_CAPABILITY)
+    applied = apply_patches(src, patches, logs / "patch.log") if patches else []
+    cpm_file = trees[u.cpm.name] / "cmake" / "CPM.cmake"
+    if not cpm_file.is_file():
+        raise UserError(f"{u.cpm.archive}: no cmake/CPM.cmake", BUILD_FAILED)
+    return fetched, src, trees[u.rapids_cmake.name], cpm_file, applied
+
+
+def _build_wheel(pkg, src: Path, work: Path, dist: Path, logs: Path, env: dict[str, str], common: list[str],
+                 isolate: list[str], py: Path, site: Path) -> Path:
+    """One package's wheel built (without the network) and copied to `dist`; libucxx's is also installed into the
+    build venv. The copy in `dist`."""
+    pkg_dir = src / pkg.path
+    shutil.rmtree(pkg_dir / "build", ignore_errors=True)
+    out = work / "wheels" / pkg.name
+    shutil.rmtree(out, ignore_errors=True)
+    env["SKBUILD_CMAKE_ARGS"] = ";".join([*common, *pkg.cmake_args])
+    cmd = isolate + [str(py), "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-index", "--no-deps",
+                     "-w", str(out), str(pkg_dir)]
+    log = logs / f"{pkg.name}.log"
+    rc, tail = run_logged(cmd, work, log, env, pkg.name)
+    wheels = sorted(out.glob("*.whl"))
+    if rc != 0 or len(wheels) != 1:
+        _print_tail(f"building the {pkg.name} wheel failed; last lines of {log}:", tail)
+        fetches = [ln.strip() for ln in log.read_text(errors="replace").splitlines()
+                   if re.search(r"(https?://\S+)", ln) and re.search(r"(?i)download|fetch|resolv|connect", ln)]
+        why = f"; it tried the network: {fetches[0][:200]}" if fetches else ""
+        raise UserError(f"UCXX: the {pkg.name} wheel did not build (exit {rc}){why}; log: {log}", BUILD_FAILED)
+    built = Path(shutil.copy2(wheels[0], dist / wheels[0].name))
+    if pkg.name == "libucxx":  # ucxx's CMake finds libucxx in the build venv
+        rc, tail = run_logged([str(py), "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(built)],
+                              work, log, env, pkg.name)
+        if rc != 0:
+            _print_tail(f"installing {wheels[0].name} into the build venv failed:", tail)
+            raise UserError(f"UCXX: installing the libucxx wheel failed; log: {log}", BUILD_FAILED)
+        _check_links_ucp(site)
+    return built
 
 
 # --- a venv on our UCX --------------------------------------------------------------------------------------------
