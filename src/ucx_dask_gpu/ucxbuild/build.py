@@ -452,23 +452,73 @@ def _build_in_work_dir(stack: Stack, opts: BuildOptions, key: str) -> dict:
     return info
 
 
-def _build(stack: Stack, opts: BuildOptions, work: Path, key: str) -> dict:
-    t_start = time.monotonic()
-    prefix = opts.prefix.resolve()
-    configured = stack.image.ucx_prefix
-    jobs = opts.jobs or (os.cpu_count() or 1) + 1
-    cache = (opts.cache or default_cache_dir(stack)).resolve()
-    patches_root = opts.patches_root or stack.root / "ucx-src-build" / "patches"
-    work.mkdir(parents=True, exist_ok=True)
+def fresh_logs(work: Path) -> Path:
+    """<work>/logs, created empty: the logs of this run's build steps only."""
     logs = work / "logs"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
+    return logs
+
+
+def _build(stack: Stack, opts: BuildOptions, work: Path, key: str) -> dict:
+    t_start = time.monotonic()
+    prefix = opts.prefix.resolve()
+    jobs = opts.jobs or (os.cpu_count() or 1) + 1
+    logs = fresh_logs(work)
     env = repro.build_env(stack)
     # The work directory and this checkout as the compilers and the recorded configure line show them.
     paths = repro.PathMap.of({work: repro.stand_in(stack, "ucx"), stack.root: repro.stand_in(stack, "checkout")})
-    fetch_kw = {"cache": cache, "dirs": [p.resolve() for p in opts.sources], "offline": opts.offline}
+    fetch_kw = {"cache": (opts.cache or default_cache_dir(stack)).resolve(),
+                "dirs": [p.resolve() for p in opts.sources], "offline": opts.offline}
     say(f"build: prefix {prefix}, work dir {work}, -j{jobs}")
+    fetched, src, applied = _patched_source(stack, opts, work, env, logs, fetch_kw)
+    cuda = cudamod.resolve(opts.cuda, stack, work, link_dir=opts.cuda_link_dir, fetch_kw=fetch_kw)
+    if cuda.kind != "none":
+        say(f"CUDA {cuda.version}: headers {cuda.include_dir}; link libraries from {cuda.link_source}")
+    caps = detect_capabilities(cuda, opts)
+    say("capabilities: " + ", ".join(f"{k}={'yes' if v else 'no'}" if not isinstance(v, str) else f"{k}={v}"
+                                     for k, v in caps.items()))
+    cmd = configure_command(stack, cuda, caps, paths)
+    summary = configure(stack, src, cmd, env, logs / "configure.log")
+    map_configure_line(src, paths)
+    if "ib" in opts.require and not {"ib", "rdmacm"} <= set(summary.get("UCT modules", [])):
+        raise UserError(f"configure did not enable ib+rdmacm (UCT modules: {summary.get('UCT modules')}); "
+                        f"see {src / 'config.log'}", MISSING_CAPABILITY)
 
+    stage = work / "stage"
+    shutil.rmtree(stage, ignore_errors=True)
+    make_and_install(src, stage, jobs, env, logs)
+    root = stage / stack.image.ucx_prefix.lstrip("/")
+    stripped = 0 if opts.keep_debug else relocate.strip_debug(root)
+    reloc = relocate.make_relocatable(root, stack.image.ucx_prefix)
+    modules = modules_in(root)
+    not_built = check_required_modules(modules, opts.require, stack)
+    for m in not_built:
+        warn(f"{m} was not built (capability not available here and not --require'd)")
+
+    info = _build_info(stack, opts, key, fetched, applied, paths.text(shlex.join(cmd)), summary,
+                       {**caps, "cuda": paths.data(cuda.record()) if cuda.kind != "none" else None,
+                        "required": sorted(opts.require)}, modules, not_built, reloc)
+    info["files"] = file_manifest(root)
+    leaks = repro.paths_in(root, paths.dirs + [str(prefix)])
+    info["build_paths_found"] = leaks
+    for rel, dirs in leaks.items():
+        warn(f"{rel} still names {', '.join(dirs)}: this prefix depends on where it was built")
+    atomic_write_text(root / BUILD_INFO, json.dumps(info, indent=2, sort_keys=True) + "\n")
+    relocate.clamp_mtimes(root, stack.source_date_epoch)
+    how = install_into_prefix(root, prefix)
+    say(f"installed into {prefix} ({how}); {len(modules)} modules: {' '.join(modules)}")
+    if stripped:
+        say(f"  stripped debug info from {stripped} ELF files")
+    say(f"done in {_fmt_s(time.monotonic() - t_start)}")
+    return info
+
+
+def _patched_source(stack: Stack, opts: BuildOptions, work: Path, env: dict[str, str], logs: Path,
+                    fetch_kw: dict) -> tuple[FetchedSource, Path, list]:
+    """UCX's source fetched, unpacked under <work>/src, patched and (from a git tree) autogen'd: (what was fetched,
+    the tree, the patches applied)."""
+    patches_root = opts.patches_root or stack.root / "ucx-src-build" / "patches"
     fetched: FetchedSource = fetch_source(stack.ucx, **fetch_kw)
     version = fetched.source.version
     patches = patches_for(version, patches_root)
@@ -484,43 +534,20 @@ def _build(stack: Stack, opts: BuildOptions, work: Path, key: str) -> dict:
         say(f"  no patches for {version} in {patches_root}")
     if not (src / "configure").is_file():
         autogen(src, env, logs / "autogen.log")
+    return fetched, src, applied
 
-    cuda = cudamod.resolve(opts.cuda, stack, work, link_dir=opts.cuda_link_dir, fetch_kw=fetch_kw)
-    if cuda.kind != "none":
-        say(f"CUDA {cuda.version}: headers {cuda.include_dir}; link libraries from {cuda.link_source}")
-    caps = detect_capabilities(cuda, opts)
-    say("capabilities: " + ", ".join(f"{k}={'yes' if v else 'no'}" if not isinstance(v, str) else f"{k}={v}"
-                                     for k, v in caps.items()))
 
-    cmd = configure_command(stack, cuda, caps, paths)
-    summary = configure(stack, src, cmd, env, logs / "configure.log")
-    map_configure_line(src, paths)
-    if "ib" in opts.require and not {"ib", "rdmacm"} <= set(summary.get("UCT modules", [])):
-        raise UserError(f"configure did not enable ib+rdmacm (UCT modules: {summary.get('UCT modules')}); "
-                        f"see {src / 'config.log'}", MISSING_CAPABILITY)
-
-    stage = work / "stage"
-    shutil.rmtree(stage, ignore_errors=True)
-    make_and_install(src, stage, jobs, env, logs)
-    root = stage / configured.lstrip("/")
-
-    stripped = 0 if opts.keep_debug else relocate.strip_debug(root)
-    reloc = relocate.make_relocatable(root, configured)
-    modules = modules_in(root)
-    not_built = check_required_modules(modules, opts.require, stack)
-    for m in not_built:
-        warn(f"{m} was not built (capability not available here and not --require'd)")
-
-    info = {
+def _build_info(stack: Stack, opts: BuildOptions, key: str, fetched: FetchedSource, applied: list, command: str,
+                summary: dict, capabilities: dict, modules: list[str], not_built: list[str], reloc) -> dict:
+    """The build info's record of the inputs and of what was built (the files are added once installed)."""
+    return {
         "schema": 1,
         "input_key": key,
-        "ucx_version": version,
+        "ucx_version": fetched.source.version,
         "source": fetched.record(),
         "patches": applied,
-        "configure": {"command": paths.text(shlex.join(cmd)), "stack_flags": list(stack.configure_flags),
-                      "summary": summary},
-        "capabilities": {**caps, "cuda": paths.data(cuda.record()) if cuda.kind != "none" else None,
-                         "required": sorted(opts.require)},
+        "configure": {"command": command, "stack_flags": list(stack.configure_flags), "summary": summary},
+        "capabilities": capabilities,
         "modules": modules,
         "modules_missing": not_built,
         "relocatable": reloc,
@@ -529,18 +556,5 @@ def _build(stack: Stack, opts: BuildOptions, work: Path, key: str) -> dict:
         "compiler": compiler_version(),
         "stack": {"name": stack.name, "version": stack.version, "stack_toml_sha256": sha256_file(stack.path)},
         # The prefix UCX was configured for (and compiled in); --prefix is a relocated copy of it.
-        "build_prefix": configured,
+        "build_prefix": stack.image.ucx_prefix,
     }
-    info["files"] = file_manifest(root)
-    leaks = repro.paths_in(root, paths.dirs + [str(prefix)])
-    info["build_paths_found"] = leaks
-    for rel, dirs in leaks.items():
-        warn(f"{rel} still names {', '.join(dirs)}: this prefix depends on where it was built")
-    atomic_write_text(root / BUILD_INFO, json.dumps(info, indent=2, sort_keys=True) + "\n")
-    relocate.clamp_mtimes(root, stack.source_date_epoch)
-    how = install_into_prefix(root, prefix)
-    say(f"installed into {prefix} ({how}); {len(modules)} modules: {' '.join(modules)}")
-    if stripped:
-        say(f"  stripped debug info from {stripped} ELF files")
-    say(f"done in {_fmt_s(time.monotonic() - t_start)}")
-    return info

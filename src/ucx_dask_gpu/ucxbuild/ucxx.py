@@ -40,7 +40,8 @@ from ..stack import Stack
 from ..ucx.install import (BUILD_INFO, INSTALLED_UCXX_BUILD_INFO, PRELOAD_PTH, UCXX_BUILD_INFO, read_build_info,
                            read_ucxx_build_info)
 from . import repro
-from .build import _fmt_s, _print_tail, apply_patches, compiler_version, patches_for, run_logged, unpack_tree
+from .build import (_fmt_s, _print_tail, apply_patches, compiler_version, fresh_logs, patches_for, run_logged,
+                    unpack_tree)
 from .fetch import default_cache_dir, fetch_sources, say
 
 # What the build makes in a --work-dir (its own, replaced on every run: claim_work_dir refuses a directory with more).
@@ -354,10 +355,7 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
            patches: list[Path]) -> dict:
     t_start = time.monotonic()
     u = stack.ucxx
-    work.mkdir(parents=True, exist_ok=True)
-    logs = work / "logs"
-    shutil.rmtree(logs, ignore_errors=True)
-    logs.mkdir(parents=True)
+    logs = fresh_logs(work)
     say(f"UCXX {u.source.version}: against UCX {ucx_info['ucx_version']} at {prefix}, work dir {work}")
     fetched, src, rapids_cmake, cpm_file, applied = _sources(stack, opts, work, cache, patches, logs)
     paths, env = _path_map_and_env(stack, work, prefix)
