@@ -130,9 +130,22 @@ def add_actions(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack-file", help="stack.toml to read (default: the repository's)")
     s = p.add_subparsers(dest="ucx_command", metavar="ACTION", parser_class=type(p))
     s.required = True
-    src_help = ("a source mirror: look for inputs in DIR after their URLs (repeatable; then $UCX_DASK_GPU_SOURCE_MIRROR "
-                "and stack.toml [sources].mirror_dirs)")
+    for add in (_add_fetch, _add_build, _add_ucxx, _add_install_ucxx, _add_verify, _add_prefix_map):
+        add(s)
 
+
+def _add_sources(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sources", action="append", default=[], metavar="DIR",
+                   help="a source mirror: look for inputs in DIR after their URLs (repeatable; then "
+                        "$UCX_DASK_GPU_SOURCE_MIRROR and stack.toml [sources].mirror_dirs)")
+
+
+def _add_work_dir(p: argparse.ArgumentParser) -> None:
+    add_output(p, "--work-dir", kind="dir", help="build directory, kept for inspection (default: a temp dir, removed "
+                                                 "on success)", note=WORK_DIR_HELP)
+
+
+def _add_fetch(s) -> None:
     f = s.add_parser("fetch", help="download + verify the UCX archive (--all: every pinned source archive), CUDA "
                                    "header wheels and link .debs into DIR")
     add_output(f, "--dest", kind="dir", help="directory to fill, also reused as a cache (default: the download cache, "
@@ -141,21 +154,22 @@ def add_actions(p: argparse.ArgumentParser) -> None:
     f.add_argument("--all", action="store_true",
                    help="every pinned source archive (UCX, UCXX, rapids-cmake, CPM.cmake), not only UCX's: all "
                         "missing ones are named in one line")
-    f.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
+    _add_sources(f)
     f.add_argument("--offline", action="store_true", help="no network: only source mirrors and DIR itself")
     f.add_argument("--no-cuda", action="store_true", help="skip the CUDA wheels/.debs (builder has a toolkit)")
     f.set_defaults(func=_cmd_fetch)
 
+
+def _add_build(s) -> None:
     b = s.add_parser("build", help="build UCX into a relocatable prefix")
     add_output(b, "--prefix", kind="dir", required=True,
                help="install prefix (new, an earlier build of ours, or a conda $PREFIX)",
                note="a directory, created when missing; an earlier build of ours (it has "
                     f"{BUILD_INFO}) is replaced whole, into any other the files are merged; a file there is refused "
                     "(exit 9)")
-    add_output(b, "--work-dir", kind="dir", help="build directory, kept for inspection (default: a temp dir, removed "
-                                                 "on success)", note=WORK_DIR_HELP)
+    _add_work_dir(b)
     b.add_argument("--cache", help="verified download cache (default: $UCX_DASK_GPU_CACHE or <repo>/.cache/sources)")
-    b.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
+    _add_sources(b)
     b.add_argument("--offline", action="store_true", help="no network: source mirrors and the cache only")
     b.add_argument("--cuda", default="auto", metavar="auto|none|DIR",
                    help="CUDA toolkit / conda prefix; auto: $CUDA_HOME or /usr/local/cuda if complete, else the "
@@ -168,16 +182,17 @@ def add_actions(p: argparse.ArgumentParser) -> None:
     add_output(b, "--stamp", metavar="FILE", help=STAMP_HELP)
     b.set_defaults(func=_cmd_build)
 
+
+def _add_ucxx(s) -> None:
     x = s.add_parser("ucxx", help="build the UCXX wheels (libucxx, ucxx, distributed-ucxx) against a UCX prefix")
     x.add_argument("--ucx-prefix", required=True, help="a UCX prefix built by `build` (its version must be stack.toml's)")
     add_output(x, "--out", kind="dir", required=True, help="directory to receive the wheels + ucxx-build-info.json",
                note="new or empty, or the output of an earlier run (only its build info and wheels), which is "
                     "replaced whole; any other directory, or a file, is refused (exit 9)")
-    add_output(x, "--work-dir", kind="dir", help="build directory, kept for inspection (default: a temp dir, removed "
-                                                 "on success)", note=WORK_DIR_HELP)
+    _add_work_dir(x)
     x.add_argument("--cache", help="verified download cache (default: $UCX_DASK_GPU_CACHE or <repo>/.cache/sources); "
                                    "finished builds are kept beside it by input hash")
-    x.add_argument("--sources", action="append", default=[], metavar="DIR", help=src_help)
+    _add_sources(x)
     x.add_argument("--find-links", action="append", default=[], metavar="DIR",
                    help="wheels for the build venv (its lock's); with --offline the only place they come from")
     x.add_argument("--offline", action="store_true", help="no network for fetching either")
@@ -185,6 +200,8 @@ def add_actions(p: argparse.ArgumentParser) -> None:
     add_output(x, "--stamp", metavar="FILE", help=STAMP_HELP)
     x.set_defaults(func=_cmd_ucxx)
 
+
+def _add_install_ucxx(s) -> None:
     u = s.add_parser("install-ucxx", help="put a venv on our stack: the UCXX wheels (--no-deps) and a start-up "
                                            "preload of our UCX (no LD_LIBRARY_PATH)")
     u.add_argument("--python", required=True, help="the venv's python")
@@ -192,6 +209,8 @@ def add_actions(p: argparse.ArgumentParser) -> None:
     u.add_argument("--ucx-prefix", required=True, help="the UCX prefix those wheels were built against")
     u.set_defaults(func=_cmd_install_ucxx)
 
+
+def _add_verify(s) -> None:
     v = s.add_parser("verify", help="check a prefix: modules, ucx_info, host-memory ucx_perftest loopback")
     v.add_argument("--prefix", required=True)
     v.add_argument("--modules", help="comma list of lib/ucx modules that must exist (default: stack.toml's list)")
@@ -201,6 +220,8 @@ def add_actions(p: argparse.ArgumentParser) -> None:
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=_cmd_verify)
 
+
+def _add_prefix_map(s) -> None:
     m = s.add_parser("prefix-map", help="print `export CFLAGS=... CXXFLAGS=... NVCCFLAGS=... CUDAFLAGS=...` with the "
                                         "-ffile-prefix-map flags our builds use (for build scripts of their own)")
     m.add_argument("--map", action="append", default=[], metavar="DIR=NAME", required=True,
