@@ -368,6 +368,16 @@ def copy_build_info(st: Stack, stage_tag: str, dest: Path) -> dict:
     return info
 
 
+class _Timings(dict):
+    """step name -> seconds it took (the build's record)."""
+
+    def step(self, name: str, fn, *a, **kw):
+        t0 = time.monotonic()
+        value = fn(*a, **kw)
+        self[name] = round(time.monotonic() - t0, 1)
+        return value
+
+
 def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
                 extra_wheels: list[Path] | None = None, base_from: str | None = None,
                 normalise: bool = True, own_wheel: Path | None = None, no_cache: bool = False) -> BuildResult:
@@ -379,96 +389,126 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
     `normalise`: make the image reproducible and add its SBOM afterwards (normalise.finish_build): `tag` then
     names the normalised image, whose id depends on the inputs only.
     """
-    extra_wheels = [Path(w).resolve() for w in (extra_wheels or [])]
-    for w in extra_wheels:
-        if not w.is_file() or not w.name.endswith(".whl"):
-            raise UserError(f"--extra-wheel {w}: not a wheel file", BUILD_FAILED)
+    extra_wheels = _extra_wheels(extra_wheels or [])
     own_wheel = own_wheel_of(st, own_wheel) if own_wheel else None
     tag = tag or image_ref(st)
     cache = cache.resolve()
-    timings: dict[str, float] = {}
+    timings = _Timings()
     t_start = time.monotonic()
-
-    def step(name, fn, *a, **kw):
-        t0 = time.monotonic()
-        value = fn(*a, **kw)
-        timings[name] = round(time.monotonic() - t0, 1)
-        return value
-
-    say(f"Docker engine {step('engine', engine_version)}")
+    say(f"Docker engine {timings.step('engine', engine_version)}")
     ucxx_dir = ucxx_dir.resolve()
     ucxx_wheels, ucxx_info = read_ucxx_wheels(st, ucxx_dir)
-    ucx_sources = step("ucx_sources", fetch_ucx_sources, st, cache / UCX_SOURCES)
-    if base_from:
-        builder = step("base_builder", bases.base_from_image, st, "builder", base_from)
-    else:
-        builder = step("base_builder", bases.ensure_base, st, "builder", cache)
-
+    ucx_sources = timings.step("ucx_sources", fetch_ucx_sources, st, cache / UCX_SOURCES)
+    builder = _base(st, "builder", base_from, cache, timings)
     # Per tag, so building another tag (a test's variant image) never touches this one's context.
     work = work_dir(cache, tag)
-    ucx_ctx, full_ctx = work / "context-ucx", work / "context"
-    shutil.rmtree(ucx_ctx, ignore_errors=True)
-    stage_ucx_context(st, ucx_ctx, ucx_sources)
-    _normalise_context(ucx_ctx, st.source_date_epoch)
+    full_ctx = work / "context"
     stage_tag = stage_ref(st, tag)
-    # The UCX stage only needs the builder base and the sources: it compiles (CPU) while the wheelhouse and the
-    # runtime base are downloaded (network, disk).
-    say(f"building the ucx stage ({stage_tag}) with --network none, in the background")
     t_ucx = time.monotonic()
-    ucx_build = DockerBuild(ucx_ctx, stage_tag, build_args(st, "unused", builder), {},
-                            work / "logs" / "docker-build-ucx.log", target="ucx", prefix="  ucx | ", no_cache=no_cache)
+    ucx_build = _start_ucx_stage(st, work, ucx_sources, stage_tag, builder, no_cache)
     try:
-        wheels = step("wheelhouse", wheelhouse.ensure_wheelhouse, st, cache)
-        own = own_wheel or step("own_wheel", wheelhouse.build_own_wheel, st, cache / "pkg")
-        if base_from:
-            base = step("base_runtime", bases.base_from_image, st, "runtime", base_from)
-        else:
-            base = step("base_runtime", bases.ensure_base, st, "runtime", cache)
-        shutil.rmtree(full_ctx, ignore_errors=True)
-        stage_full_context(st, full_ctx, ucx_sources, wheels, own, extra_wheels, ucxx_dir, ucxx_wheels)
-        _normalise_context(full_ctx, st.source_date_epoch)
+        wheels = timings.step("wheelhouse", wheelhouse.ensure_wheelhouse, st, cache)
+        own = own_wheel or timings.step("own_wheel", wheelhouse.build_own_wheel, st, cache / "pkg")
+        base = _base(st, "runtime", base_from, cache, timings)
+        _fresh_context(st, full_ctx, stage_full_context, ucx_sources, wheels, own, extra_wheels, ucxx_dir,
+                       ucxx_wheels)
         say("waiting for the ucx stage")
         ucx_build.wait()
     except BaseException:
         ucx_build.cancel()
         raise
     timings["docker_build_ucx"] = round(time.monotonic() - t_ucx, 1)
-    step("verify_ucx", verify_ucx_stage, st, stage_tag)
+    timings.step("verify_ucx", verify_ucx_stage, st, stage_tag)
 
+    info = _ucx_stage_info(st, stage_tag, work, ucxx_info)
+    ucx_version = str(info.get("ucx_version", "0"))
+    stack_id = expected_stack_id(st, ucxx_info, [own, *extra_wheels])
+    labels = build_labels(st, stack_id, info, ucxx_info, base, extra_wheels)
+    say(f"building {tag} (stack id {stack_id}) with --network none")
+    timings.step("docker_build", docker_build, full_ctx, tag, build_args(st, base, builder), labels,
+                 work / "logs" / "docker-build.log", no_cache=no_cache)
+    _check_stack_id_inside(tag, stack_id)
+    _normalise_and_prune(st, tag, stage_tag, cache, work, extra_wheels + ([own_wheel] if own_wheel else []),
+                         normalise, timings)
+    timings["total"] = round(time.monotonic() - t_start, 1)
+    meta = image_inspect(tag) or {}
+    result = BuildResult(tag=tag, image_id=meta.get("Id", "?"), size=int(meta.get("Size", 0)), stack_id=stack_id,
+                         ucx_version=ucx_version, ucxx_version=str(ucxx_info["ucxx_version"]), timings=dict(timings),
+                         labels=labels)
+    record = {**result.__dict__, "created_by": "ucx-dask-gpu image build"}
+    atomic_write_text(work / "last-build.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return result
+
+
+def _extra_wheels(paths: list[Path]) -> list[Path]:
+    """--extra-wheel files, resolved; each must be a wheel."""
+    extra_wheels = [Path(w).resolve() for w in paths]
+    for w in extra_wheels:
+        if not w.is_file() or not w.name.endswith(".whl"):
+            raise UserError(f"--extra-wheel {w}: not a wheel file", BUILD_FAILED)
+    return extra_wheels
+
+
+def _fresh_context(st: Stack, ctx: Path, stage, *args) -> None:
+    """A build context staged afresh by `stage(st, ctx, *args)`, then normalised."""
+    shutil.rmtree(ctx, ignore_errors=True)
+    stage(st, ctx, *args)
+    _normalise_context(ctx, st.source_date_epoch)
+
+
+def _ucx_stage_info(st: Stack, stage_tag: str, work: Path, ucxx_info: dict) -> dict:
+    """The ucx stage's build info (with the sha256 of its bytes), checked against the UCX the UCXX wheels were
+    built against."""
     info_path = work / BUILD_INFO.name
     info = copy_build_info(st, stage_tag, info_path)
     info["_sha256"] = sha256_file(info_path)
     check_ucxx_matches_ucx(ucxx_info, info)
-    stack_id = expected_stack_id(st, ucxx_info, [own, *extra_wheels])
-    ucx_version = str(info.get("ucx_version", "0"))
-    say(f"UCX {ucx_version} + UCXX {ucxx_info['ucxx_version']} wheels built against the same UCX source and flags")
-    labels = build_labels(st, stack_id, info, ucxx_info, base, extra_wheels)
-    say(f"building {tag} (stack id {stack_id}) with --network none")
-    step("docker_build", docker_build, full_ctx, tag, build_args(st, base, builder), labels,
-         work / "logs" / "docker-build.log", no_cache=no_cache)
+    say(f"UCX {info.get('ucx_version', '0')} + UCXX {ucxx_info['ucxx_version']} wheels built against the same UCX "
+        "source and flags")
+    return info
 
+
+def _base(st: Stack, role: str, base_from: str | None, cache: Path, timings: _Timings) -> str:
+    """The `role` base image: derived from `base_from`, or debootstrapped (cached)."""
+    if base_from:
+        return timings.step(f"base_{role}", bases.base_from_image, st, role, base_from)
+    return timings.step(f"base_{role}", bases.ensure_base, st, role, cache)
+
+
+def _start_ucx_stage(st: Stack, work: Path, ucx_sources: Path, stage_tag: str, builder: str,
+                     no_cache: bool) -> DockerBuild:
+    """Stage the ucx stage's context and start its `docker build` in the background."""
+    ucx_ctx = work / "context-ucx"
+    _fresh_context(st, ucx_ctx, stage_ucx_context, ucx_sources)
+    # The UCX stage only needs the builder base and the sources: it compiles (CPU) while the wheelhouse and the
+    # runtime base are downloaded (network, disk).
+    say(f"building the ucx stage ({stage_tag}) with --network none, in the background")
+    return DockerBuild(ucx_ctx, stage_tag, build_args(st, "unused", builder), {},
+                       work / "logs" / "docker-build-ucx.log", target="ucx", prefix="  ucx | ", no_cache=no_cache)
+
+
+def _check_stack_id_inside(tag: str, stack_id: str) -> None:
+    """The stack id the image computes from what it installed must be the one the build predicted."""
     inside = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", tag, str(STACK_ID_FILE)],
                     code=BUILD_FAILED, what="reading the image's stack id").stdout.strip()
     if inside != stack_id:
         raise UserError(f"{tag}: the image computed stack id {inside} from what it installed, the build predicted "
                         f"{stack_id} from the lock and the wheels: an installed version is not the one given (run "
                         f"`docker run --rm {tag} ucx-dask-gpu guard show`)", BUILD_FAILED)
+
+
+def _normalise_and_prune(st: Stack, tag: str, stage_tag: str, cache: Path, work: Path, sbom_wheels: list[Path],
+                         normalise: bool, timings: _Timings) -> None:
+    """Normalise the image (when asked), then remove the images earlier builds of `tag` made and this one does not
+    use."""
     made = [i for log in ("docker-build-ucx.log", "docker-build.log")
             for i in leftovers.step_ids((work / "logs" / log).read_text(errors="replace"))]
     if normalise:
         # Reproducible image + SBOM: sorted/clamped layers, config at SOURCE_DATE_EPOCH, SBOM layer; image.json,
         # layers.json and sbom.cdx.json land in <cache>/image/<tag>/repro (docs/reproducibility.md).
-        norm = step("normalise", finish_build, st, tag, cache, extra_wheels + ([own_wheel] if own_wheel else []))
+        norm = timings.step("normalise", finish_build, st, tag, cache, sbom_wheels)
         say(f"normalised {tag}: {norm.image_id} (docker build gave {norm.source_image_id[:19]})")
         made.append(norm.image_id)
     pruned = leftovers.record_and_prune(work, [tag, stage_tag], made)
     if pruned:
         say(f"removed {pruned} image(s) that earlier builds of {tag} made and this one no longer uses")
-    timings["total"] = round(time.monotonic() - t_start, 1)
-    meta = image_inspect(tag) or {}
-    result = BuildResult(tag=tag, image_id=meta.get("Id", "?"), size=int(meta.get("Size", 0)), stack_id=stack_id,
-                         ucx_version=ucx_version, ucxx_version=str(ucxx_info["ucxx_version"]), timings=timings,
-                         labels=labels)
-    record = {**result.__dict__, "created_by": "ucx-dask-gpu image build"}
-    atomic_write_text(work / "last-build.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
-    return result
