@@ -153,7 +153,36 @@ def normalise_tar(src: tarfile.TarFile, out: BinaryIO, epoch: int, *, where: str
     for ti, data in extra:
         extras[clean_name(ti.name)] = (ti, data)
         members.pop(clean_name(ti.name), None)
+    kept, replaced, dropped, rewritten = _apply_fix(src, members, fix)
+    anchor_of, content_of = _hardlink_anchors(kept)
 
+    entries: list[Entry] = []
+    writer = _HashingWriter(out)
+    buffered = io.BufferedWriter(writer, buffer_size=1 << 20)
+    try:
+        dst = tarfile.open(fileobj=buffered, mode="w|", format=tarfile.PAX_FORMAT)
+        dst.copybufsize = 1 << 20
+    except tarfile.TarError as e:  # pragma: no cover - writing to a stream does not fail here
+        raise UserError(f"{where}: {e}", BAD_ARCHIVE) from None
+    try:
+        for name in sorted(set(kept) | set(extras), key=sort_key):
+            if name in extras:
+                ti, data = extras[name]
+                ti = _cleaned(ti, name)
+                ti.mtime = min(int(ti.mtime), epoch)
+                _write(dst, ti, data, entries, hash_files)
+            else:
+                _write_kept(dst, src, name, kept, replaced, anchor_of, content_of, epoch, entries, hash_files)
+        dst.close()
+        buffered.flush()
+    except (tarfile.TarError, EOFError) as e:
+        raise UserError(f"{where}: cannot read entry: {e}", BAD_ARCHIVE) from None
+    return NormaliseResult(writer.h.hexdigest(), writer.n, entries, sorted(dropped, key=sort_key),
+                           sorted(rewritten, key=sort_key))
+
+
+def _apply_fix(src: tarfile.TarFile, members: dict[str, tarfile.TarInfo], fix: Fix | None):
+    """The fix hook's verdict on every member: (kept members, name -> replaced contents, dropped, rewritten)."""
     dropped: list[str] = []
     rewritten: list[str] = []
     replaced: dict[str, bytes] = {}
@@ -172,10 +201,14 @@ def normalise_tar(src: tarfile.TarFile, out: BinaryIO, epoch: int, *, where: str
             replaced[name] = action
             rewritten.append(name)
         kept[name] = m
+    return kept, replaced, dropped, rewritten
 
+
+def _hardlink_anchors(kept: dict[str, tarfile.TarInfo]) -> tuple[dict[str, str], dict[str, str]]:
+    """(link name -> anchor name, anchor name -> member whose data it carries)."""
     # Hard links: group every name of one file, anchor the group on its first name in sorted order.
-    anchor_of: dict[str, str] = {}     # link name -> anchor name
-    content_of: dict[str, str] = {}    # anchor name -> member whose data it carries
+    anchor_of: dict[str, str] = {}
+    content_of: dict[str, str] = {}
     groups: dict[str, list[str]] = {}
     for name, m in kept.items():
         if m.type == tarfile.LNKTYPE:
@@ -195,54 +228,37 @@ def normalise_tar(src: tarfile.TarFile, out: BinaryIO, epoch: int, *, where: str
         content_of[anchor] = target
         for n in names[1:]:
             anchor_of[n] = anchor
+    return anchor_of, content_of
 
-    entries: list[Entry] = []
-    writer = _HashingWriter(out)
-    buffered = io.BufferedWriter(writer, buffer_size=1 << 20)
-    try:
-        dst = tarfile.open(fileobj=buffered, mode="w|", format=tarfile.PAX_FORMAT)
-        dst.copybufsize = 1 << 20
-    except tarfile.TarError as e:  # pragma: no cover - writing to a stream does not fail here
-        raise UserError(f"{where}: {e}", BAD_ARCHIVE) from None
-    all_names = sorted(set(kept) | set(extras), key=sort_key)
-    try:
-        for name in all_names:
-            if name in extras:
-                ti, data = extras[name]
-                ti = _cleaned(ti, name)
-                ti.mtime = min(int(ti.mtime), epoch)
-                _write(dst, ti, data, entries, hash_files)
-                continue
-            m = kept[name]
-            ti = _cleaned(m, name)
-            ti.mtime = min(int(m.mtime), epoch)
-            if name in anchor_of:
-                ti.type, ti.linkname, ti.size = tarfile.LNKTYPE, anchor_of[name], 0
-                _write(dst, ti, None, entries, hash_files)
-                continue
-            data_member = kept[content_of[name]] if name in content_of else m
-            if name in content_of:
-                # This name becomes the anchor: a regular file with the group's data and metadata.
-                ti = _cleaned(data_member, name)
-                ti.mtime = min(int(data_member.mtime), epoch)
-                ti.type, ti.linkname = tarfile.REGTYPE, ""
-            if ti.type not in _REGULAR:
-                ti.size = 0
-                _write(dst, ti, None, entries, hash_files)
-                continue
-            ti.type = tarfile.REGTYPE
-            data = replaced.get(name) if name in replaced else replaced.get(content_of.get(name, ""))
-            if data is not None:
-                _write(dst, ti, data, entries, hash_files)
-            else:
-                ti.size = data_member.size
-                _write_stream(dst, ti, src.extractfile(data_member), entries, hash_files)
-        dst.close()
-        buffered.flush()
-    except (tarfile.TarError, EOFError) as e:
-        raise UserError(f"{where}: cannot read entry: {e}", BAD_ARCHIVE) from None
-    return NormaliseResult(writer.h.hexdigest(), writer.n, entries, sorted(dropped, key=sort_key),
-                           sorted(rewritten, key=sort_key))
+
+def _write_kept(dst: tarfile.TarFile, src: tarfile.TarFile, name: str, kept: dict[str, tarfile.TarInfo],
+                replaced: dict[str, bytes], anchor_of: dict[str, str], content_of: dict[str, str], epoch: int,
+                entries: list[Entry], hash_files: bool) -> None:
+    """One member of `src` in its normal form: a link to its anchor, the anchor with the group's data, or itself."""
+    m = kept[name]
+    ti = _cleaned(m, name)
+    ti.mtime = min(int(m.mtime), epoch)
+    if name in anchor_of:
+        ti.type, ti.linkname, ti.size = tarfile.LNKTYPE, anchor_of[name], 0
+        _write(dst, ti, None, entries, hash_files)
+        return
+    data_member = kept[content_of[name]] if name in content_of else m
+    if name in content_of:
+        # This name becomes the anchor: a regular file with the group's data and metadata.
+        ti = _cleaned(data_member, name)
+        ti.mtime = min(int(data_member.mtime), epoch)
+        ti.type, ti.linkname = tarfile.REGTYPE, ""
+    if ti.type not in _REGULAR:
+        ti.size = 0
+        _write(dst, ti, None, entries, hash_files)
+        return
+    ti.type = tarfile.REGTYPE
+    data = replaced.get(name) if name in replaced else replaced.get(content_of.get(name, ""))
+    if data is not None:
+        _write(dst, ti, data, entries, hash_files)
+    else:
+        ti.size = data_member.size
+        _write_stream(dst, ti, src.extractfile(data_member), entries, hash_files)
 
 
 def _cleaned(m: tarfile.TarInfo, name: str) -> tarfile.TarInfo:
