@@ -24,7 +24,9 @@ import hashlib
 import json
 import uuid
 from datetime import datetime, timezone
+from functools import cache
 from importlib.metadata import PackageNotFoundError, version
+from types import SimpleNamespace
 
 from ..errors import SBOM_GENERATOR, SBOM_MISMATCH, UserError
 from ..stack import Stack
@@ -114,13 +116,9 @@ def _iso(epoch: int) -> datetime:
     return datetime.fromtimestamp(epoch, timezone.utc)
 
 
-def build_sbom(*, name: str, version: str, epoch: int, dpkg_status: str | None = None, os_release: str | None = None,
-               dists: dict[str, dict] | None = None, pins: dict[str, Pin] | None = None,
-               wheels: dict[str, tuple[str, str]] | None = None, build_info: dict | None = None,
-               build_info_sha256: str | None = None, ucxx_info: dict | None = None, ucx_repository: str | None = None,
-               properties: dict[str, str] | None = None, tools: dict[str, str] | None = None) -> bytes:
-    """The SBOM as bytes (JSON + newline). See the module docstring for what goes in. `ucx_repository`: UCX's git
-    repository (stack.toml [conda.about].ucx_dev_url), for the purl's vcs_url."""
+@cache
+def _cdx() -> SimpleNamespace:
+    """cyclonedx-python-lib's classes (and packageurl's, which comes with it)."""
     # cyclonedx-python-lib is heavy and only needed where an SBOM is made or checked.
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.bom import Bom, BomMetaData
@@ -129,32 +127,80 @@ def build_sbom(*, name: str, version: str, epoch: int, dpkg_status: str | None =
     from cyclonedx.output.json import JsonV1Dot6
     from packageurl import PackageURL
 
-    def props(d: dict) -> list:
-        return [Property(name=PROP + k, value=str(v)) for k, v in sorted(d.items()) if v not in (None, "")]
+    return SimpleNamespace(HashAlgorithm=HashAlgorithm, HashType=HashType, Property=Property, Bom=Bom,
+                           BomMetaData=BomMetaData, Component=Component, ComponentScope=ComponentScope,
+                           ComponentType=ComponentType, ToolRepository=ToolRepository, JsonV1Dot6=JsonV1Dot6,
+                           PackageURL=PackageURL)
 
-    def sha(hexes) -> list:
-        return [HashType(alg=HashAlgorithm.SHA_256, content=h) for h in sorted(set(hexes))]
 
+def _props(d: dict) -> list:
+    return [_cdx().Property(name=PROP + k, value=str(v)) for k, v in sorted(d.items()) if v not in (None, "")]
+
+
+def _sha(hexes) -> list:
+    cdx = _cdx()
+    return [cdx.HashType(alg=cdx.HashAlgorithm.SHA_256, content=h) for h in sorted(set(hexes))]
+
+
+def build_sbom(*, name: str, version: str, epoch: int, dpkg_status: str | None = None, os_release: str | None = None,
+               dists: dict[str, dict] | None = None, pins: dict[str, Pin] | None = None,
+               wheels: dict[str, tuple[str, str]] | None = None, build_info: dict | None = None,
+               build_info_sha256: str | None = None, ucxx_info: dict | None = None, ucx_repository: str | None = None,
+               properties: dict[str, str] | None = None, tools: dict[str, str] | None = None) -> bytes:
+    """The SBOM as bytes (JSON + newline). See the module docstring for what goes in. `ucx_repository`: UCX's git
+    repository (stack.toml [conda.about].ucx_dev_url), for the purl's vcs_url."""
+    cdx = _cdx()
+    components = _debian_components(os_release, dpkg_status)
+    components += _python_components(dists or {}, pins or {}, wheels or {}, ucxx_info or {})
+    if build_info:
+        components += _ucx_components(build_info, build_info_sha256, ucx_repository)
+
+    root = cdx.Component(type=cdx.ComponentType.CONTAINER, name=name, version=version, bom_ref=f"image:{name}",
+                         properties=_props(properties or {}))
+
+    def render(serial: uuid.UUID) -> str:
+        bom = cdx.Bom(components=components, serial_number=serial,
+                      metadata=cdx.BomMetaData(component=root, timestamp=_iso(epoch), tools=cdx.ToolRepository(
+                          components=[cdx.Component(type=cdx.ComponentType.APPLICATION, name=n, version=v,
+                                                    bom_ref=f"tool:{n}") for n, v in sorted((tools or {}).items())]),
+                          properties=_props({"source-date-epoch": epoch})))
+        bom.register_dependency(root, [c for c in components if c.scope != cdx.ComponentScope.EXCLUDED])
+        return cdx.JsonV1Dot6(bom).output_as_string(indent=2)
+
+    draft = render(uuid.UUID(int=0))
+    serial = uuid.uuid5(SERIAL_NAMESPACE, hashlib.sha256(draft.encode()).hexdigest())
+    return (render(serial) + "\n").encode()
+
+
+def _debian_components(os_release: str | None, dpkg_status: str | None) -> list:
+    """The operating system and every installed Debian package."""
+    cdx = _cdx()
     components = []
     osr = parse_os_release(os_release or "")
     distro = f"{osr.get('ID', 'debian')}-{osr['VERSION_ID']}" if osr.get("VERSION_ID") else None
     if osr:
-        components.append(Component(type=ComponentType.OPERATING_SYSTEM, name=osr.get("ID", "debian"),
-                                    version=osr.get("VERSION_ID"), description=osr.get("PRETTY_NAME"),
-                                    bom_ref=f"os:{osr.get('ID', 'debian')}"))
+        components.append(cdx.Component(type=cdx.ComponentType.OPERATING_SYSTEM, name=osr.get("ID", "debian"),
+                                        version=osr.get("VERSION_ID"), description=osr.get("PRETTY_NAME"),
+                                        bom_ref=f"os:{osr.get('ID', 'debian')}"))
     for (pkg, arch), p in sorted(installed_debs(dpkg_status or "").items()):
         quals = {"arch": arch, **({"distro": distro} if distro else {})}
-        purl = PackageURL(type="deb", namespace="debian", name=pkg, version=p.get("Version"), qualifiers=quals)
+        purl = cdx.PackageURL(type="deb", namespace="debian", name=pkg, version=p.get("Version"), qualifiers=quals)
         src = p.get("Source", "").split(" ")[0] or None
-        components.append(Component(type=ComponentType.LIBRARY, name=pkg, version=p.get("Version"), purl=purl,
-                                    bom_ref=purl.to_string(), properties=props({"deb:source": src,
-                                                                                 "deb:arch": arch})))
-    pins = pins or {}
-    wheels = wheels or {}
-    built = {canonical(p["name"]): p for p in (ucxx_info or {}).get("packages", [])}
-    ucxx_src = ((ucxx_info or {}).get("sources") or {}).get("UCXX") or {}
-    for cname, d in sorted((dists or {}).items()):
-        purl = PackageURL(type="pypi", name=cname, version=d["version"])
+        components.append(cdx.Component(type=cdx.ComponentType.LIBRARY, name=pkg, version=p.get("Version"),
+                                        purl=purl, bom_ref=purl.to_string(),
+                                        properties=_props({"deb:source": src, "deb:arch": arch})))
+    return components
+
+
+def _python_components(dists: dict[str, dict], pins: dict[str, Pin], wheels: dict[str, tuple[str, str]],
+                       ucxx_info: dict) -> list:
+    """Every Python distribution, with the hash of the wheel it came from (else the lock's hashes of its pin)."""
+    cdx = _cdx()
+    components = []
+    built = {canonical(p["name"]): p for p in ucxx_info.get("packages", [])}
+    ucxx_src = (ucxx_info.get("sources") or {}).get("UCXX") or {}
+    for cname, d in sorted(dists.items()):
+        purl = cdx.PackageURL(type="pypi", name=cname, version=d["version"])
         pin = pins.get(cname)
         if cname in built and built[cname]["version"] == d["version"]:
             hashes, wheel = [built[cname]["sha256"]], built[cname]["wheel"]
@@ -166,36 +212,19 @@ def build_sbom(*, name: str, version: str, epoch: int, dpkg_status: str | None =
         if cname in built:
             extra = {"python:built-from-source": f"{ucxx_src.get('tag')} {ucxx_src.get('commit')}",
                      "python:source-content-tree": ucxx_src.get("content_tree"),
-                     "python:cmake-args": " ".join([*(ucxx_info or {}).get("cmake_args", []),
+                     "python:cmake-args": " ".join([*ucxx_info.get("cmake_args", []),
                                                     *built[cname].get("cmake_args", [])]),
-                     "python:built-against-ucx": ((ucxx_info or {}).get("ucx") or {}).get("version")}
-        components.append(Component(type=ComponentType.LIBRARY, name=d["name"], version=d["version"], purl=purl,
-                                    bom_ref=purl.to_string(), hashes=sha(hashes),
-                                    properties=props({"python:wheel": wheel, "python:location": "/" + d["path"],
-                                                      "python:in-lock": "true" if pin else "false", **extra})))
-    if build_info:
-        components += _ucx_components(build_info, build_info_sha256, ucx_repository, Component, ComponentType,
-                                      ComponentScope, PackageURL, props, sha)
-
-    root = Component(type=ComponentType.CONTAINER, name=name, version=version, bom_ref=f"image:{name}",
-                     properties=props(properties or {}))
-
-    def render(serial: uuid.UUID) -> str:
-        bom = Bom(components=components, serial_number=serial,
-                  metadata=BomMetaData(component=root, timestamp=_iso(epoch), tools=ToolRepository(components=[
-                      Component(type=ComponentType.APPLICATION, name=n, version=v, bom_ref=f"tool:{n}")
-                      for n, v in sorted((tools or {}).items())]),
-                      properties=props({"source-date-epoch": epoch})))
-        bom.register_dependency(root, [c for c in components if c.scope != ComponentScope.EXCLUDED])
-        return JsonV1Dot6(bom).output_as_string(indent=2)
-
-    draft = render(uuid.UUID(int=0))
-    serial = uuid.uuid5(SERIAL_NAMESPACE, hashlib.sha256(draft.encode()).hexdigest())
-    return (render(serial) + "\n").encode()
+                     "python:built-against-ucx": (ucxx_info.get("ucx") or {}).get("version")}
+        components.append(cdx.Component(type=cdx.ComponentType.LIBRARY, name=d["name"], version=d["version"],
+                                        purl=purl, bom_ref=purl.to_string(), hashes=_sha(hashes),
+                                        properties=_props({"python:wheel": wheel, "python:location": "/" + d["path"],
+                                                           "python:in-lock": "true" if pin else "false", **extra})))
+    return components
 
 
-def _ucx_components(info, info_sha, repository, Component, ComponentType, ComponentScope, PackageURL, props,
-                    sha) -> list:
+def _ucx_components(info: dict, info_sha: str | None, repository: str | None) -> list:
+    """UCX as built, and the CUDA wheels/debs it was compiled against (scope excluded)."""
+    cdx = _cdx()
     src = info.get("source") or {}
     conf = info.get("configure") or {}
     quals = {}
@@ -205,36 +234,37 @@ def _ucx_components(info, info_sha, repository, Component, ComponentType, Compon
         quals["checksum"] = f"sha256:{src['sha256']}"
     if src.get("tag") and repository:
         quals["vcs_url"] = f"git+{repository}@{src['tag']}"
-    purl = PackageURL(type="generic", name="ucx", version=info.get("ucx_version"), qualifiers=quals)
+    purl = cdx.PackageURL(type="generic", name="ucx", version=info.get("ucx_version"), qualifiers=quals)
     caps = info.get("capabilities") or {}
-    ucx = Component(type=ComponentType.LIBRARY, name="ucx", version=info.get("ucx_version"), purl=purl,
-                    bom_ref="ucx", hashes=sha([src["sha256"]] if src.get("sha256") else []),
-                    description="UCX built from source by ucx-src-build (ucx-dask-gpu)",
-                    properties=props({
-                        "ucx:source-archive": src.get("archive"),
-                        "ucx:source-url": src.get("url"),
-                        "ucx:source-tag": src.get("tag"),
-                        "ucx:source-commit": src.get("commit"),
-                        "ucx:source-content-tree": src.get("content_tree"),
-                        "ucx:configure": conf.get("command"),
-                        "ucx:modules": " ".join(info.get("modules") or []),
-                        "ucx:patches": " ".join(p if isinstance(p, str) else p.get("name", str(p))
-                                                for p in info.get("patches") or []),
-                        "ucx:prefix": info.get("build_prefix"),
-                        "ucx:compiler": info.get("compiler"),
-                        "ucx:build-info.sha256": info_sha,
-                    }))
+    ucx = cdx.Component(type=cdx.ComponentType.LIBRARY, name="ucx", version=info.get("ucx_version"), purl=purl,
+                        bom_ref="ucx", hashes=_sha([src["sha256"]] if src.get("sha256") else []),
+                        description="UCX built from source by ucx-src-build (ucx-dask-gpu)",
+                        properties=_props({
+                            "ucx:source-archive": src.get("archive"),
+                            "ucx:source-url": src.get("url"),
+                            "ucx:source-tag": src.get("tag"),
+                            "ucx:source-commit": src.get("commit"),
+                            "ucx:source-content-tree": src.get("content_tree"),
+                            "ucx:configure": conf.get("command"),
+                            "ucx:modules": " ".join(info.get("modules") or []),
+                            "ucx:patches": " ".join(p if isinstance(p, str) else p.get("name", str(p))
+                                                    for p in info.get("patches") or []),
+                            "ucx:prefix": info.get("build_prefix"),
+                            "ucx:compiler": info.get("compiler"),
+                            "ucx:build-info.sha256": info_sha,
+                        }))
     out = [ucx]
     cuda = caps.get("cuda") or {}
     for inp in cuda.get("inputs") or []:
         kind = inp.get("kind")
-        purl = (PackageURL(type="pypi", name=canonical(inp["name"]), version=inp.get("version")) if kind == "wheel"
-                else PackageURL(type="deb", namespace="debian", name=inp["name"], version=inp.get("version"),
-                                qualifiers={"arch": "amd64"}))
-        out.append(Component(type=ComponentType.LIBRARY, name=inp["name"], version=inp.get("version"), purl=purl,
-                             bom_ref=f"build:{purl.to_string()}", scope=ComponentScope.EXCLUDED,
-                             hashes=sha([inp["sha256"]] if inp.get("sha256") else []),
-                             properties=props({"build-input-of": "ucx", "build-input-kind": kind})))
+        purl = (cdx.PackageURL(type="pypi", name=canonical(inp["name"]), version=inp.get("version"))
+                if kind == "wheel" else
+                cdx.PackageURL(type="deb", namespace="debian", name=inp["name"], version=inp.get("version"),
+                               qualifiers={"arch": "amd64"}))
+        out.append(cdx.Component(type=cdx.ComponentType.LIBRARY, name=inp["name"], version=inp.get("version"),
+                                 purl=purl, bom_ref=f"build:{purl.to_string()}", scope=cdx.ComponentScope.EXCLUDED,
+                                 hashes=_sha([inp["sha256"]] if inp.get("sha256") else []),
+                                 properties=_props({"build-input-of": "ucx", "build-input-kind": kind})))
     return out
 
 
@@ -291,7 +321,6 @@ def check_sbom(doc: dict, *, pins: dict[str, Pin] | None = None, dpkg_status: st
                extra_dists: set[str] = frozenset()) -> list[str]:
     """Problems where the SBOM disagrees with the lock, the dpkg status, the UCX build info or the UCXX build info
     (empty: agrees). Our UCXX wheels are the PyPI components the lock may lack, each with its built wheel's sha256."""
-    problems: list[str] = []
     pypi: dict[str, tuple[str, set[str]]] = {}
     debs: dict[tuple[str, str], str] = {}
     by_name: dict[str, dict] = {}
@@ -305,47 +334,60 @@ def check_sbom(doc: dict, *, pins: dict[str, Pin] | None = None, dpkg_status: st
             pypi[canonical(p.name)] = (p.version, hashes)
         elif p.type == "deb":
             debs[(p.name, (p.qualifiers or {}).get("arch", ""))] = p.version
+    problems: list[str] = []
     if pins is not None:
-        for name, pin in sorted(pins.items()):
-            if name not in pypi:
-                problems.append(f"lock pin {name}=={pin.version} is not in the SBOM")
-                continue
-            ver, hashes = pypi[name]
-            if ver != pin.version:
-                problems.append(f"{name}: SBOM has {ver}, the lock pins {pin.version}")
-            if not hashes:
-                problems.append(f"{name}: no sha256 in the SBOM")
-            elif not hashes <= set(pin.hashes):
-                problems.append(f"{name}: SBOM hash {sorted(hashes - set(pin.hashes))[0]} is not one the lock allows")
-        built = {canonical(p["name"]): p for p in (ucxx_info or {}).get("packages", [])}
-        for name, p in sorted(built.items()):
-            if name not in pypi:
-                problems.append(f"{name}=={p['version']} (built from source) is not in the SBOM")
-            elif pypi[name] != (p["version"], {p["sha256"]}):
-                problems.append(f"{name}: SBOM has {pypi[name][0]} {sorted(pypi[name][1])}, the UCXX build made "
-                                f"{p['version']} sha256 {p['sha256']}")
-        for name in sorted(set(pypi) - set(pins) - set(extra_dists) - set(built)):
-            problems.append(f"{name}=={pypi[name][0]} is in the SBOM but not in the lock")
+        problems += _pypi_problems(pypi, pins, ucxx_info or {}, extra_dists)
     if dpkg_status is not None:
-        want = {k: v["Version"] for k, v in installed_debs(dpkg_status).items()}
-        for k in sorted(set(want) - set(debs)):
-            problems.append(f"deb {k[0]}:{k[1]} {want[k]} is installed but not in the SBOM")
-        for k in sorted(set(debs) - set(want)):
-            problems.append(f"deb {k[0]}:{k[1]} {debs[k]} is in the SBOM but not installed")
-        for k in sorted(set(want) & set(debs)):
-            if want[k] != debs[k]:
-                problems.append(f"deb {k[0]}:{k[1]}: SBOM has {debs[k]}, dpkg has {want[k]}")
+        problems += _deb_problems(debs, {k: v["Version"] for k, v in installed_debs(dpkg_status).items()})
     if build_info is not None:
-        c = by_name.get("ucx")
-        if c is None:
-            problems.append("UCX is not in the SBOM")
-        else:
-            props = {p["name"]: p["value"] for p in c.get("properties", [])}
-            src = build_info.get("source") or {}
-            if c.get("version") != build_info.get("ucx_version"):
-                problems.append(f"ucx: SBOM has {c.get('version')}, the build info {build_info.get('ucx_version')}")
-            if {h["content"] for h in c.get("hashes", [])} != {src.get("sha256")}:
-                problems.append(f"ucx: SBOM source hash differs from the build info's {src.get('sha256')}")
-            if props.get(PROP + "ucx:configure") != (build_info.get("configure") or {}).get("command"):
-                problems.append("ucx: SBOM configure line differs from the build info's")
+        problems += _ucx_problems(by_name.get("ucx"), build_info)
+    return problems
+
+
+def _pypi_problems(pypi: dict[str, tuple[str, set[str]]], pins: dict[str, Pin], ucxx_info: dict,
+                   extra_dists: set[str]) -> list[str]:
+    problems = []
+    for name, pin in sorted(pins.items()):
+        if name not in pypi:
+            problems.append(f"lock pin {name}=={pin.version} is not in the SBOM")
+            continue
+        ver, hashes = pypi[name]
+        if ver != pin.version:
+            problems.append(f"{name}: SBOM has {ver}, the lock pins {pin.version}")
+        if not hashes:
+            problems.append(f"{name}: no sha256 in the SBOM")
+        elif not hashes <= set(pin.hashes):
+            problems.append(f"{name}: SBOM hash {sorted(hashes - set(pin.hashes))[0]} is not one the lock allows")
+    built = {canonical(p["name"]): p for p in ucxx_info.get("packages", [])}
+    for name, p in sorted(built.items()):
+        if name not in pypi:
+            problems.append(f"{name}=={p['version']} (built from source) is not in the SBOM")
+        elif pypi[name] != (p["version"], {p["sha256"]}):
+            problems.append(f"{name}: SBOM has {pypi[name][0]} {sorted(pypi[name][1])}, the UCXX build made "
+                            f"{p['version']} sha256 {p['sha256']}")
+    for name in sorted(set(pypi) - set(pins) - set(extra_dists) - set(built)):
+        problems.append(f"{name}=={pypi[name][0]} is in the SBOM but not in the lock")
+    return problems
+
+
+def _deb_problems(debs: dict[tuple[str, str], str], want: dict[tuple[str, str], str]) -> list[str]:
+    problems = [f"deb {k[0]}:{k[1]} {want[k]} is installed but not in the SBOM" for k in sorted(set(want) - set(debs))]
+    problems += [f"deb {k[0]}:{k[1]} {debs[k]} is in the SBOM but not installed" for k in sorted(set(debs) - set(want))]
+    problems += [f"deb {k[0]}:{k[1]}: SBOM has {debs[k]}, dpkg has {want[k]}"
+                 for k in sorted(set(want) & set(debs)) if want[k] != debs[k]]
+    return problems
+
+
+def _ucx_problems(c: dict | None, build_info: dict) -> list[str]:
+    if c is None:
+        return ["UCX is not in the SBOM"]
+    problems = []
+    props = {p["name"]: p["value"] for p in c.get("properties", [])}
+    src = build_info.get("source") or {}
+    if c.get("version") != build_info.get("ucx_version"):
+        problems.append(f"ucx: SBOM has {c.get('version')}, the build info {build_info.get('ucx_version')}")
+    if {h["content"] for h in c.get("hashes", [])} != {src.get("sha256")}:
+        problems.append(f"ucx: SBOM source hash differs from the build info's {src.get('sha256')}")
+    if props.get(PROP + "ucx:configure") != (build_info.get("configure") or {}).get("command"):
+        problems.append("ucx: SBOM configure line differs from the build info's")
     return problems
