@@ -94,71 +94,90 @@ def render_markdown(payload: dict, goals: dict[int, float]) -> str:
                             [[g["index"], g["name"], g["pci_bus_id"], g["uuid"],
                               ", ".join(f"{b}: {n}" for b, n in g["nvlink_peers"].items()) or "-",
                               g["link_speed_gbps"]] for g in payload["gpus"]]),
-             "", "## Baseline: cudaMemcpyPeer", ""]
+             "", "## Baseline: cudaMemcpyPeer", "", _baseline_table(payload["baseline"]), ""]
+    lines += ["## Results", "", markdown_table(TABLE_HEADERS, table_rows(runs)), ""]
+    lines += ["Runs marked *(study)* are `--variant` settings: reported, not counted in the exit status.", ""]
+    for i, r in enumerate(runs):
+        lines += _run_section(i, r)
+    if goals:
+        lines += ["## Benchmark goals (not verdicts)", "", _goals_table(runs, goals), ""]
+    studies = [r for r in runs if not r["counts_for_exit"]]
+    if studies:
+        lines += ["## Settings studies (change vs the same UCX without the variant)", "",
+                  _studies_table(runs, studies), ""]
+    return "\n".join(lines + HOW_TO_READ)
+
+
+HOW_TO_READ = [
+    "## How to read this", "",
+    "- `ucx GB/s`: ucx_perftest's overall bandwidth; perftest prints MB/s meaning MiB/s, converted to 1e9 B/s.",
+    "- `NVLink tx/rx`: bytes the source GPU sent / the destination received on its NVLinks to the peer "
+    "during the run, as a share of (iterations + warm-up) x size.",
+    "- `cap GB/s`: active links x per-link speed (NVML); a result above it cannot be a transfer between GPUs.",
+    "- transport evidence: `proto-used` = UCX_PROTO_INFO=used tables of the measured run; `proto-selected` = "
+    "protocol-v2 selection tables; `lanes+ablation` = the endpoint's lanes (UCX_LOG_LEVEL=info) plus a run "
+    "with UCX_TLS excluding cuda_ipc (UCX 1.13's default v1 protocols print no tables).", ""]
+
+
+def _baseline_table(baseline: dict) -> str:
     brows = []
-    for b in payload["baseline"]["pairs"]:
+    for b in baseline["pairs"]:
         if b.get("error"):
             brows.append([b["src_uuid"][:12], b["dst_uuid"][:12], "-", "-", f"error: {b['error']}"])
         for r in b.get("results") or []:
             brows.append([b["src_uuid"][:12], b["dst_uuid"][:12], size_label(r["msg_bytes"]), r["gbps"],
                           _pct(b.get("counter_fraction"))])
-    lines += [markdown_table(["src", "dst", "size", "GB/s (median)", "NVLink counters saw"], brows), ""]
-    lines += ["## Results", "", markdown_table(TABLE_HEADERS, table_rows(runs)), ""]
-    lines += ["Runs marked *(study)* are `--variant` settings: reported, not counted in the exit status.", ""]
-    for i, r in enumerate(runs):
-        lines += [f"### R{i + 1}: {r['label']}", "", f"- UCX: {r['ucx'].get('version')} -- {r['ucx'].get('source')} "
-                  f"({r['ucx'].get('prefix')})", f"- transport evidence: `{r['evidence_method']}`",
-                  f"- settings: {' '.join(f'{k}={v}' for k, v in r['env'].items()) or '(defaults)'}"]
-        if r["error"]:
-            lines.append(f"- **error**: {r['error']}")
+    return markdown_table(["src", "dst", "size", "GB/s (median)", "NVLink counters saw"], brows)
+
+
+def _run_section(i: int, r: dict) -> list[str]:
+    """### R<i+1>: the run's UCX, settings, and every pair's verdict with its reasons and transport evidence."""
+    lines = [f"### R{i + 1}: {r['label']}", "", f"- UCX: {r['ucx'].get('version')} -- {r['ucx'].get('source')} "
+             f"({r['ucx'].get('prefix')})", f"- transport evidence: `{r['evidence_method']}`",
+             f"- settings: {' '.join(f'{k}={v}' for k, v in r['env'].items()) or '(defaults)'}"]
+    if r["error"]:
+        lines.append(f"- **error**: {r['error']}")
+    for p in r["pairs"]:
+        lines.append(f"- GPU{p['src']}->GPU{p['dst']}: **{p['verdict']}** (measurement alone: "
+                     f"{p['measurement_verdict']})")
+        lines += [f"  - {x}" for x in p["reasons"]]
+        lines += [f"  - note: {x}" for x in p["notes"]]
+        for s in p["sizes"]:
+            for d in s["transport_detail"]:
+                lines.append(f"  - {size_label(s['msg_bytes'])} transport evidence: {d}")
+    return lines + [""]
+
+
+def _goals_table(runs: list[dict], goals: dict[int, float]) -> str:
+    grows = []
+    for r in runs:
         for p in r["pairs"]:
-            lines.append(f"- GPU{p['src']}->GPU{p['dst']}: **{p['verdict']}** (measurement alone: "
-                         f"{p['measurement_verdict']})")
-            lines += [f"  - {x}" for x in p["reasons"]]
-            lines += [f"  - note: {x}" for x in p["notes"]]
+            cells = [r["label"], f"GPU{p['src']}->GPU{p['dst']}"]
+            for size, goal in sorted(goals.items()):
+                s = next((x for x in p["sizes"] if x["msg_bytes"] == size), None)
+                met = goal_met(s["ratio"] if s else None, goal)
+                cells.append("not measured" if s is None else
+                             f"{s['ratio']:.2f} {'met' if met else 'NOT met'}" if s["ratio"] is not None else "n/a")
+            grows.append(cells)
+    return markdown_table(["run", "pair"] + [f"ratio @ {size_label(k)} >= {v}" for k, v in sorted(goals.items())],
+                          grows)
+
+
+def _studies_table(runs: list[dict], studies: list[dict]) -> str:
+    """Each --variant run against the counted run of the same UCX: GB/s change per pair and size."""
+    srows = []
+    for r in studies:
+        base = next((b for b in runs if b["counts_for_exit"] and b["ucx"].get("prefix") == r["ucx"].get("prefix")),
+                    None)
+        for p in r["pairs"]:
+            bp = next((q for q in (base or {}).get("pairs", []) if q["src"] == p["src"] and q["dst"] == p["dst"]),
+                      None)
             for s in p["sizes"]:
-                for d in s["transport_detail"]:
-                    lines.append(f"  - {size_label(s['msg_bytes'])} transport evidence: {d}")
-        lines.append("")
-    if goals:
-        lines += ["## Benchmark goals (not verdicts)", ""]
-        grows = []
-        for r in runs:
-            for p in r["pairs"]:
-                cells = [r["label"], f"GPU{p['src']}->GPU{p['dst']}"]
-                for size, goal in sorted(goals.items()):
-                    s = next((x for x in p["sizes"] if x["msg_bytes"] == size), None)
-                    met = goal_met(s["ratio"] if s else None, goal)
-                    cells.append("not measured" if s is None else
-                                 f"{s['ratio']:.2f} {'met' if met else 'NOT met'}" if s["ratio"] is not None else "n/a")
-                grows.append(cells)
-        lines += [markdown_table(["run", "pair"] + [f"ratio @ {size_label(k)} >= {v}" for k, v in sorted(goals.items())],
-                                 grows), ""]
-    studies = [r for r in runs if not r["counts_for_exit"]]
-    if studies:
-        lines += ["## Settings studies (change vs the same UCX without the variant)", ""]
-        srows = []
-        for r in studies:
-            base = next((b for b in runs if b["counts_for_exit"] and b["ucx"].get("prefix") == r["ucx"].get("prefix")),
-                        None)
-            for p in r["pairs"]:
-                bp = next((q for q in (base or {}).get("pairs", []) if q["src"] == p["src"] and q["dst"] == p["dst"]),
-                          None)
-                for s in p["sizes"]:
-                    bs = next((x for x in (bp or {}).get("sizes", []) if x["msg_bytes"] == s["msg_bytes"]), None)
-                    delta = (f"{(s['ucx_gbps'] / bs['ucx_gbps'] - 1):+.1%}" if bs and bs["ucx_gbps"] else "n/a")
-                    srows.append([r["label"], f"GPU{p['src']}->GPU{p['dst']}", size_label(s["msg_bytes"]),
-                                  bs["ucx_gbps"] if bs else None, s["ucx_gbps"], delta, s["ratio"]])
-        lines += [markdown_table(["variant", "pair", "size", "base GB/s", "variant GB/s", "change", "ratio"], srows), ""]
-    lines += ["## How to read this", "",
-              "- `ucx GB/s`: ucx_perftest's overall bandwidth; perftest prints MB/s meaning MiB/s, converted to 1e9 B/s.",
-              "- `NVLink tx/rx`: bytes the source GPU sent / the destination received on its NVLinks to the peer "
-              "during the run, as a share of (iterations + warm-up) x size.",
-              "- `cap GB/s`: active links x per-link speed (NVML); a result above it cannot be a transfer between GPUs.",
-              "- transport evidence: `proto-used` = UCX_PROTO_INFO=used tables of the measured run; `proto-selected` = "
-              "protocol-v2 selection tables; `lanes+ablation` = the endpoint's lanes (UCX_LOG_LEVEL=info) plus a run "
-              "with UCX_TLS excluding cuda_ipc (UCX 1.13's default v1 protocols print no tables).", ""]
-    return "\n".join(lines)
+                bs = next((x for x in (bp or {}).get("sizes", []) if x["msg_bytes"] == s["msg_bytes"]), None)
+                delta = (f"{(s['ucx_gbps'] / bs['ucx_gbps'] - 1):+.1%}" if bs and bs["ucx_gbps"] else "n/a")
+                srows.append([r["label"], f"GPU{p['src']}->GPU{p['dst']}", size_label(s["msg_bytes"]),
+                              bs["ucx_gbps"] if bs else None, s["ucx_gbps"], delta, s["ratio"]])
+    return markdown_table(["variant", "pair", "size", "base GB/s", "variant GB/s", "change", "ratio"], srows)
 
 
 def render_png(payload: dict) -> bytes | None:
