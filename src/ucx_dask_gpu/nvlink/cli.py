@@ -68,20 +68,7 @@ def run(args) -> int:
     goals = parse_goals(args.goals)
     base_env = dict(parse_assignment(e, "--ucx-env") for e in args.ucx_env)
     variants = [parse_variant(v) for v in args.variant]
-    if args.variant_sizes:
-        parse_sizes(args.variant_sizes, "--variant-sizes")
-    only = None
-    if args.gpus:
-        try:
-            only = [int(x) for x in args.gpus.split(",") if x.strip()]
-        except ValueError:
-            raise UserError(f"--gpus: expected indices like 0,1, got {args.gpus!r}", USAGE) from None
-    for name in ("min_ratio", "counter_fraction", "ablation_factor"):
-        if not 0 < getattr(args, name) <= 10:
-            raise UserError(f"--{name.replace('_', '-')}: out of range", USAGE)
-    if args.iters is not None and args.iters < 10:
-        raise UserError("--iters: at least 10", USAGE)
-
+    only = _check_options(args)
     installs = [resolve_install(s) for s in (args.ucx_prefix or ["auto"])]   # PERFTEST_MISSING
     gpus = nvml.discover()                                                      # NVML_UNAVAILABLE, NO_GPU
     pairs = select_pairs(gpus, args.all_pairs, only)                            # ONE_GPU, NO_NVLINK
@@ -94,13 +81,7 @@ def run(args) -> int:
                 raise
             inst.preflight_error = str(e)
             print(f"verify-nvlink: {e} (--keep-going: its runs are reported as errors)", flush=True)
-    seen: dict[str, int] = {}
-    runs = []
-    for k, inst in enumerate(installs):
-        for var in [None, *(variants if k == 0 or args.variants_on == "all" else [])]:
-            lbl = inst.label + ("" if var is None else " + " + " ".join(f"{key}={val}" for key, val in var.items()))
-            seen[lbl] = seen.get(lbl, 0) + 1
-            runs.append(RunSpec(inst, var, lbl if seen[lbl] == 1 else f"{lbl} #{seen[lbl]}"))
+    runs = _run_specs(installs, variants, args.variants_on)
     th = Thresholds(args.min_ratio, args.counter_fraction, args.ablation_factor)
     side = GpuSide(gpus)
     ver = Verifier(args, gpus, pairs, runs, sizes, side, cuda_dirs, base_env, th)
@@ -129,6 +110,37 @@ def run(args) -> int:
         write_report(args.out, STEM, payload, md, png, command)
         print(f"report: {Path(args.out) / (STEM + '.json')}")
     return payload["exit_code"]
+
+
+def _check_options(args) -> list[int] | None:
+    """The options no parser type checks (USAGE before anything runs); the --gpus indices, or None."""
+    if args.variant_sizes:
+        parse_sizes(args.variant_sizes, "--variant-sizes")
+    only = None
+    if args.gpus:
+        try:
+            only = [int(x) for x in args.gpus.split(",") if x.strip()]
+        except ValueError:
+            raise UserError(f"--gpus: expected indices like 0,1, got {args.gpus!r}", USAGE) from None
+    for name in ("min_ratio", "counter_fraction", "ablation_factor"):
+        if not 0 < getattr(args, name) <= 10:
+            raise UserError(f"--{name.replace('_', '-')}: out of range", USAGE)
+    if args.iters is not None and args.iters < 10:
+        raise UserError("--iters: at least 10", USAGE)
+    return only
+
+
+def _run_specs(installs: list, variants: list[dict], variants_on: str) -> list[RunSpec]:
+    """One run per UCX, each followed by its --variant runs (--variants-on first: the first UCX's only); labels
+    unique."""
+    seen: dict[str, int] = {}
+    runs = []
+    for k, inst in enumerate(installs):
+        for var in [None, *(variants if k == 0 or variants_on == "all" else [])]:
+            lbl = inst.label + ("" if var is None else " + " + " ".join(f"{key}={val}" for key, val in var.items()))
+            seen[lbl] = seen.get(lbl, 0) + 1
+            runs.append(RunSpec(inst, var, lbl if seen[lbl] == 1 else f"{lbl} #{seen[lbl]}"))
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
