@@ -115,7 +115,7 @@ check-reproducible: venv docker-engine
 regen: venv
 	$(CLI) stack env-yml
 	$(CLI) conda regen
-	$(VPY) -m ucx_dask_gpu.docmap --write
+	$(VPY) -m tools.docmap --write
 
 # Local conda channel (docs/conda.md): rattler-build renders and checks every recipe variant under conda-forge's pinning
 # (else the recipes' fallback), builds ucx, libucxx, ucxx, distributed-ucxx and the metapackage from their recipes

@@ -5,7 +5,7 @@ operators can tell failures apart without parsing text.
 """
 from __future__ import annotations
 
-# Exit codes. docs/exit-codes.md is generated from this table (`python -m ucx_dask_gpu.docmap --write`; a unit test
+# Exit codes. docs/exit-codes.md is generated from this table (`python -m tools.docmap --write`; a unit test
 # keeps them equal): each code's comment is its meaning there, and a `# ... (N-M)` line starts a group.
 # General (1-9)
 VERDICT_FAILED = 1        # ran, but the verdict is negative: an NVLink pair failed or is invalid, a workload's or the

@@ -1,9 +1,10 @@
-"""The image's own bits without Docker: exported in verified parts, carried batch by batch, reassembled, unpacked and
-run chrooted as its user through its entrypoint, by the GPU session script (benchmarks/gpu-host/image_rootfs.sh)
-itself, here in CPU mode (numpy, two `dask worker`s); on the GPU host the same script only adds the GPU.
+"""Tests of tools/rootfs_runner (the workshop's no-Docker runner, not the product): the image exported in verified
+parts, copied batch by batch, reassembled, unpacked and run chrooted as its user through its entrypoint, by the GPU-host
+script (tools/gpu-host/image_rootfs.sh) itself, here in CPU mode (numpy, two `dask worker`s); on the GPU host the same
+script only adds the GPU.
 
 The export here is compressed at a low level (quick); the format (xz), the parts and everything after are the same as
-the `-9` export carried to the GPU host.
+the `-9` export copied to the GPU host.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tools.rootfs_runner import chroot
 from ucx_dask_gpu.errors import ROOTFS_INVALID
-from ucx_dask_gpu.image import chroot
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,13 +27,13 @@ SCRIPT = ROOT / "benchmarks" / "gpu-host" / "image_rootfs.sh"
 MIB = 1 << 20
 
 
-def cli(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ucx_dask_gpu", *args], capture_output=True, text=True,
+def runner(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tools.rootfs_runner", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
 
 
 def session(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """The device script as the lead runs it: bash, the machine's python3 (no venv), from any directory."""
+    """The GPU-host script as it runs there: bash, the machine's python3 (no venv), from any directory."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env,
@@ -42,7 +43,7 @@ def session(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def exported(image, tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("rootfs") / "export"
-    proc = cli("image", "export-rootfs", image["tag"], str(d), "--level", "1", "--part-size", "40MiB")
+    proc = runner("export", image["tag"], str(d), "--level", "1", "--part-size", "40MiB")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return d
 
@@ -92,13 +93,13 @@ def _processes_under(root: Path) -> list[str]:
 def test_the_gpu_session_script_runs_the_image_from_its_parts(exported, image, st, tmp_path):
     parts, out, root = tmp_path / "parts", tmp_path / "out", tmp_path / "root"
     m = json.loads((exported / "manifest.json").read_text())
-    for i, batch in enumerate(m["batches"]):  # one device call each: the carried batch is moved away
-        carried = shutil.copytree(exported / batch, tmp_path / "carry" / batch)
-        proc = session("receive", str(carried), "--parts", str(parts))
+    for i, batch in enumerate(m["batches"]):  # one copy each: the copied batch is moved away
+        copied = shutil.copytree(exported / batch, tmp_path / "copied" / batch)
+        proc = session("receive", str(copied), "--parts", str(parts))
         assert proc.returncode == 0, proc.stderr
         left = len(m["batches"]) - i - 1
         assert (f"missing {left}:" in proc.stdout) if left else "all parts here" in proc.stdout, proc.stdout
-        assert not any(f.name.startswith("rootfs.tar") for f in carried.iterdir())
+        assert not any(f.name.startswith("rootfs.tar") for f in copied.iterdir())
     try:
         proc = session("run", str(out), "--cpu", "--parts", str(parts), "--root", str(root))
         result = json.loads((out / "result.json").read_text())

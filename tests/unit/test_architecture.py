@@ -26,7 +26,7 @@ LAYERS = [
     {"ucxbuild", "oci", "topology", "proof"},
     {"image", "nvlink", "bench", "conda"},
     {"cli"},
-    {"__main__", "docmap"},
+    {"__main__"},
 ]
 RANK = {unit: row for row, units in enumerate(LAYERS) for unit in units}
 # The package's __init__ reads the stack model for __version__ when the package is not installed.

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu import cli, docmap, errors
+from tools import docmap
+from ucx_dask_gpu import cli, errors
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -261,12 +262,12 @@ def test_a_synopsis_and_other_programs_are_read_as_such():
 
 
 def test_the_generated_pages_are_current():
-    """docs/exit-codes.md and docs/cli.md: `python -m ucx_dask_gpu.docmap --write` after changing errors.py or a
+    """docs/exit-codes.md and docs/cli.md: `python -m tools.docmap --write` after changing errors.py or a
     command."""
     root = ROOT
     for page, (source, region) in docmap.pages(root).items():
         assert docmap.render(page, source, region) == page.read_text(), \
-            f"{page.relative_to(root)} is out of date: run `python -m ucx_dask_gpu.docmap --write`"
+            f"{page.relative_to(root)} is out of date: run `python -m tools.docmap --write`"
 
 
 def _table_rows(page: Path) -> dict[int, tuple[str, str]]:

@@ -36,11 +36,7 @@ WRITING = {
     ("config", "install", "--dest"): "dir",
     ("image", "compose", "--output"): "file",
     ("image", "demo", "--json"): "file",
-    ("image", "export-rootfs", "dir"): "dir",
     ("image", "role-hook", "--dest"): "dir",
-    ("image", "rootfs-receive", "--parts"): "dir",
-    ("image", "rootfs-run", "--root"): "dir",
-    ("image", "rootfs-run", "out"): "dir",
     ("repro", "check", "--clone-dir"): "dir",
     ("repro", "check", "--json"): "file",
     ("repro", "compare", "--json"): "file",
@@ -74,7 +70,6 @@ NOT_WRITTEN = {
     ("ucx", "verify", "--prefix"): "the UCX prefix to check, read",
     ("ucx", "build", "--cuda-link-dir"): "libcuda.so and libnvidia-ml.so to link with, read",
     ("tls", "env", "dir"): "where the certificates are, printed",
-    ("image", "rootfs-run", "--parts"): "the received parts, read",
 }
 
 

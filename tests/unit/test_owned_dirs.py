@@ -17,10 +17,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ucx_dask_gpu import report
 from ucx_dask_gpu.errors import OUTPUT_REFUSED, RESULT_KEPT, SCHEDULER_UNREACHABLE, USAGE, UserError
-from ucx_dask_gpu.image import rootfs
 
 REPO = Path(__file__).resolve().parents[2]
-MIB = 1 << 20
 HAS_OPENSSL = shutil.which("openssl") is not None
 
 
@@ -33,33 +31,12 @@ def one_line(proc: subprocess.CompletedProcess) -> bool:
     return len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
-def export(scratch: Path) -> Path:
-    """A small export-rootfs output (one part), as `image export-rootfs` makes from an image's filesystem."""
-    tree = scratch / "tree"
-    (tree / "etc").mkdir(parents=True)
-    (tree / "etc" / "hostname").write_text("image\n")
-    rootfs.pack(["tar", "-c", "-C", str(tree), "-f", "-", "."], scratch / "export",
-                {"image": "t:1", "image_id": "sha256:" + "0" * 64, "stack_id": "s"}, {}, part_size=MIB, level=1,
-                compression="xz")
-    return scratch / "export"
-
-
 def _in_process(call) -> int:
     try:
         call()
         return 0
     except UserError as e:
         return e.exit_code
-
-
-def _export_once(scratch: Path) -> Path:
-    return scratch / "export" if (scratch / "export").exists() else export(scratch)
-
-
-def _receive(d: Path, scratch: Path) -> int:
-    batch = scratch / f"batch-{len(list(scratch.glob('batch-*')))}"  # each run receives a fresh copy of the batch
-    shutil.copytree(_export_once(scratch) / "batch-01", batch)
-    return udg("image", "rootfs-receive", batch, "--parts", d).returncode
 
 
 def _from_map(d: Path, scratch: Path) -> int:
@@ -77,12 +54,6 @@ COMMANDS = {
     "config install --dest": (lambda d, s: udg("config", "install", "--dest", d).returncode,
                               ["ucx-dask-gpu.yaml", "ucx-dask-gpu-tuned.yaml"]),
     "workload from-map PATH": (_from_map, ["part-00000.parquet", "part-00001.parquet"]),
-    "image rootfs-receive --parts": (_receive, ["manifest.json", "rootfs.tar.xz.000", "image-config.json"]),
-    "image export-rootfs DIR": (lambda d, s: _in_process(lambda: rootfs.pack(
-        ["tar", "-c", "-C", str(REPO / "docker"), "-f", "-", "."], d, {"image": "t"}, {}, part_size=MIB, level=1,
-        compression="xz")), ["batch-01", "manifest.json", "batch-01/manifest.json"]),
-    "image rootfs-run --root": (lambda d, s: _in_process(lambda: rootfs.unpack(d, _export_once(s) / "batch-01")),
-                                ["etc", "etc/hostname"]),
     "bench/verify-nvlink --out": (lambda d, s: _in_process(lambda: report.write_report(
         d, "verify-nvlink", {"pairs": []}, "# report", b"\x89PNG", "ucx-dask-gpu verify-nvlink")),
                                   ["verify-nvlink.json", "command.txt"]),
@@ -198,19 +169,6 @@ def test_from_map_into_a_directory_nothing_can_be_written_in_is_exit_9(tmp_path)
     assert blocker.read_text() == "mine"
 
 
-def test_rootfs_run_refuses_a_root_it_did_not_unpack(tmp_path):
-    parts = tmp_path / "parts"
-    shutil.copytree(export(tmp_path) / "batch-01", parts)
-    root = tmp_path / "root"
-    root.mkdir()
-    (root / "notes.txt").write_text("mine")
-    proc = udg("image", "rootfs-run", tmp_path / "out", "--parts", parts, "--root", root, "--cpu", "--no-unshare")
-    if os.geteuid() != 0:
-        pytest.skip("rootfs-run runs as root")
-    assert proc.returncode == OUTPUT_REFUSED and one_line(proc) and "notes.txt" in proc.stderr, proc.stderr
-    assert [p.name for p in root.iterdir()] == ["notes.txt"]
-
-
 def test_ucx_build_refuses_to_replace_an_earlier_build_holding_the_users_file(tmp_path):
     prefix = tmp_path / "prefix"
     (prefix / "share" / "ucx-dask-gpu").mkdir(parents=True)
@@ -220,43 +178,6 @@ def test_ucx_build_refuses_to_replace_an_earlier_build_holding_the_users_file(tm
     proc = udg("ucx", "build", "--prefix", prefix)
     assert proc.returncode == OUTPUT_REFUSED and one_line(proc) and "etc" in proc.stderr, proc.stderr
     assert (prefix / "etc" / "site.conf").read_text() == "mine"
-
-
-def test_export_into_a_missing_parent_makes_it(tmp_path):
-    out = tmp_path / "missing" / "parent" / "export"
-    rootfs.pack(["tar", "-c", "-C", str(REPO / "docker"), "-f", "-", "."], out, {"image": "t"}, {}, part_size=MIB,
-                level=1, compression="xz")
-    assert (out / "batch-01" / "manifest.json").is_file()
-
-
-def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(full_disk):
-    with pytest.raises(UserError) as err:
-        rootfs.pack(["tar", "-c", "-C", str(REPO / "docker"), "-f", "-", "."], full_disk / "export", {"image": "t"},
-                    {}, part_size=MIB, level=0, compression="xz")
-    assert err.value.exit_code == OUTPUT_REFUSED and "No space left" in str(err.value)
-    assert [p.name for p in full_disk.iterdir()] == ["fill"]
-
-
-@pytest.mark.parametrize("what", ["file", "read-only directory"])
-def test_rootfs_receive_into_parts_that_cannot_be_written(tmp_path, what):
-    batch = export(tmp_path) / "batch-01"
-    parts = tmp_path / "parts"
-    if what == "file":
-        parts.write_text("mine")
-    else:
-        parts.mkdir()
-        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(parts)],
-                                               capture_output=True).returncode != 0:
-            pytest.skip("a read-only mount needs root")
-    try:
-        proc = udg("image", "rootfs-receive", batch, "--parts", parts)
-    finally:
-        if what != "file":
-            subprocess.run(["umount", str(parts)], capture_output=True)
-    assert proc.returncode == OUTPUT_REFUSED and one_line(proc) and "--parts" in proc.stderr, proc.stderr
-    assert (batch / "rootfs.tar.xz.000").is_file()  # nothing moved
-    if what == "file":
-        assert parts.read_text() == "mine"
 
 
 @pytest.mark.skipif(not HAS_OPENSSL, reason="no openssl command here")
@@ -325,16 +246,12 @@ DIRECTORY_OPTIONS = {
     ("verify-nvlink", "--out"): "bench/verify-nvlink --out",
     ("verify-nvlink", "--raw-dir"): SAME_WRITER,
     ("image", "role-hook", "--dest"): SAME_WRITER,
-    ("image", "rootfs-run", "out"): SAME_WRITER,
     ("repro", "normalise", "--out"): SAME_WRITER,
     ("conda", "pack", "--out"): "conda pack --out",
     ("conda", "lint", "--packed"): "conda pack --out",
     ("conda", "render", "--packed"): "conda pack --out",
     ("config", "install", "--dest"): "config install --dest",
     ("tls", "init", "dir"): "tls init DIR",
-    ("image", "export-rootfs", "dir"): "image export-rootfs DIR",
-    ("image", "rootfs-receive", "--parts"): "image rootfs-receive --parts",
-    ("image", "rootfs-run", "--root"): "image rootfs-run --root",
     # work directories: only the command's own folders are replaced, never a file beside them; one holding anything
     # else is refused at its first claim (fsutil.claim_work_dir)
     ("ucx", "build", "--work-dir"): "claim_work_dir",

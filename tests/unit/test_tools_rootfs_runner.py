@@ -1,23 +1,27 @@
-"""An exported filesystem in parts, without Docker: packing a real tar stream (tar + zstd/xz), receiving batches,
+"""Tests of tools/rootfs_runner (the workshop's no-Docker runner, not the product): an exported filesystem in parts: packing a real tar stream (tar + zstd/xz), receiving batches,
 refusing damaged or missing parts, unpacking with owners kept; and the chroot runner's pure parts (driver libraries
 from `ldconfig -p`, the image user, UCX's protocol tables)."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
-from ucx_dask_gpu import cli
+from test_owned_dirs import ANSWERS, full_disk, intact, one_line, plant, plantable  # noqa: F401 (full_disk: fixture)
+from tools.rootfs_runner import chroot, cli, rootfs
 from ucx_dask_gpu.cliutil import SIZE_HELP, parse_size
 from ucx_dask_gpu.errors import OUTPUT_REFUSED, ROOTFS_INVALID, USAGE, UserError
-from ucx_dask_gpu.image import chroot, rootfs
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
 MIB = 1 << 20
 
 
@@ -151,18 +155,18 @@ def test_a_corrupt_archive_with_valid_part_hashes_is_caught_at_unpack(tree, tmp_
 def test_part_sizes_are_dasks_units(tmp_path):
     """--part-size as every size option: 56MiB = 56*2^20, 58M = 58*10^6; a bad one is one line, exit 2."""
     for text, part in (("56MiB", 56 * MIB), ("58M", 58 * 10**6), ("1048576", MIB)):
-        assert cli.build_parser().parse_args(["image", "export-rootfs", "img", str(tmp_path / "x"), "--part-size",
+        assert cli.build_parser().parse_args(["export", "img", str(tmp_path / "x"), "--part-size",
                                               text]).part_size == text
         assert parse_size(text, "--part-size") == part
-    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "image", "export-rootfs", "img", str(tmp_path / "x"),
-                           "--part-size", "lots"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "tools.rootfs_runner", "export", "img", str(tmp_path / "x"),
+                           "--part-size", "lots"], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == USAGE and proc.stderr.strip().endswith("--part-size 'lots': not a byte size "
                                                                      f"({SIZE_HELP})")
 
 
 def test_part_size_is_the_users_option_with_a_default_of_one_gib():
-    help_text = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "image", "export-rootfs", "--help"],
-                               capture_output=True, text=True, check=True).stdout
+    help_text = subprocess.run([sys.executable, "-m", "tools.rootfs_runner", "export", "--help"],
+                               capture_output=True, text=True, check=True, cwd=REPO).stdout
     assert "--part-size" in help_text and "default 1GiB" in " ".join(help_text.split())
     assert parse_size(rootfs.DEFAULT_PART_SIZE, "--part-size") == 1 << 30
 
@@ -230,7 +234,7 @@ def test_checks_need_every_process_on_the_roots_ucx(tmp_path):
 
 
 def test_the_session_script_is_a_thin_wrapper():
-    script = Path(__file__).resolve().parents[2] / "benchmarks/gpu-host/image_rootfs.sh"
+    script = REPO / "tools/gpu-host/image_rootfs.sh"
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert proc.returncode == 2 and "usage:" in proc.stderr
     assert shutil.which("bash")
@@ -254,3 +258,147 @@ def test_driver_libraries_land_in_the_root_as_files_with_their_soname_links(tmp_
         assert (dest / soname).read_bytes() == real.read_bytes(), soname
     assert not (dest / "libcuda.so.580.159.04").is_symlink()
     assert os.readlink(dest / "libnvidia-ml.so.1") == "libnvidia-ml.so.580.159.04"
+
+
+# --- what the runner writes: the user's files beside its own survive it (as test_owned_dirs checks for the product) --
+
+def runner(*args, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tools.rootfs_runner", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def small_export(scratch: Path) -> Path:
+    """A small export (one part), as `export` makes from an image's filesystem."""
+    t = scratch / "tree"
+    (t / "etc").mkdir(parents=True)
+    (t / "etc" / "hostname").write_text("image\n")
+    rootfs.pack(["tar", "-c", "-C", str(t), "-f", "-", "."], scratch / "export",
+                {"image": "t:1", "image_id": "sha256:" + "0" * 64, "stack_id": "s"}, {}, part_size=MIB, level=1,
+                compression="xz")
+    return scratch / "export"
+
+
+def _in_process(call) -> int:
+    try:
+        call()
+        return 0
+    except UserError as e:
+        return e.exit_code
+
+
+def _export_once(scratch: Path) -> Path:
+    return scratch / "export" if (scratch / "export").exists() else small_export(scratch)
+
+
+def _receive(d: Path, scratch: Path) -> int:
+    batch = scratch / f"batch-{len(list(scratch.glob('batch-*')))}"  # each run receives a fresh copy of the batch
+    shutil.copytree(_export_once(scratch) / "batch-01", batch)
+    return runner("receive", batch, "--parts", d).returncode
+
+
+# Each writer of a directory: how it writes D (its exit code), and names it writes there.
+WRITERS = {
+    "receive --parts": (_receive, ["manifest.json", "rootfs.tar.xz.000", "image-config.json"]),
+    "export DIR": (lambda d, s: _in_process(lambda: rootfs.pack(
+        ["tar", "-c", "-C", str(REPO / "docker"), "-f", "-", "."], d, {"image": "t"}, {}, part_size=MIB, level=1,
+        compression="xz")), ["batch-01", "manifest.json", "batch-01/manifest.json"]),
+    "run --root": (lambda d, s: _in_process(lambda: rootfs.unpack(d, _export_once(s) / "batch-01")),
+                   ["etc", "etc/hostname"]),
+}
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_the_users_files_survive_every_run(writer):
+    run, names = WRITERS[writer]
+
+    @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
+    @given(before=plantable(names), between=plantable(names))
+    def property_(before, between):
+        with tempfile.TemporaryDirectory() as tmp:
+            scratch, d = Path(tmp) / "scratch", Path(tmp) / "d"
+            scratch.mkdir()
+            mine = plant(d, before) if before else {}
+            first = run(d, scratch)
+            assert first in ANSWERS and intact(d, mine), first
+            mine.update(plant(d, between) if d.is_dir() else {})
+            second = run(d, scratch)
+            assert second in ANSWERS and intact(d, mine), second
+            if not mine:
+                assert first == second == 0, "a second run over its own output alone must replace it"
+
+    property_()
+
+
+def _outputs() -> dict[tuple[str, str], argparse.Action]:
+    """Every option of the runner's parser marked as an output (add_output), by (command, option)."""
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {(name, a.option_strings[-1] if a.option_strings else a.dest): a for name, p in sub.choices.items()
+            for a in p._actions if getattr(a.type, "output_kind", None)}
+
+
+def test_every_directory_the_runner_writes_is_covered():
+    assert set(_outputs()) == {("export", "dir"), ("receive", "--parts"), ("run", "--root"), ("run", "out")}
+    assert all(_outputs()[k].type.output_kind == "dir" for k in _outputs())
+
+
+@pytest.mark.parametrize("key", sorted(_outputs()), ids=" ".join)
+def test_a_file_where_a_directory_goes_is_refused_before_anything_runs(key, tmp_path):
+    wrong = tmp_path / "results.json"
+    wrong.write_text("mine")
+    command, option = key
+    given_ = {"export": ["img", "x"], "receive": ["x"], "run": ["x"]}[command]
+    argv = [command, *given_, option, wrong] if option.startswith("-") else \
+        [command, *given_[:-1], wrong] if command == "export" else [command, wrong]
+    proc = runner(*argv)
+    assert proc.returncode == OUTPUT_REFUSED and one_line(proc) and str(wrong) in proc.stderr, proc.stderr
+    assert wrong.read_text() == "mine" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_run_refuses_a_root_it_did_not_unpack(tmp_path):
+    parts = tmp_path / "parts"
+    shutil.copytree(small_export(tmp_path) / "batch-01", parts)
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "notes.txt").write_text("mine")
+    proc = runner("run", tmp_path / "out", "--parts", parts, "--root", root, "--cpu", "--no-unshare")
+    if os.geteuid() != 0:
+        pytest.skip("run runs as root")
+    assert proc.returncode == OUTPUT_REFUSED and one_line(proc) and "notes.txt" in proc.stderr, proc.stderr
+    assert [p.name for p in root.iterdir()] == ["notes.txt"]
+
+
+def test_export_into_a_missing_parent_makes_it(tmp_path):
+    out = tmp_path / "missing" / "parent" / "export"
+    rootfs.pack(["tar", "-c", "-C", str(REPO / "docker"), "-f", "-", "."], out, {"image": "t"}, {}, part_size=MIB,
+                level=1, compression="xz")
+    assert (out / "batch-01" / "manifest.json").is_file()
+
+
+def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(full_disk):
+    with pytest.raises(UserError) as err:
+        rootfs.pack(["tar", "-c", "-C", str(REPO / "docker"), "-f", "-", "."], full_disk / "export", {"image": "t"},
+                    {}, part_size=MIB, level=0, compression="xz")
+    assert err.value.exit_code == OUTPUT_REFUSED and "No space left" in str(err.value)
+    assert [p.name for p in full_disk.iterdir()] == ["fill"]
+
+
+@pytest.mark.parametrize("what", ["file", "read-only directory"])
+def test_receive_into_parts_that_cannot_be_written(tmp_path, what):
+    batch = small_export(tmp_path) / "batch-01"
+    parts = tmp_path / "parts"
+    if what == "file":
+        parts.write_text("mine")
+    else:
+        parts.mkdir()
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(parts)],
+                                               capture_output=True).returncode != 0:
+            pytest.skip("a read-only mount needs root")
+    try:
+        proc = runner("receive", batch, "--parts", parts)
+    finally:
+        if what != "file":
+            subprocess.run(["umount", str(parts)], capture_output=True)
+    assert proc.returncode == OUTPUT_REFUSED and one_line(proc) and "--parts" in proc.stderr, proc.stderr
+    assert (batch / "rootfs.tar.xz.000").is_file()  # nothing moved
+    if what == "file":
+        assert parts.read_text() == "mine"

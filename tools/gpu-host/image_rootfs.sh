@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The image's own bits on a GPU host that has no Docker and no network, over consecutive device calls (parts of
-# `ucx-dask-gpu image export-rootfs IMAGE DIR` carried one batch per call; they stay in /tmp while the machine does):
+# The image's own bits on a GPU host that has no Docker and no network (tools/rootfs_runner; parts of
+# `python -m tools.rootfs_runner export IMAGE DIR` copied there one batch at a time, each checked on arrival):
 #   image_rootfs.sh receive BATCH_DIR [--parts DIR]    move the batch's part into the parts directory (stack.toml
 #                                                      [gpu_host]), check its sha256, say which parts are missing
 #   image_rootfs.sh run OUTDIR [--cpu] [--parts DIR] [--root DIR]
@@ -11,28 +11,26 @@
 #                                                      the answer, libucp in every role and cuda_ipc, stop everything,
 #                                                      write OUTDIR/image-rootfs.tgz, OUTDIR/result.json, OUTDIR/run.log
 # Also `image_rootfs.sh tools`: what this machine has for it (decoders, unshare, chroot, driver libraries).
-# The GPU hosts lent to this project have no Docker and no network, and a device call carries at most 64 MiB (the
-# repository included): export with parts small enough that one part and the repository fit a call, and carry one
-# batch per call, one machine kept warm (each call within 30 s of the last, or /tmp and the parts are gone):
-#   .venv/bin/ucx-dask-gpu image export-rootfs ucx-dask-gpu:0.1.0 build/rootfs-export --part-size 56MiB
-#   batch k < N:  carry build/rootfs-export/batch-0k
-#                 bash benchmarks/gpu-host/image_rootfs.sh receive build/rootfs-export/batch-0k
-#   last batch:   carry build/rootfs-export/batch-0N
-#                 bash benchmarks/gpu-host/image_rootfs.sh receive build/rootfs-export/batch-0N && \
-#                 bash benchmarks/gpu-host/image_rootfs.sh run $OUT
+# Where files reach such a host only in small pieces (an upload limit), export parts that fit one with the tree
+# and copy one batch at a time (the parts directory must outlive the copies):
+#   .venv/bin/python -m tools.rootfs_runner export ucx-dask-gpu:0.1.0 build/rootfs-export --part-size 56MiB
+#   each batch k: copy build/rootfs-export/batch-0k, then
+#                 bash tools/gpu-host/image_rootfs.sh receive build/rootfs-export/batch-0k
+#   after the last one:
+#                 bash tools/gpu-host/image_rootfs.sh run $OUT
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export PYTHONPATH=$PWD:$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 py=$(command -v python3) || { echo "image_rootfs.sh: no python3 here" >&2; exit 2; }
 case "${1:-}" in
-  receive) shift; exec "$py" -m ucx_dask_gpu image rootfs-receive "$@" ;;
+  receive) shift; exec "$py" -m tools.rootfs_runner receive "$@" ;;
   run)
     shift
     [ -n "${1:-}" ] && [ "${1#-}" = "$1" ] || { echo "usage: image_rootfs.sh run OUTDIR [--cpu] ..." >&2; exit 2; }
     mkdir -p "$1"
     # the whole run's output also lands next to its results (OUTDIR/run.log); errors stay on stderr
     : > "$1/run.log"
-    "$py" -m ucx_dask_gpu image rootfs-run "$@" 2> >(tee -a "$1/run.log" >&2) | tee -a "$1/run.log"
+    "$py" -m tools.rootfs_runner run "$@" 2> >(tee -a "$1/run.log" >&2) | tee -a "$1/run.log"
     rc=${PIPESTATUS[0]}
     wait
     exit "$rc" ;;

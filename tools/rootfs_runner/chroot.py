@@ -1,6 +1,6 @@
 """Run the image's roles from its unpacked filesystem without Docker: what a container runtime does, by hand.
 
-For a machine with GPUs but no container engine: `ucx-dask-gpu image rootfs-run OUT` (as root, inside a
+For a machine with GPUs but no container engine: `python -m tools.rootfs_runner run OUT` (as root, inside a
 private mount namespace where one can be made: `unshare --mount --propagation private`)
 - takes an unpacked root (rootfs.py `unpack`), mounts /proc, /sys and /dev (binds made slaves, a /dev/shm of its own)
   into it, writes /etc/hosts,
@@ -32,12 +32,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cliutil import Progress, signals_deferred
-from ..errors import ROOTFS_INVALID, UserError
-from ..fsutil import atomic_write_text, write_output_dir
-from ..ucx.perftest import free_port, parse_proto_tables
-from ..ucx.transports import mapped_libucp
-from .cluster import parse_json_output
+from ucx_dask_gpu.cliutil import signals_deferred
+from ucx_dask_gpu.errors import ROOTFS_INVALID, UserError
+from ucx_dask_gpu.fsutil import atomic_write_text, write_output_dir
+from ucx_dask_gpu.image.cluster import parse_json_output
+from ucx_dask_gpu.ucx.perftest import free_port, parse_proto_tables
+from ucx_dask_gpu.ucx.transports import mapped_libucp
 
 # The driver's user-space libraries the toolkit mounts for the compute and utility capabilities
 # (libnvidia-container's list), by file-name prefix.
@@ -53,9 +53,6 @@ STOP_GRACE_S = 30
 # NVLink multicast (NVLS), which some GPU hosts require off in every program.
 PASS_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 _LDCONFIG_RE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
-
-
-say = Progress("rootfs: ", stream="stdout")
 
 
 # --- the root: mounts, hosts, driver --------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The image's own bits, taken to a machine without Docker: its filesystem in verified parts, and back in one piece.
 
-`ucx-dask-gpu image export-rootfs IMAGE DIR` writes
+`python -m tools.rootfs_runner export IMAGE DIR` writes
 
     DIR/manifest.json        image, image id, stack id, compression, sha256 + size of the rootfs tar, of the compressed
                              archive and of every part, and the batches
@@ -35,15 +35,15 @@ import threading
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..errors import OUTPUT_REFUSED, ROOTFS_INVALID, USAGE, UserError
-from .. import fsutil
-from ..fsutil import atomic_write_text, sha256_file
-from .docker import docker_bin, image_inspect
+from ucx_dask_gpu import fsutil
+from ucx_dask_gpu.errors import OUTPUT_REFUSED, ROOTFS_INVALID, USAGE, UserError
+from ucx_dask_gpu.fsutil import atomic_write_text, sha256_file
+from ucx_dask_gpu.image.docker import docker_bin, image_inspect
 
 MANIFEST = "manifest.json"
 CONFIG = "image-config.json"
 MIB = 1 << 20
-DEFAULT_PART_SIZE = "1GiB"    # export-rootfs --part-size: smaller where a file-size or transfer limit applies
+DEFAULT_PART_SIZE = "1GiB"    # export --part-size: smaller where a file-size or transfer limit applies
 CHUNK = 4 * MIB
 ZSTD_WINDOW_LOG = 27          # --long: a 128 MiB window; the decoder needs the same (--long=27)
 COMPRESSIONS = {"zstd": "zst", "xz": "xz"}
@@ -57,7 +57,7 @@ CONFIG_KEYS = ("Env", "User", "WorkingDir", "Entrypoint", "Cmd", "Labels")
 def _compressor(compression: str, level: int) -> list[str]:
     if compression == "zstd":
         if not shutil.which("zstd"):
-            raise UserError("export-rootfs: the zstd command is missing (apt-get install zstd)", USAGE)
+            raise UserError("export: the zstd command is missing (apt-get install zstd)", USAGE)
         return ["zstd", f"-{level}", f"--long={ZSTD_WINDOW_LOG}", "-T0", "-q", "-c"]
     if compression == "xz":
         return ["xz", f"-{min(level, 9)}", "-T0", "-c"]
@@ -89,7 +89,7 @@ def export_rootfs(image: str, out: str | os.PathLike, part_size: int, level: int
     container = f"udg-export-{secrets.token_hex(3)}"
     proc = subprocess.run([docker_bin(), "create", "--name", container, image], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise UserError(f"export-rootfs: docker create {image} failed: {proc.stderr.strip()[-200:]}", USAGE)
+        raise UserError(f"export: docker create {image} failed: {proc.stderr.strip()[-200:]}", USAGE)
     try:
         return pack([docker_bin(), "export", container], out, identity, {k: cfg.get(k) for k in CONFIG_KEYS},
                     part_size, level, compression)
@@ -126,7 +126,7 @@ def pack(tar_command: list[str], out: str | os.PathLike, identity: dict, config:
         parts = writer.close()
         feeder.join()
         if source.wait() != 0 or compressor.wait() != 0:
-            raise UserError(f"export-rootfs: {tar_command[0]} {tar_command[1]} or {compress[0]} failed (exit "
+            raise UserError(f"export: {tar_command[0]} {tar_command[1]} or {compress[0]} failed (exit "
                             f"{source.returncode}, {compressor.returncode})", USAGE)
         manifest = {
             **identity, "compression": compression,
@@ -204,7 +204,7 @@ def read_manifest(d: str | os.PathLike) -> dict:
         manifest = json.loads(path.read_text())
         manifest["parts"], manifest["compression"]
     except (OSError, ValueError, KeyError, TypeError):
-        raise UserError(f"no readable {MANIFEST} in {d} (export it with `ucx-dask-gpu image export-rootfs`)",
+        raise UserError(f"no readable {MANIFEST} in {d} (export it with `python -m tools.rootfs_runner export`)",
                         ROOTFS_INVALID) from None
     return manifest
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import (NO_DOCKER, NO_GPU, NOT_REPRODUCIBLE, ROOTFS_INVALID, SBOM_INVALID, SBOM_MISMATCH, USAGE,
-                      VERDICT_FAILED, UserError)
-from ..cliutil import SIZE_HELP, add_output, parse_size, signals_deferred
+from ..errors import NO_DOCKER, NOT_REPRODUCIBLE, SBOM_INVALID, SBOM_MISMATCH, USAGE, VERDICT_FAILED, UserError
+from ..cliutil import add_output
 from ..fsutil import write_output_file
 from ..oci import sbom as sbommod
 from ..oci.compare import compare, render_compare
@@ -20,7 +17,7 @@ from ..oci.layer import normalise_rootfs_tar
 from ..stack import load
 from ..stack.lock import canonical, load_lock
 from ..ucx.install import BUILD_INFO, INSTALLED_UCXX_BUILD_INFO
-from . import chroot, compose, leftovers, normalise, reprocheck, rolehook, rootfs
+from . import compose, leftovers, normalise, reprocheck, rolehook
 from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
 from .cluster import Cluster, remove_all_clusters
@@ -157,94 +154,6 @@ def _cmd_compose(args) -> int:
     return 0
 
 
-def _cmd_export_rootfs(args) -> int:
-    part = parse_size(args.part_size, "--part-size")
-    engine_version()
-    m = rootfs.export_rootfs(args.image, args.dir, part_size=part, level=args.level, compression=args.compression)
-    print(f"{args.dir}: {m['image']} ({m['image_id'][:19]}), rootfs {m['rootfs_bytes'] / 1e6:.0f} MB -> "
-          f"{m['archive_bytes'] / 1e6:.0f} MB {m['compression']} in {len(m['parts'])} parts of at most "
-          f"{part / rootfs.MIB:.0f} MiB")
-    for batch, p in zip(m["batches"], m["parts"]):
-        print(f"  {args.dir}/{batch}  {p['name']}  {p['bytes'] / rootfs.MIB:.1f} MiB  sha256 {p['sha256'][:16]}")
-    return 0
-
-
-def _parts_dir(args) -> Path:
-    return Path(args.parts or _stack(args).gpu_host.parts_dir)
-
-
-def _cmd_rootfs_receive(args) -> int:
-    parts = _parts_dir(args)
-    r = rootfs.receive(args.batch, parts)
-    left = f"missing {len(r['missing'])}: {', '.join(r['missing'])}" if r["missing"] else "all parts here"
-    print(f"received {', '.join(r['moved']) or 'no part'} into {parts} ({r['image']}): "
-          f"{r['parts'] - len(r['missing'])} of {r['parts']} parts; {left}")
-    return 0
-
-
-UNSHARED_ENV = "UCX_DASK_GPU_ROOTFS_UNSHARED"
-
-
-def _private_mount_namespace() -> None:
-    """Re-run this command in a private mount namespace (its mounts end with it), where this machine allows one."""
-    if os.environ.get(UNSHARED_ENV):
-        return
-    probe = ["unshare", "--mount", "--propagation", "private"]
-    try:
-        ok = subprocess.run([*probe, "true"], capture_output=True).returncode == 0
-    except OSError:
-        ok = False
-    if not ok:
-        os.environ[UNSHARED_ENV] = "no"
-        print("rootfs: no private mount namespace here (unshare --mount failed): mounting in this one, binds made "
-              "slaves, unmounted at the end", flush=True)
-        return
-    os.environ[UNSHARED_ENV] = "yes"
-    os.execvp(probe[0], [*probe, sys.executable, "-m", "ucx_dask_gpu", *sys.argv[1:]])
-
-
-def _cmd_rootfs_run(args) -> int:
-    if os.geteuid() != 0:
-        raise UserError("rootfs-run chroots, mounts and switches users: run it as root", ROOTFS_INVALID)
-    st = _stack(args)
-    if args.unshare:
-        _private_mount_namespace()
-    parts, root = _parts_dir(args), Path(args.root or st.gpu_host.root)
-    unpacked = rootfs.unpack(root, parts)
-    m = unpacked["manifest"]
-    print(f"rootfs: {m['image']} ({m['image_id'][:19]}, stack id {m['stack_id']}) "
-          f"{'reused' if unpacked['reused'] else 'unpacked'} in {root}", flush=True)
-    config = rootfs.read_image_config(parts)
-    mounted = []
-    try:
-        notes = chroot.mount_system(root, mounted, private=os.environ.get(UNSHARED_ENV) == "yes")
-        print(f"rootfs: mounted {', '.join('/' + str(p.relative_to(root)) for p in mounted)}"
-              f"{''.join(f'; {n}' for n in notes)}", flush=True)
-        chroot.write_network_files(root)
-        libraries = chroot.find_driver_libraries()
-        if args.gpu and "libcuda.so.1" not in libraries:
-            raise UserError("no NVIDIA driver library libcuda.so.1 on this machine (ldconfig -p, driver directories): "
-                            "not a GPU host, or use --cpu", NO_GPU)
-        added = chroot.add_driver(root, libraries) if libraries else []
-        print(f"rootfs: driver files added: {', '.join(added) or 'none (no driver here)'}", flush=True)
-        proof = chroot.Proof(gpu=args.gpu, size=args.size or (8000 if args.gpu else 4000),
-                             chunk=args.chunk or (2000 if args.gpu else 1000))
-        result = chroot.run_proof(root, config, Path(args.out), proof, st.image.ucx_prefix,
-                                  extra={"driver_files": added, "stack_id": m["stack_id"], "image_id": m["image_id"]})
-    finally:
-        with signals_deferred():
-            left = chroot.unmount_system(mounted)
-        if left:
-            print(f"rootfs: still mounted: {', '.join(left)}", flush=True)
-    for name, c in result["checks"].items():
-        print(f"rootfs: check {name}: {'ok' if c['ok'] else 'FAILED'}  "
-              f"{json.dumps({k: v for k, v in c.items() if k != 'ok'})[:400]}")
-    if result.get("error"):
-        print(f"rootfs: error: {result['error']}")
-    print(f"rootfs: {'PASS' if result['ok'] else 'FAIL'}; results in {args.out}/image-rootfs.tgz")
-    return 0 if result["ok"] else VERDICT_FAILED
-
-
 def _cmd_clean(args) -> int:
     engine_version()
     removed, tags = leftovers.clean(_cache(args))
@@ -264,12 +173,8 @@ def _cmd_role_hook(args) -> int:
     return 0
 
 
-def _register_image(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("image", help="build the one image for client, scheduler and workers (Docker)")
-    p.add_argument("--stack-file", help="stack.toml to read (default: the repository's)")
-    p.add_argument("--cache", help=f"build cache directory (default: ${CACHE_ENV} or <checkout>/build/cache)")
-    s = p.add_subparsers(dest="image_command", metavar="ACTION", required=True)
-
+def _register_image_inputs(s: argparse._SubParsersAction) -> None:
+    """engine, wheelhouse, base: what a build needs, fetched and verified."""
     e = s.add_parser("engine", help="make sure a Docker engine answers; start Debian's dockerd when none does (root)")
     e.add_argument("--no-start", action="store_true", help="only check; never install or start an engine")
     e.add_argument("--status", action="store_true",
@@ -290,6 +195,9 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
                    help="build the bases from this registry image instead (e.g. debian:SUITE-slim@sha256:...)")
     b.set_defaults(func=_cmd_base)
 
+
+def _register_image_build(s: argparse._SubParsersAction) -> None:
+    """build: the image from the verified inputs."""
     bd = s.add_parser("build", help="fetch + verify every input, then docker build --network none")
     bd.add_argument("--tag", help="image tag (default: [image].name:[stack].version)")
     bd.add_argument("--extra-wheel", action="append", default=[], metavar="WHL",
@@ -310,6 +218,9 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
                     help="keep docker build's own image: not reproducible, no SBOM (see `ucx-dask-gpu repro`)")
     bd.set_defaults(func=_cmd_build)
 
+
+def _register_image_clusters(s: argparse._SubParsersAction) -> None:
+    """demo, compose: the image run as a cluster on this host."""
     d = s.add_parser("demo", help="scheduler + workers + client from the image on an internal network: run the "
                                   "transpose and from-map workloads over ucx and tcp, report, stop")
     d.add_argument("--image", help="image to run (default: [image].name:[stack].version)")
@@ -329,50 +240,9 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--check", metavar="FILE", help="exit 1 unless FILE is exactly what this would write")
     c.set_defaults(func=_cmd_compose)
 
-    x = s.add_parser("export-rootfs", help="the image's filesystem as verified, compressed parts (+ its Config) for "
-                                           "a machine without Docker; one batch directory per part")
-    x.add_argument("image")
-    add_output(x, "dir", kind="dir", help="where the parts go",
-               note="new, or one this command exported into before (its manifest), made whole at the end; one holding "
-                    "anything else, or a file, is refused (exit 9) naming it")
-    x.add_argument("--part-size", default=rootfs.DEFAULT_PART_SIZE,
-                   help=f"largest part, e.g. 200MiB (default {rootfs.DEFAULT_PART_SIZE}): size it for how the parts "
-                        f"travel (a file-size or upload limit, removable media); {SIZE_HELP}")
-    x.add_argument("--level", type=int, default=19, help="compression level (default 19; xz: at most 9)")
-    x.add_argument("--compression", choices=sorted(rootfs.COMPRESSIONS), default=rootfs.DEFAULT_COMPRESSION,
-                   help="xz (default: Python's standard library decodes it, nothing to install) or zstd (--long; the "
-                        "host needs the zstd command or the zstandard module)")
-    x.set_defaults(func=_cmd_export_rootfs)
 
-    parts_help = "parts directory (default: stack.toml [gpu_host].parts_dir)"
-    rv = s.add_parser("rootfs-receive", help="move one batch of exported parts into the parts directory, check them, "
-                                             "say which are missing")
-    rv.add_argument("batch", help="a batch-NN directory of `export-rootfs`")
-    add_output(rv, "--parts", kind="dir", help=parts_help,
-               note="a directory, created when missing: the parts, manifest.json and image-config.json are moved in "
-                    "beside what else it holds; a name taken by a file no earlier receive wrote, or a file there, is "
-                    "refused (exit 9)")
-    rv.set_defaults(func=_cmd_rootfs_receive)
-
-    rr = s.add_parser("rootfs-run", help="as root, without Docker: unpack the received parts, mount /proc /sys /dev, "
-                                         "add the host's NVIDIA driver, run scheduler + 2 workers + transpose client "
-                                         "chrooted as the image's user, check, stop, write OUT/image-rootfs.tgz")
-    add_output(rr, "out", kind="dir", help="directory for result.json and image-rootfs.tgz")
-    rr.add_argument("--parts", help=parts_help)
-    add_output(rr, "--root", kind="dir", help="where to unpack (default: stack.toml [gpu_host].root; reused when it "
-                                              "holds this export)",
-               note="new, empty, or one this command unpacked before (its manifest), which is replaced; one holding "
-                    "anything else, or a file, is refused (exit 9) naming it")
-    rr.add_argument("--no-unshare", dest="unshare", action="store_false",
-                    help="mount in this mount namespace (as where none can be made); unmounted at the end")
-    mode = rr.add_mutually_exclusive_group()
-    mode.add_argument("--gpu", dest="gpu", action="store_true", default=True,
-                      help="two dask cuda workers sharing GPU 0, CuPy blocks, cuda_ipc expected (default)")
-    mode.add_argument("--cpu", dest="gpu", action="store_false", help="two dask workers, numpy blocks")
-    rr.add_argument("--size", type=int, help="transpose size (default 8000 GPU, 4000 CPU)")
-    rr.add_argument("--chunk", type=int, help="transpose chunk (default 2000 GPU, 1000 CPU)")
-    rr.set_defaults(func=_cmd_rootfs_run)
-
+def _register_image_upkeep(s: argparse._SubParsersAction) -> None:
+    """clean, remove-clusters, role-hook: what builds and clusters leave, and the hook the Dockerfile installs."""
     c = s.add_parser("clean", help="remove the images this checkout's builds made (recorded in the build cache: "
                                    "every step's image, the normalised images, their tags); the next build is cold")
     c.set_defaults(func=_cmd_clean)
@@ -387,6 +257,16 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
     add_output(h, "--dest", kind="dir", metavar="DIR",
                help="the site-packages directory to write the hook's .pth file into (default: this Python's)")
     h.set_defaults(func=_cmd_role_hook)
+
+
+def _register_image(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("image", help="build the one image for client, scheduler and workers (Docker)")
+    p.add_argument("--stack-file", help="stack.toml to read (default: the repository's)")
+    p.add_argument("--cache", help=f"build cache directory (default: ${CACHE_ENV} or <checkout>/build/cache)")
+    s = p.add_subparsers(dest="image_command", metavar="ACTION", required=True)
+    for register in (_register_image_inputs, _register_image_build, _register_image_clusters,
+                     _register_image_upkeep):
+        register(s)
 
 
 # --- repro ------------------------------------------------------------------------------------------------------------

@@ -120,7 +120,7 @@ class ImageSpec:
 
 @dataclass(frozen=True)
 class GpuHostSpec:
-    """[gpu_host]: where the image's filesystem waits and is unpacked on a host without Docker."""
+    """[gpu_host]: where tools/rootfs_runner keeps the image's parts and unpacks them on a host without Docker."""
 
     parts_dir: str
     root: str
