@@ -162,9 +162,9 @@ def test_tuned_file_keeps_the_measured_combination():
 
 
 def test_the_fastpath_variant_list_parses_whole():
-    # benchmarks/gpu-host/fastpath-variants.txt is handed line by line to a GPU session: a line the parser refuses
-    # costs a device call (labels naming a combination carry '+').
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu-host" / "fastpath-variants.txt"
+    # tools/gpu-host/fastpath-variants.txt is handed line by line to a run on the GPU host: a line the parser refuses
+    # costs that whole run (labels naming a combination carry '+').
+    path = Path(__file__).resolve().parents[2] / "tools" / "gpu-host" / "fastpath-variants.txt"
     lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     variants = config.parse_variants(lines, ["ucx"], False)
     assert len({v.name for v in variants}) == len(variants) >= len(lines)

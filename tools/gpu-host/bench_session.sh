@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ONE bounded device call on ONE GPU (nvidia-h200): two dask-cuda workers sharing GPU 0 (cuda_ipc between them) on
-# our from-source stack (UCX + UCXX, carried), the two studies of issue 21 with their variants interleaved on live
+# One bounded run on ONE GPU of an H200 host: two dask-cuda workers sharing GPU 0 (cuda_ipc between them) on
+# our from-source stack (UCX + UCXX, built here), the two studies of issue 21 with their variants interleaved on live
 # clusters (ucx-dask-gpu bench, docs/benchmarks.md):
 #   transfer   one 8 B / 1 MiB / 128 MiB CuPy block from worker A read by a task on worker B, one at a time: transfer
 #              (transfer_incoming_log stop - start) and submit -> result, per size; then 5 traced, untimed rounds
@@ -30,9 +30,9 @@
 #   --transfer-runs N      timed rounds of the transfer study (default 30)
 #   --transpose-runs N     timed rounds of the transpose study (default 20)
 #   --cpu                  rehearsal without a GPU: numpy, UCX over TCP, small sizes (the same steps otherwise)
-# Environment: UCX_DASK_GPU_COMMIT=<sha> records the commit (the device's copy of the tree has no .git);
+# Environment: UCX_DASK_GPU_COMMIT=<sha> records the commit (a copy of the tree without .git);
 #   UCX_DASK_GPU_WHEELS / UCX_DASK_GPU_VENV as stack_venv.sh reads them.
-# Carry: .whl build/ucx-prefix build/ucxx-wheels (fetch_wheels.sh; `make ucx ucxx`).
+# Needs on the host: .whl build/ucx-prefix build/ucxx-wheels (fetch_wheels.sh; `make ucx ucxx`), copied with the tree.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
@@ -70,7 +70,7 @@ else
   where=(--shared-gpu 0 --proto-info) transfer_sizes=8,1MiB,128MiB transpose_size=(--size 20000 --chunks 4096)
 fi
 # shellcheck source=stack_venv.sh
-source benchmarks/gpu-host/stack_venv.sh || { echo "== could not make the venv on our stack"; exit 1; }
+source tools/gpu-host/stack_venv.sh || { echo "== could not make the venv on our stack"; exit 1; }
 python3 -m ucx_dask_gpu doctor 2>&1 | grep -E "UCX loaded|UCXX|CUDA|GPUs"
 echo "== $(date -u +%T) venv ready, $(left) s left"
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# On a GPU host, in one bounded call (~9.5 min at most): the GPU-to-GPU chunk test (tests/gpu/test_bench_gpu.py), the
+# On a GPU host, in one bounded run (~9.5 min at most): the GPU-to-GPU chunk test (tests/gpu/test_bench_gpu.py), the
 # topology plan + cluster helper, bench transpose with chunks="auto", bench svd, the workloads GPU test, and (on spare
 # cores, CPU only) the gcc 13 compile check of the UCX patches.
-# usage: dask_session.sh OUTDIR   (carry .whl/, build/ucx-prefix, build/ucxx-wheels and build/gcc13-check/)
+# usage: dask_session.sh OUTDIR   (needs .whl/, build/ucx-prefix, build/ucxx-wheels and build/gcc13-check/ copied with the tree)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=$PWD
@@ -13,20 +13,20 @@ export NCCL_NVLS_ENABLE=0 CUDA_DEVICE_ORDER=PCI_BUS_ID PYTHONUNBUFFERED=1 PYTHON
 deadline=$(( $(date +%s) + ${SESSION_SECONDS:-570} ))
 left() { local l=$(( deadline - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 5 ? l : 5 )); }
 step() { echo "== $(date +%T) $*"; }
-# a venv on our stack from the carried .whl/, build/ucx-prefix and build/ucxx-wheels (fetch_wheels.sh, make ucx ucxx)
-source benchmarks/gpu-host/stack_venv.sh || exit 1
+# a venv on our stack from the copied .whl/, build/ucx-prefix and build/ucxx-wheels (fetch_wheels.sh, make ucx ucxx)
+source tools/gpu-host/stack_venv.sh || exit 1
 
 if [ -f build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz ]; then
-  bash benchmarks/gpu-host/gcc13_check.sh "$W" 6 &
+  bash tools/gpu-host/gcc13_check.sh "$W" 6 &
   gcc_pid=$!
 fi
-bench="python3 -m ucx_dask_gpu.bench"  # .transpose, .svd: each study alone (a bare host carries only what it needs)
+bench="python3 -m ucx_dask_gpu.bench"  # .transpose, .svd: each study alone (a bare host needs only what that study imports)
 
 step "CuPy chunks move GPU-to-GPU over UCX"
 timeout "$(left 90)" python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_bench_gpu.py -k device_to_device \
   > "$W/pytest-bench-seed003.txt" 2>&1; echo "seed003 rc=$?" | tee -a "$W/pytest-bench-seed003.txt"
 step "topology plan + cluster helper running the transpose"
-timeout "$(left 150)" bash benchmarks/gpu-host/topology.sh "$W/topology" > "$W/topology.txt" 2>&1
+timeout "$(left 150)" bash tools/gpu-host/topology.sh "$W/topology" > "$W/topology.txt" 2>&1
 echo "topology rc=$?" | tee -a "$W/topology.txt"
 # a timeout above kills the script, not the cluster it started in the background: stop that before the next step
 pkill -TERM -f "ucx_dask_gpu cluster" 2>/dev/null && sleep 3; pkill -KILL -f "ucx_dask_gpu cluster" 2>/dev/null

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# ONE bounded device call on ONE GPU (two dask-cuda workers sharing GPU 0): the changes of the fast-path work measured
+# One bounded run on ONE GPU (two dask-cuda workers sharing GPU 0): the changes of the fast-path work measured
 # against the shipped config in three invocations of at most four clusters each (more distort one another: see
 # bench_session.sh), variants taken by label from fastpath-variants.txt:
 #   transfer     shipped | defaults | bs-distributed | event+concurrent          (8 B, 1 MiB, 128 MiB; submit->result)
 #   transpose    shipped | defaults | bs-distributed | event+concurrent | split-4, parity and peer local_cupy
 #   transpose-b  shipped | pending-reverted | multi-buffer+event | tcp/shipped
-# usage: fastpath_session.sh [OUTDIR]  (default $OUT; carry .whl build/ucx-prefix build/ucxx-wheels)
+# usage: fastpath_session.sh [OUTDIR]  (default $OUT; needs .whl build/ucx-prefix build/ucxx-wheels beside the tree)
 #   FASTPATH_CPU=1: rehearsal without a GPU in the checkout's own venv (numpy, UCX over TCP, small sizes, few rounds)
 # Writes transfer/transpose/transpose-b .json + .md, command.txt, session.txt (PNGs: `ucx-dask-gpu bench render`).
 set -uo pipefail
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 out=${1:-${OUT:?usage: fastpath_session.sh OUTDIR}}
 mkdir -p "$out"
 exec > >(tee -a "$out/session.txt") 2>&1
-f=benchmarks/gpu-host/fastpath-variants.txt
+f=tools/gpu-host/fastpath-variants.txt
 pick() {
   local a=() v
   for l in "$@"; do
@@ -31,7 +31,7 @@ if [ "${FASTPATH_CPU:-0}" = 1 ]; then
 else
   nvidia-smi -L || { echo "== no GPU"; exit 10; }
   # shellcheck source=stack_venv.sh
-  source benchmarks/gpu-host/stack_venv.sh || { echo "== could not make the venv on our stack"; exit 1; }
+  source tools/gpu-host/stack_venv.sh || { echo "== could not make the venv on our stack"; exit 1; }
   py=python3 where=(--shared-gpu 0) sizes=8,1MiB,128MiB transfer_runs=30 size=(--size 20000 --chunks 4096) runs=20
 fi
 common=("${where[@]}" --run-timeout 60 --out "$out")

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Download the cp312 manylinux wheels that a bare GPU host lacks (no registry reachable there), at the versions
-# of OUR lock, into .whl/ (git-ignored) so the device run uses the same stack as the image. UCXX is not among them:
+# of OUR lock, into .whl/ (git-ignored) so the run on the GPU host uses the same stack as the image. UCXX is not among them:
 # our own wheels (build/ucxx-wheels, `make ucxx`) travel as they are.
 # usage: fetch_wheels.sh [DEST]   (default .whl)
 #   REHEARSAL=1 (default DEST build/whl-rehearsal): for THIS machine's python3 instead of the GPU host's 3.12, plus the
-#   packages the GPU host already has, so a device session can be rehearsed here, e.g.
-#   UCX_DASK_GPU_WHEELS=build/whl-rehearsal benchmarks/gpu-host/bench_session.sh --cpu OUTDIR
+#   packages the GPU host already has, so a GPU-host run can be rehearsed on a CPU machine, e.g.
+#   UCX_DASK_GPU_WHEELS=build/whl-rehearsal tools/gpu-host/bench_session.sh --cpu OUTDIR
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${1:-.whl}
 [ "${REHEARSAL:-0}" = 1 ] && dest=${1:-build/whl-rehearsal}
-# Present on the lent H200 image already (see /work/.library/device/KINDS.md): numpy, cupy, cuda-core/bindings,
+# Present on the H200 host's system Python already: numpy, cupy, cuda-core/bindings,
 # nvidia-ml-py, pandas, pyarrow, psutil, msgpack, click, pyyaml, toolz, cloudpickle, jinja2, fsspec, packaging.
 missing="dask distributed dask-cuda rapids-dask-dependency librmm-cu13 rmm-cu13 rapids-logger cuda-core nvtx zict tblib
          locket partd tornado sortedcontainers lazy-importer"

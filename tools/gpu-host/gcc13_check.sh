@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile check of ucx-src-build/patches/<version> with the GPU host's gcc 13 (this build machine has gcc 12):
+# Compile check of ucx-src-build/patches/<version> with the GPU host's gcc 13 (the image's Debian has gcc 12):
 # builds the whole patched, autogen'd tree (test/apps included) with the host's CUDA, CPU only and at low priority
 # so it can run beside GPU measurements. Summary to WORKDIR/gcc13.txt, logs beside it.
 # usage: gcc13_check.sh WORKDIR [JOBS]   (needs build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz)
@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 repo=$PWD
 W=${1:?usage: gcc13_check.sh WORKDIR [JOBS]}; jobs=${2:-6}
 src=build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz
-[ -f "$src" ] || { echo "gcc13_check: $src missing (made by the UCX build engineer's gcc13-check step)" >&2; exit 2; }
+[ -f "$src" ] || { echo "gcc13_check: $src missing (the patched 1.13.1 tree after autogen.sh, packed with tar -cJ)" >&2; exit 2; }
 G=$W/gcc13; mkdir -p "$G"; tar -xJf "$src" -C "$G"; cd "$G"/ucx-1.13.1 || exit 2
 { gcc --version | head -1
   nice ./contrib/configure-release --prefix="$G/p" --with-cuda=/usr/local/cuda --without-verbs --without-rdmacm \

@@ -12,8 +12,8 @@ cli="$py -m ucx_dask_gpu"
 rc=0
 step() { echo "== $*"; }
 
-# a venv on our stack from the carried .whl/, build/ucx-prefix and build/ucxx-wheels (fetch_wheels.sh, make ucx ucxx)
-source benchmarks/gpu-host/stack_venv.sh || exit 1
+# a venv on our stack from the copied .whl/, build/ucx-prefix and build/ucxx-wheels (fetch_wheels.sh, make ucx ucxx)
+source tools/gpu-host/stack_venv.sh || exit 1
 
 step "nvidia-smi topo -m"
 nvidia-smi topo -m | tee "$out/nvidia-smi-topo-m.txt"

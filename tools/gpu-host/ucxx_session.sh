@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# On a GPU host, in one call: a venv on our from-source stack, made the way `make venv` makes it (the carried UCXX
+# On a GPU host, in one run: a venv on our from-source stack, made the way `make venv` makes it (the copied UCXX
 # wheels through `ucx-src-build/build.sh install-ucxx`, the lock's runtime wheels from .whl/), then what it runs on
 # (ucx_info, doctor) and the GPU tests of UCX and UCXX (two Dask workers sharing GPU 0 exchange CuPy blocks).
-# usage: ucxx_session.sh OUTDIR   (carry .whl/ build/ucx-prefix build/ucxx-wheels; fill .whl/ with fetch_wheels.sh)
+# usage: ucxx_session.sh OUTDIR   (needs .whl/ build/ucx-prefix build/ucxx-wheels beside the tree; fill .whl/ with fetch_wheels.sh)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: ucxx_session.sh OUTDIR}
 mkdir -p "$out"
 # shellcheck source=stack_venv.sh
-source benchmarks/gpu-host/stack_venv.sh || exit 1   # makes and activates $venv
+source tools/gpu-host/stack_venv.sh || exit 1   # makes and activates $venv
 { command -v python3; python3 -c 'import sys; print(sys.path)'; echo "cudart: $cudart"; } > "$out/host-python.txt" 2>&1
 {
   build/ucx-prefix/bin/ucx_info -v

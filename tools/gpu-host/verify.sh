@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a GPU host, in one bounded call: doctor, `ucx verify` of the from-source prefix, the GPU tests, verify-nvlink
+# On a GPU host, in one bounded run: doctor, `ucx verify` of the from-source prefix, the GPU tests, verify-nvlink
 # for our UCX and the pip libucx side by side (plus UCX-setting variants), the deliberate trap, and a gcc 13 compile
 # check of the 1.13.1 patches running alongside on spare cores. Everything lands in OUTDIR (a tarball + summaries).
 # usage: verify.sh OUTDIR [UCX_PREFIX]   (needs: python3 with nvidia-ml-py, cupy, pytest; libucx wheel in .whl/)
@@ -20,7 +20,7 @@ step() { echo "== $(date +%T) $*"; }
 
 # gcc 13 check of the patches: CPU only, low priority, on half the cores, while the GPU steps run.
 if [ -f build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz ]; then
-  bash benchmarks/gpu-host/gcc13_check.sh "$W" 12 &
+  bash tools/gpu-host/gcc13_check.sh "$W" 12 &
   gcc_pid=$!
 fi
 
