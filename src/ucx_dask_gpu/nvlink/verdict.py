@@ -300,9 +300,26 @@ def visibility_problems(p: PairInput, notes: list[str] | None = None) -> list[st
 
 
 def evaluate_pair(p: PairInput, th: Thresholds = Thresholds()) -> PairVerdict:
-    invalid_meas: list[str] = []
-    fails: list[str] = []
     notes: list[str] = []
+    invalid_meas = _capacity_problems(p, notes)
+    fails = _measurement_failures(p, th)
+    if any("counters" in f for f in fails) and p.memcpy_counter_fraction is not None \
+            and p.memcpy_counter_fraction < th.counter_fraction:
+        notes.append(f"the counters also missed cudaMemcpyPeer's traffic ({p.memcpy_counter_fraction:.0%} counted): "
+                     f"they cannot prove anything on this host")
+
+    vis = visibility_problems(p, notes)
+    meas_verdict = _decide(invalid_meas, fails, p.nvlinks)
+    verdict = _decide(vis + invalid_meas, fails, p.nvlinks)
+    reasons = vis + invalid_meas if verdict == INVALID else fails if verdict in (FAIL, NO_NVLINK) else []
+    if verdict == INVALID:
+        notes += [f"also: {f}" for f in fails]
+    return PairVerdict(verdict, reasons, meas_verdict, notes)
+
+
+def _capacity_problems(p: PairInput, notes: list[str]) -> list[str]:
+    """What makes the measurement invalid: one GPU on both sides, a rate above what the links can carry."""
+    invalid_meas: list[str] = []
     if p.src_uuid == p.dst_uuid:
         invalid_meas.append("source and destination are the same GPU")
     cap = p.capacity_gbps
@@ -315,11 +332,16 @@ def evaluate_pair(p: PairInput, th: Thresholds = Thresholds()) -> PairVerdict:
     elif cap is None and p.nvlinks:
         notes.append("link speed unknown: capacity check skipped")
     for s in p.sizes:
-        lbl = size_label(s.msg_bytes)
         if cap is not None and s.ucx_gbps > cap:
-            invalid_meas.append(f"{lbl}: {s.ucx_gbps:.1f} GB/s is above the NVLink capacity {cap:.1f} GB/s "
-                                f"({p.nvlinks} links x {p.link_speed_gbps:.3f} GB/s): not a transfer between GPUs")
+            invalid_meas.append(f"{size_label(s.msg_bytes)}: {s.ucx_gbps:.1f} GB/s is above the NVLink capacity "
+                                f"{cap:.1f} GB/s ({p.nvlinks} links x {p.link_speed_gbps:.3f} GB/s): not a transfer "
+                                "between GPUs")
+    return invalid_meas
 
+
+def _measurement_failures(p: PairInput, th: Thresholds) -> list[str]:
+    """What fails the pair: no NVLink, bytes the counters did not see cross it, another transport, a low ratio."""
+    fails: list[str] = []
     if not p.nvlinks:
         fails.append("no NVLink between these GPUs")
     for s in p.sizes:
@@ -349,18 +371,7 @@ def evaluate_pair(p: PairInput, th: Thresholds = Thresholds()) -> PairVerdict:
                          f"({big.ucx_gbps:.1f} vs {big.memcpy_peer_gbps:.1f} GB/s)")
     else:
         fails.append("nothing was measured")
-    if any("counters" in f for f in fails) and p.memcpy_counter_fraction is not None \
-            and p.memcpy_counter_fraction < th.counter_fraction:
-        notes.append(f"the counters also missed cudaMemcpyPeer's traffic ({p.memcpy_counter_fraction:.0%} counted): "
-                     f"they cannot prove anything on this host")
-
-    vis = visibility_problems(p, notes)
-    meas_verdict = _decide(invalid_meas, fails, p.nvlinks)
-    verdict = _decide(vis + invalid_meas, fails, p.nvlinks)
-    reasons = vis + invalid_meas if verdict == INVALID else fails if verdict in (FAIL, NO_NVLINK) else []
-    if verdict == INVALID:
-        notes += [f"also: {f}" for f in fails]
-    return PairVerdict(verdict, reasons, meas_verdict, notes)
+    return fails
 
 
 def _decide(invalid: list[str], fails: list[str], nvlinks: int) -> str:
