@@ -234,53 +234,16 @@ def check_against_stack(v: Variant, st: Stack) -> list[str]:
     recipe line bypasses it)."""
     s = cfg.settings(st)
     where = f"{v.recipe_path.parent.name}/{v.name}"
-    out = []
-
-    def check_patches(recipe: str) -> None:
-        want = [f"patches/{p.name}" for p in cfg.carried_patches(st, recipe)]
-        got = [str(p) for p in (v.sources[0].get("patches") or [])] if v.sources else []
-        if got != want:
-            out.append(f"{where}: patches {got}, ucx-src-build carries {want}")
-
-    def source_is(i: int, src: cfg.SourceArchive) -> None:
-        if i >= len(v.sources):
-            out.append(f"{where}: source[{i}] missing (stack.toml pins {src.name} {src.version})")
-            return
-        got = v.sources[i]
-        if str(got.get("git")) != src.git or str(got.get("rev")) != src.commit:
-            shown = f"git {got['git']} rev {got.get('rev')}" if "git" in got else f"{got.get('url') or got}"
-            out.append(f"{where}: source[{i}] is {shown}, stack.toml pins git {src.git} rev {src.commit}")
-
-    out += mirror_hashes_on_remote_urls(v, st)
-
+    out = mirror_hashes_on_remote_urls(v, st)
     if v.name == "ucx":
         if v.version != s.ucx.version:
             out.append(f"{where}: version {v.version}, stack.toml [ucx.source] says {s.ucx.version}")
-        source_is(0, s.ucx)
-        check_patches("ucx")
-        exports = v.run_exports()
-        if len(exports) != 1 or not exports[0].startswith('${{ pin_subpackage("ucx"') or \
-                'upper_bound="x.x"' not in exports[0]:
-            out.append(f"{where}: run_exports {exports}: expected pin_subpackage(ucx, upper_bound=x.x)")
-        ignored = ((v.stage1.get("requirements") or {}).get("ignore_run_exports") or {}).get("from_package") or []
-        if not any(str(x).startswith("cuda-nvcc_") for x in ignored) or "cuda-cudart-dev" not in ignored:
-            out.append(f"{where}: ignore_run_exports.from_package must list the CUDA compiler and cuda-cudart-dev")
-        constrained = sorted({spec_name(c) for c in v.requirements("run_constraints")})
-        if constrained != sorted(UCX_FEEDSTOCK_RUN_CONSTRAINTS):
-            out.append(f"{where}: requirements.run_constraints constrain {constrained}, conda-forge's ucx constrains "
-                       f"{sorted(UCX_FEEDSTOCK_RUN_CONSTRAINTS)}")
-        major = (v.variant.get("cuda_compiler_version") or "").split(".")[0]
-        if major and f"cuda-cudart {major}.*" not in v.requirements("run_constraints"):
-            out.append(f"{where}: requirements.run_constraints must hold cuda-cudart {major}.* (the runtime its CUDA "
-                       f"modules load)")
-        if (v.build.get("dynamic_linking") or {}).get("overlinking_behavior") != "error":
-            out.append(f"{where}: build.dynamic_linking.overlinking_behavior must be error")
+        out += _source_problems(v, st, where, "ucx", (s.ucx,))
+        out += _ucx_recipe_problems(v, where)
     elif v.recipe_path.parent.name == "ucxx":
         if v.version != s.ucxx.version:
             out.append(f"{where}: version {v.version}, stack.toml [ucxx.source] says {s.ucxx.version}")
-        for i, src in enumerate((s.ucxx, s.rapids_cmake, s.cpm)):
-            source_is(i, src)
-        check_patches("ucxx")
+        out += _source_problems(v, st, where, "ucxx", (s.ucxx, s.rapids_cmake, s.cpm))
         host = _by_name(v.requirements("host"))
         if v.name in ("libucxx", "ucxx"):
             if not same_spec(host.get("ucx"), f"ucx {s.ucx.version}.*"):
@@ -290,18 +253,67 @@ def check_against_stack(v: Variant, st: Stack) -> list[str]:
     elif v.name == st.name:
         if v.version != st.version:
             out.append(f"{where}: version {v.version}, stack.toml says {st.version}")
-        run = _by_name(v.requirements("run"))
-        locked = cfg.lock_versions_by_conda_name(st)
-        want = {"ucx": f"ucx {s.ucx.version}.*"}
-        for name in s.metapackage:
-            want[name] = f"{name} =={s.ucxx.version}" if name in ("ucxx", "distributed-ucxx") else \
-                f"{name} =={locked.get(name)}"
-        for name, spec in want.items():
-            if not same_spec(run.get(name), spec):
-                out.append(f"{where}: run requirement {run.get(name)!r}, expected {spec!r}")
-        extra = sorted(set(run) - set(want) - {"python"})
-        if extra:
-            out.append(f"{where}: run requirements not in stack.toml [conda].metapackage: {', '.join(extra)}")
+        out += _metapackage_problems(v, st, s, where)
+    return out
+
+
+def _source_problems(v: Variant, st: Stack, where: str, recipe: str, pinned: tuple) -> list[str]:
+    """The recipe's sources are stack.toml's pinned git revisions, in order, the first with ucx-src-build's
+    patches."""
+    out = []
+    for i, src in enumerate(pinned):
+        if i >= len(v.sources):
+            out.append(f"{where}: source[{i}] missing (stack.toml pins {src.name} {src.version})")
+            continue
+        got = v.sources[i]
+        if str(got.get("git")) != src.git or str(got.get("rev")) != src.commit:
+            shown = f"git {got['git']} rev {got.get('rev')}" if "git" in got else f"{got.get('url') or got}"
+            out.append(f"{where}: source[{i}] is {shown}, stack.toml pins git {src.git} rev {src.commit}")
+    want = [f"patches/{p.name}" for p in cfg.carried_patches(st, recipe)]
+    got_patches = [str(p) for p in (v.sources[0].get("patches") or [])] if v.sources else []
+    if got_patches != want:
+        out.append(f"{where}: patches {got_patches}, ucx-src-build carries {want}")
+    return out
+
+
+def _ucx_recipe_problems(v: Variant, where: str) -> list[str]:
+    """ucx's run_exports, ignored run_exports, run_constraints and overlinking as conda-forge's feedstock has them."""
+    out = []
+    exports = v.run_exports()
+    if len(exports) != 1 or not exports[0].startswith('${{ pin_subpackage("ucx"') or \
+            'upper_bound="x.x"' not in exports[0]:
+        out.append(f"{where}: run_exports {exports}: expected pin_subpackage(ucx, upper_bound=x.x)")
+    ignored = ((v.stage1.get("requirements") or {}).get("ignore_run_exports") or {}).get("from_package") or []
+    if not any(str(x).startswith("cuda-nvcc_") for x in ignored) or "cuda-cudart-dev" not in ignored:
+        out.append(f"{where}: ignore_run_exports.from_package must list the CUDA compiler and cuda-cudart-dev")
+    constrained = sorted({spec_name(c) for c in v.requirements("run_constraints")})
+    if constrained != sorted(UCX_FEEDSTOCK_RUN_CONSTRAINTS):
+        out.append(f"{where}: requirements.run_constraints constrain {constrained}, conda-forge's ucx constrains "
+                   f"{sorted(UCX_FEEDSTOCK_RUN_CONSTRAINTS)}")
+    major = (v.variant.get("cuda_compiler_version") or "").split(".")[0]
+    if major and f"cuda-cudart {major}.*" not in v.requirements("run_constraints"):
+        out.append(f"{where}: requirements.run_constraints must hold cuda-cudart {major}.* (the runtime its CUDA "
+                   f"modules load)")
+    if (v.build.get("dynamic_linking") or {}).get("overlinking_behavior") != "error":
+        out.append(f"{where}: build.dynamic_linking.overlinking_behavior must be error")
+    return out
+
+
+def _metapackage_problems(v: Variant, st: Stack, s: cfg.CondaSettings, where: str) -> list[str]:
+    """The metapackage's run requirements are exactly stack.toml [conda].metapackage, at the pinned versions."""
+    out = []
+    run = _by_name(v.requirements("run"))
+    locked = cfg.lock_versions_by_conda_name(st)
+    want = {"ucx": f"ucx {s.ucx.version}.*"}
+    for name in s.metapackage:
+        want[name] = f"{name} =={s.ucxx.version}" if name in ("ucxx", "distributed-ucxx") else \
+            f"{name} =={locked.get(name)}"
+    for name, spec in want.items():
+        if not same_spec(run.get(name), spec):
+            out.append(f"{where}: run requirement {run.get(name)!r}, expected {spec!r}")
+    extra = sorted(set(run) - set(want) - {"python"})
+    if extra:
+        out.append(f"{where}: run requirements not in stack.toml [conda].metapackage: {', '.join(extra)}")
     return out
 
 
