@@ -191,40 +191,60 @@ def assemble(found, root: str | os.PathLike = "/") -> Topology:
     topo = Topology(source="NVML + sysfs", gpus=[])
     locs: dict[int, PciLocation] = {}
     for g in found:
-        info = GpuInfo(index=g.index, pci_bus_id=g.pci_bus_id, name=g.name)
         bdf = sysfs_bdf(g.pci_bus_id)
         loc = pci_location(root, pci_dir / bdf)
         if loc is None:
             raise UserError(f"GPU {g.index} ({bdf}): no PCI device at {pci_dir / bdf}", SYSFS_UNREADABLE)
         locs[g.index] = loc
-        dev = pci_dir / bdf
-        if g.cpu_affinity:
-            info.cpus, info.cpus_source = list(g.cpu_affinity), "nvml"
-        else:
-            text = _read_optional(dev / "local_cpulist")
-            if text:
-                info.cpus, info.cpus_source = _cpulist(dev / "local_cpulist", text), "sysfs"
-        if g.numa_nodes:
-            info.numa_nodes, info.numa_source = list(g.numa_nodes), "nvml"
-        else:
-            node = _numa_node(root, loc)
-            if node is not None:
-                info.numa_nodes, info.numa_source = [node], "sysfs"
-            elif info.cpus and nodes:
-                near = [n for n, cpus in nodes.items() if set(info.cpus) & set(cpus)]
-                if near:
-                    info.numa_nodes, info.numa_source = near, "sysfs-cpus"
-        topo.gpus.append(info)
+        topo.gpus.append(_gpu_info(g, root, pci_dir / bdf, loc, nodes))
+    single_numa = len(nodes) <= 1
+    _gpu_links(topo, found, locs, single_numa)
+    nics, nic_locs = discover_nics(root)
+    topo.nics = nics
+    for g in topo.gpus:
+        for nic in nics:
+            topo.gpu_nic[(g.index, nic.name)] = pci_level(locs[g.index], nic_locs.get(nic.name),
+                                                          _one_numa_node(topo, g.index), nic.numa_node, single_numa)
+    for g in topo.gpus:
+        if g.cpus_source == "sysfs":
+            topo.notes.append(f"GPU{g.index}: NVML has no CPU affinity here; cores from sysfs local_cpulist")
+        elif g.cpus is None:
+            topo.notes.append(f"GPU{g.index}: no CPU affinity from NVML or sysfs; worker is not pinned")
+    return topo
 
+
+def _gpu_info(g, root: Path, dev: Path, loc: PciLocation, nodes: dict[int, list[int]]) -> GpuInfo:
+    """One GPU's CPU and NUMA affinity: NVML's, else sysfs's (its PCI device's, else the nodes holding its CPUs)."""
+    info = GpuInfo(index=g.index, pci_bus_id=g.pci_bus_id, name=g.name)
+    if g.cpu_affinity:
+        info.cpus, info.cpus_source = list(g.cpu_affinity), "nvml"
+    else:
+        text = _read_optional(dev / "local_cpulist")
+        if text:
+            info.cpus, info.cpus_source = _cpulist(dev / "local_cpulist", text), "sysfs"
+    if g.numa_nodes:
+        info.numa_nodes, info.numa_source = list(g.numa_nodes), "nvml"
+    else:
+        node = _numa_node(root, loc)
+        if node is not None:
+            info.numa_nodes, info.numa_source = [node], "sysfs"
+        elif info.cpus and nodes:
+            near = [n for n, cpus in nodes.items() if set(info.cpus) & set(cpus)]
+            if near:
+                info.numa_nodes, info.numa_source = near, "sysfs-cpus"
+    return info
+
+
+def _one_numa_node(topo: Topology, index: int) -> int | None:
+    ns = topo.gpu(index).numa_nodes
+    return ns[0] if ns and len(ns) == 1 else None
+
+
+def _gpu_links(topo: Topology, found, locs: dict[int, PciLocation], single_numa: bool) -> None:
+    """GPU x GPU: NV<links>, else the PCI level between the two."""
     # NVLink: peers are GPUs, or NVSwitches (then every pair of switch-attached GPUs is connected through them).
     by_bus = {g.pci_bus_id: g.index for g in found}
     switch_links = {g.index: sum(c for peer, c in g.nvlink_peers.items() if peer not in by_bus) for g in found}
-    single_numa = len(nodes) <= 1
-
-    def numa(i):
-        ns = topo.gpu(i).numa_nodes
-        return ns[0] if ns and len(ns) == 1 else None
-
     for a in found:
         for b in found:
             if a.index == b.index:
@@ -233,22 +253,10 @@ def assemble(found, root: str | os.PathLike = "/") -> Topology:
             if not n and switch_links[a.index] and switch_links[b.index]:
                 n = min(switch_links[a.index], switch_links[b.index])
             topo.gpu_links[(a.index, b.index)] = f"NV{n}" if n else (
-                pci_level(locs[a.index], locs[b.index], numa(a.index), numa(b.index), single_numa) or "SYS")
+                pci_level(locs[a.index], locs[b.index], _one_numa_node(topo, a.index), _one_numa_node(topo, b.index),
+                          single_numa) or "SYS")
     if any(switch_links.values()):
         topo.notes.append("NVLink through NVSwitch: NV# counts the GPU's links to the switches")
-
-    nics, nic_locs = discover_nics(root)
-    topo.nics = nics
-    for g in topo.gpus:
-        for nic in nics:
-            topo.gpu_nic[(g.index, nic.name)] = pci_level(locs[g.index], nic_locs.get(nic.name), numa(g.index),
-                                                          nic.numa_node, single_numa)
-    for g in topo.gpus:
-        if g.cpus_source == "sysfs":
-            topo.notes.append(f"GPU{g.index}: NVML has no CPU affinity here; cores from sysfs local_cpulist")
-        elif g.cpus is None:
-            topo.notes.append(f"GPU{g.index}: no CPU affinity from NVML or sysfs; worker is not pinned")
-    return topo
 
 
 SYSFS_RECORD_HEADER = "# ucx-dask-gpu sysfs record v1: L path<TAB>link target | D path | F path<TAB>content"
@@ -261,18 +269,40 @@ def record_sysfs(root: str | os.PathLike = "/") -> str:
     `materialize_sysfs()` turns a record back into a tree that `discover_nics` / `pci_location` read like the real
     thing, so a record taken on a GPU host is a fixture for tests anywhere.
     """
-    root = Path(root)
-    entries: dict[str, tuple[str, ...]] = {}   # path -> ("D",) | ("L", target) | ("F", content)
+    rec = _SysfsRecord(Path(root))
+    for cls in ("net", "infiniband"):
+        rec.add_class(rec.root / "sys" / "class" / cls)
+    pci = rec.root / "sys" / "bus" / "pci" / "devices"
+    if not pci.is_dir():
+        raise UserError(f"cannot read {pci}: not a directory (is sysfs mounted?)", SYSFS_UNREADABLE)
+    rec.entries[rec.rel(pci)] = ("D",)
+    for entry in sorted(pci.iterdir()):
+        rec.add_chain(rec.add_link(entry) if entry.is_symlink() else entry)
+    nodes = rec.root / "sys" / "devices" / "system" / "node"
+    if nodes.is_dir():
+        for d in sorted(nodes.glob("node[0-9]*")):
+            rec.add_dir(d)
+    lines = [SYSFS_RECORD_HEADER] + ["\t".join((e[0], path) + e[1:]) for path, e in sorted(rec.entries.items())]
+    return "\n".join(lines) + "\n"
 
-    def rel(p: Path) -> str:
-        return str(p.relative_to(root))
 
-    def add_link(src: Path) -> Path:
-        entries[rel(src)] = ("L", os.readlink(src))
+class _SysfsRecord:
+    """The entries of a sysfs record being taken: path -> ("D",) | ("L", target) | ("F", content)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.entries: dict[str, tuple[str, ...]] = {}
+
+    def rel(self, p: Path) -> str:
+        return str(p.relative_to(self.root))
+
+    def add_link(self, src: Path) -> Path:
+        self.entries[self.rel(src)] = ("L", os.readlink(src))
         return Path(os.path.realpath(src))
 
-    def add_dir(d: Path):
-        entries.setdefault(rel(d), ("D",))
+    def add_dir(self, d: Path) -> None:
+        """The directory and those of its SYSFS_FILES that hold one line."""
+        self.entries.setdefault(self.rel(d), ("D",))
         for name in SYSFS_FILES:
             f = d / name
             if f.is_file() and not f.is_symlink():
@@ -281,46 +311,35 @@ def record_sysfs(root: str | os.PathLike = "/") -> str:
                 except OSError:
                     continue
                 if "\n" not in text:
-                    entries[rel(f)] = ("F", text)
+                    self.entries[self.rel(f)] = ("F", text)
 
-    def add_chain(real: Path):
-        devices = root / "sys" / "devices"
+    def add_chain(self, real: Path) -> None:
+        """A device and every parent of it under sys/devices (the PCI path `pci_location` walks)."""
+        devices = self.root / "sys" / "devices"
         p = real
         while p != devices and devices in p.parents:
-            add_dir(p)
+            self.add_dir(p)
             p = p.parent
 
-    for cls in ("net", "infiniband"):
-        d = root / "sys" / "class" / cls
+    def add_class(self, d: Path) -> None:
+        """sys/class/<cls>: every entry, its device's chain and net names, its ports."""
         if not d.is_dir():
-            continue
-        entries[rel(d)] = ("D",)
+            return
+        self.entries[self.rel(d)] = ("D",)
         for entry in sorted(d.iterdir()):
-            real = add_link(entry) if entry.is_symlink() else entry
-            add_dir(real)
+            real = self.add_link(entry) if entry.is_symlink() else entry
+            self.add_dir(real)
             dev = real / "device"
             if dev.is_symlink():
-                add_link(dev)
+                self.add_link(dev)
                 target = Path(os.path.realpath(dev))
-                add_chain(target)
+                self.add_chain(target)
                 if (target / "net").is_dir():
                     for nd in sorted((target / "net").iterdir()):
-                        entries.setdefault(rel(nd), ("D",))
+                        self.entries.setdefault(self.rel(nd), ("D",))
             if (real / "ports").is_dir():
                 for port in sorted((real / "ports").iterdir()):
-                    add_dir(port)
-    pci = root / "sys" / "bus" / "pci" / "devices"
-    if not pci.is_dir():
-        raise UserError(f"cannot read {pci}: not a directory (is sysfs mounted?)", SYSFS_UNREADABLE)
-    entries[rel(pci)] = ("D",)
-    for entry in sorted(pci.iterdir()):
-        add_chain(add_link(entry) if entry.is_symlink() else entry)
-    nodes = root / "sys" / "devices" / "system" / "node"
-    if nodes.is_dir():
-        for d in sorted(nodes.glob("node[0-9]*")):
-            add_dir(d)
-    lines = [SYSFS_RECORD_HEADER] + ["\t".join((e[0], path) + e[1:]) for path, e in sorted(entries.items())]
-    return "\n".join(lines) + "\n"
+                    self.add_dir(port)
 
 
 def materialize_sysfs(record: str, dest: str | os.PathLike) -> Path:
