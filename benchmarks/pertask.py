@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -199,7 +198,6 @@ def main() -> int:
     command = "python benchmarks/pertask.py " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="pertask-") as tmp:
         tmp = Path(tmp)
-        (tmp / "empty").mkdir()
         cluster = idle.Launched(variant, None if args.cpu else [args.shared_gpu], 2, tmp, sys.executable)
         try:
             cluster.connect_client(180)

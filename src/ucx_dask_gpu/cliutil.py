@@ -112,6 +112,21 @@ def size_type(minimum: int = 1):
     return byte_size
 
 
+def number_type(convert, low: float, what: str):
+    """An argparse `type=` for a number (`convert`: int or float) of at least `low`: a bad one is the parser's one-line
+    error (exit 2)."""
+    def number(text: str):
+        try:
+            v = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"expected {what} >= {low}, got {text}")
+        return v
+
+    return number
+
+
 class Progress:
     """A command's progress lines: `prefix` + the message, flushed, on stderr (on stdout where `stream` says so: the
     commands whose stdout is a log of their steps); nothing when `quiet`. `timed`: each line says the seconds since

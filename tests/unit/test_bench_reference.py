@@ -195,14 +195,12 @@ def test_reference_stuck_in_teardown_is_stopped_after_the_grace(tmp_path, monkey
     import sys
     import time
 
-    from ucx_dask_gpu.bench import common
-
-    monkeypatch.setattr(common, "REFERENCE_GRACE_S", 1.0)
+    monkeypatch.setattr(ref, "GRACE_S", 1.0)
     fake = tmp_path / "fake_local_cupy.py"
     fake.write_text("import sys, time\nsys.stdout.write(open(sys.argv[1]).read())\nsys.stdout.flush()\n"
                     "time.sleep(120)\n")
     t = time.monotonic()
-    out = common.run_local_cupy([sys.executable, str(fake), str(FIXTURES / "local_cupy_cpu_tcp_transpose.txt")], {},
-                                60, Progress(quiet=True), "ref")
+    out = ref.run_local_cupy([sys.executable, str(fake), str(FIXTURES / "local_cupy_cpu_tcp_transpose.txt")], {},
+                             60, Progress(quiet=True), "ref")
     assert time.monotonic() - t < 30
     assert out["status"] == "ok" and out["teardown"].startswith("stopped in its teardown") and out["wall_s"]

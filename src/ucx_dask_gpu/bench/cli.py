@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import BENCH_CONFIG, UserError
-from . import common, idle, render, svd, transfer, transpose
+from . import common, idle, options, render, svd, transfer, transpose
 
 STUDIES = (transpose.STUDY, svd.STUDY, transfer.STUDY)
 
@@ -20,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = p.add_subparsers(dest="bench_study", metavar="STUDY", required=True)
     for study in STUDIES:
         sp = s.add_parser(study.name, help=study.help, description=study.help,
-                          epilog=common.build_parser(study).epilog, formatter_class=argparse.RawTextHelpFormatter)
-        common.add_arguments(sp, study)
+                          epilog=options.build_parser(study).epilog, formatter_class=argparse.RawTextHelpFormatter)
+        options.add_arguments(sp, study)
         sp.set_defaults(func=common.cli_run(study))
     idle.register(s)
     r = s.add_parser("render", help="draw NAME.md and NAME.png again from NAME.json (e.g. where matplotlib is)")

@@ -1,4 +1,4 @@
-"""The cluster side of a benchmark: one process per cluster, started by the driver (common.py) as
+"""The cluster side of a benchmark: one process per cluster, started by the driver (hosts.py) as
 `python -m ucx_dask_gpu.bench.<study> --serve SPEC.json` with the cluster's dask config ($DASK_CONFIG) and environment.
 
 It holds the scheduler and the client of ONE cluster whose workers are its children: dask-cuda's LocalCUDACluster

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -321,3 +322,11 @@ def child_env(base: dict, config_dir: Path, root_dir: Path, env: tuple, unset: t
     out.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", DASK_CONFIG=str(config_dir),
                DASK_ROOT_CONFIG=str(root_dir), **dict(env))
     return out
+
+
+def variant_env(config_dir: Path, tree: dict, env: tuple = (), unset: tuple = ()) -> dict:
+    """The environment of a process that runs with `tree` (written into config_dir) as its whole dask config, an
+    empty directory beside it standing for /etc/dask, and these variables set and removed."""
+    root = config_dir.parent / "no-root-config"
+    root.mkdir(parents=True, exist_ok=True)
+    return child_env(dict(os.environ), write_config(config_dir, tree), root, env, unset)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -24,8 +23,9 @@ from pathlib import Path
 
 from ..cliutil import Parser, Progress, add_output, run_parsed
 from ..errors import BENCH_FAILED, USAGE, UserError
-from ..report import write_report
+from ..report import command_line, write_report
 from . import config, provenance, stats
+from .hosts import stop_sessions
 
 SCHEMA_VERSION = 1
 say = Progress("bench idle: ")
@@ -111,8 +111,7 @@ class Launched:
 
     def __init__(self, variant: config.Variant, gpus: list[str] | None, workers: int, tmp: Path, python: str):
         self.variant, self.dir = variant, tmp / variant.name.replace("/", "-")
-        cfg = config.write_config(self.dir / "dask-config", variant.tree)
-        self.env = config.child_env(dict(os.environ), cfg, tmp / "empty", variant.env, variant.unset)
+        self.env = config.variant_env(self.dir / "dask-config", variant.tree, variant.env, variant.unset)
         self.procs: dict[str, subprocess.Popen] = {}
         self.sched_file = self.dir / "scheduler.json"
         self._start("scheduler", [python, "-m", "dask", "scheduler", "--protocol", variant.protocol, "--host",
@@ -178,20 +177,7 @@ class Launched:
     def stop(self) -> None:
         """Clients and workers first, then the scheduler: SIGTERM to each process group, SIGKILL after 30 s."""
         order = [n for n in self.procs if n != "scheduler"] + ["scheduler"]
-        for name in order:
-            p = self.procs[name]
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, 15)
-                except ProcessLookupError:
-                    continue
-        for name in order:
-            p = self.procs[name]
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, 9)
-                p.wait(10)
+        stop_sessions([self.procs[n] for n in order], 30)
 
 
 # --- the study ------------------------------------------------------------------------------------------------------
@@ -248,16 +234,15 @@ def markdown(p: dict) -> str:
     return "\n".join(md) + "\n"
 
 
-def run(args) -> int:
+def run(args, command: str) -> int:
+    """The study; `command` is the command line that runs it again."""
     if args.cpu == bool(args.gpus):
         raise UserError("give --cpu or --gpus/--shared-gpu", USAGE)
     if args.workers < 1 or args.windows < 1 or args.window <= 0 or args.settle < 0:
         raise UserError("--workers and --windows must be >= 1, --window > 0, --settle >= 0", USAGE)
     variants = config.parse_variants(args.variant or ["ucx@shipped:shipped"], ["ucx"], args.cpu)
-    command = "python -m ucx_dask_gpu.bench.idle " + shlex.join(sys.argv[1:])
     clusters: list[Launched] = []
     with tempfile.TemporaryDirectory(prefix="ucx-dask-gpu-idle-") as tmp:
-        (Path(tmp) / "empty").mkdir()
         try:
             for v in variants:
                 say(f"starting {v.name}")
@@ -300,14 +285,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     add_output(p, "--out", kind="dir", help="write idle.json, idle.md and command.txt into this directory")
-    p.set_defaults(func=run)
+    p.set_defaults(func=lambda args: run(args, command_line()))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m ucx_dask_gpu.bench.idle", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
-    args = parser.parse_args(["idle", *(sys.argv[1:] if argv is None else argv)])
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(["idle", *argv])
+    args.func = lambda a: run(a, shlex.join(["python", "-m", "ucx_dask_gpu.bench.idle", *argv]))
     return run_parsed(args, "ucx-dask-gpu bench idle")
 
 

@@ -1,7 +1,7 @@
 """dask-cuda's own benchmark, `python -m dask_cuda.benchmarks.local_cupy`, beside ours: its command line and its
 output read into numbers.
 
-Two runs in the same invocation (common.py runs them):
+Two runs in the same invocation, run here once our rounds are done:
   - parity: local_cupy with OUR config (the variant's dask config and environment) against that variant's running
     cluster (`--scheduler-address`; it keeps an external cluster's memory setup): the same cluster, the same config,
     only the measuring loop differs, so median(local_cupy) / median(ours) should be 1.00;
@@ -15,16 +15,24 @@ from __future__ import annotations
 
 import ast
 import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
 from typing import Sequence
 
-from ..cliutil import parse_bytes
+from ..cliutil import Progress, parse_bytes
+from . import config
+from .hosts import Child
+from .options import Options
+from .rounds import CLOSE_RESERVE_S, Budget, Record, reference_seconds
 from .stats import GB, median
 
 TOOL = "dask_cuda.benchmarks.local_cupy"
-TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):")
 EXCEPTION_RE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Timeout)\w*)\b")
 _TIME = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 _RATE = r"([0-9]*\.?[0-9]+ ?[A-Za-z]+/s)"
+GRACE_S = 30.0     # local_cupy printed everything: its teardown gets this long, then it is stopped
 
 
 class ReferenceOutputError(ValueError):
@@ -161,3 +169,96 @@ def exceptions_in(lines: Sequence[str]) -> list[str]:
     """Exception class names in a log (e.g. ucxx's UCXXEndpointTimeoutError at teardown)."""
     return sorted({m.group(1).rsplit(".", 1)[-1] for m in (EXCEPTION_RE.match(ln.strip()) for ln in lines)
                    if m and ":" in m.string})
+
+
+# --- the runs -------------------------------------------------------------------------------------------------------
+
+def wait_printed(child: Child, timeout: float) -> str:
+    """How local_cupy ended: it exited, it was stopped GRACE_S after printing everything, or it timed out."""
+    deadline, printed = time.monotonic() + timeout, None
+    while True:
+        try:
+            return f"exited with {child.proc.wait(timeout=0.5)}"
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            printed = printed or (now if printed_everything(list(child.stdout)) else None)
+            if printed and now - printed > GRACE_S:
+                return "stopped in its teardown (results complete)"
+            if now > deadline:
+                return f"timed out after {timeout:.0f} s"
+
+
+def run_local_cupy(cmd: list[str], env: dict, timeout: float, progress: Progress, label: str) -> dict:
+    """local_cupy to its end; once it has printed everything, its teardown gets a grace period, then it is stopped
+    (its UCX teardown can sit in an endpoint timeout). Its numbers count once printed."""
+    progress(f"[{label}] {shlex.join(cmd[1:])}")
+    child = Child(cmd, env, label, progress)
+    try:
+        teardown = wait_printed(child, timeout)
+    finally:
+        child.kill()
+    for t in child.threads:
+        t.join(timeout=10)
+    text = "\n".join(child.stdout)
+    out = {"tool": TOOL, "command": shlex.join(["python"] + cmd[1:]), "teardown": teardown,
+           "tracebacks": child.tracebacks, "teardown_exceptions": exceptions_in(list(child.stderr)),
+           "stdout": text[-20000:]}
+    try:
+        out.update(parse_local_cupy(text), status="ok")
+    except ReferenceOutputError as e:
+        tail = [ln for ln in child.stderr if ln.strip()][-1:] or ["(no output)"]
+        out.update(status="error", error=f"{teardown}: {e}; last stderr line: {tail[0][:200]}",
+                   log_tail=list(child.stderr)[-40:])
+    progress(f"[{label}] {out['status']}" + (f": {out.get('error')}" if out["status"] != "ok" else
+                                             f", wall median {median(out['wall_s']) * 1e3:.1f} ms"))
+    return out
+
+
+def references(opts: Options, records: dict[str, Record], tmp: Path, budget: Budget, progress: Progress,
+               own_cluster: bool) -> list[dict]:
+    """The parity and peer runs that go against a running cluster (own_cluster False), or the peer run that starts
+    its own (own_cluster True, after our clusters are closed)."""
+    out: list[dict] = []
+    peer_own = opts.mode == "gpu" and len(opts.gpus) >= 2
+    if opts.parity and not own_cluster:
+        out.append(reference_run(opts, "parity", records[opts.parity], records, tmp, budget, progress))
+    if opts.peer and own_cluster == peer_own:
+        target = None if peer_own else next(
+            (r for r in records.values() if r.variant.config == "none" and not r.variant.settings
+             and not r.variant.env and not r.variant.unset and r.host.alive), None)
+        if target is None and not peer_own:
+            out.append(skipped("peer", "local_cupy starts its own cluster only with one worker per GPU, 2 GPUs or "
+                                       "more; no running variant has dask's and dask-cuda's defaults (CONFIG none, no "
+                                       "settings) to run it against"))
+        else:
+            out.append(reference_run(opts, "peer", target, records, tmp, budget, progress))
+    return out
+
+
+def skipped(kind: str, why: str) -> dict:
+    return {"tool": TOOL, "kind": kind, "status": "skipped", "error": why}
+
+
+def reference_run(opts: Options, kind: str, target: Record | None, records: dict[str, Record], tmp: Path,
+                  budget: Budget, progress: Progress) -> dict:
+    """One local_cupy run, parity or peer, against `target`'s running cluster (None: its own), where --budget
+    holds it."""
+    v = target.variant if target else None
+    protocol = v.protocol if v else config.find_variant(opts.variants, opts.baseline, "--baseline").protocol
+    if target is not None and not target.host.alive:
+        return skipped(kind, f"{v.name}'s cluster is down")
+    need, left = reference_seconds(opts, records, v.name if v else None), budget.left() - (5 if v is None else
+                                                                                          CLOSE_RESERVE_S)
+    if need > left:
+        return skipped(kind, f"not run: it needs ~{need:.0f} s, {left:.0f} s of --budget are left")
+    parity = kind == "parity"
+    env = config.variant_env(tmp / f"reference-{kind}", v.tree if parity else {}, v.env if parity else (),
+                             v.unset if parity else ())
+    size, chunk, extra = opts.study.reference_args(opts.params, target.overlay if target else {})
+    cmd = command(opts.python, opts.study.reference_operation, protocol, size, chunk,
+                  len(target.reps) if target and target.reps else opts.runs, max(1, opts.warmup), extra,
+                  gpus=opts.gpus, scheduler=target.host.facts["scheduler"] if target else None, cpu=opts.mode == "cpu")
+    res = run_local_cupy(cmd, env, min(opts.run_timeout * 2, max(10.0, left)), progress, f"{kind} local_cupy")
+    res.update(kind=kind, protocol=protocol, against=v.name if target else "its own LocalCUDACluster",
+               config=v.config if parity else "none (local_cupy's defaults)")
+    return res

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import sys
 
-from . import common
+from . import common, studies
 
 
-class Svd(common.ArrayStudy):
+class Svd(studies.ArrayStudy):
     name = "svd"
     module = "ucx_dask_gpu.bench.svd"
     help = "da.linalg.svd on a tall-skinny random array chunked by rows, variants interleaved"
@@ -41,7 +41,7 @@ class Svd(common.ArrayStudy):
 
     def identity(self, client, x, outputs) -> tuple[float, float]:
         value, expected = client.compute([(outputs[1] ** 2).sum(), (x ** 2).sum()], sync=True)
-        return common.scalar(value), common.scalar(expected)
+        return studies.scalar(value), studies.scalar(expected)
 
 
 STUDY = Svd()

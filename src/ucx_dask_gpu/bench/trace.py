@@ -99,23 +99,25 @@ def _first(args, kwargs):
     return id(args[0]) if args else 0
 
 
+def _patch_comm(module, comm) -> None:
+    """A comm class's read and write, and its module's framing."""
+    for attr in ("read", "write"):
+        _patch(comm, attr, f"comm.{attr}", _comm)
+    for name in ("to_frames", "from_frames"):
+        _patch(module, name, name)
+
+
 def install_comms() -> None:
     """Wrap this process's comm layer (once; the UCXX receive allocator as soon as UCXX has chosen it)."""
     import distributed.comm.tcp as tcp
 
-    _patch(tcp.TCP, "read", "comm.read", _comm)
-    _patch(tcp.TCP, "write", "comm.write", _comm)
-    _patch(tcp, "to_frames", "to_frames")
-    _patch(tcp, "from_frames", "from_frames")
+    _patch_comm(tcp, tcp.TCP)
     try:
         import distributed_ucxx.ucxx as ux
         from ucxx._lib_async.endpoint import Endpoint
     except ImportError:
         return
-    _patch(ux.UCXX, "read", "comm.read", _comm)
-    _patch(ux.UCXX, "write", "comm.write", _comm)
-    _patch(ux, "to_frames", "to_frames")
-    _patch(ux, "from_frames", "from_frames")
+    _patch_comm(ux, ux.UCXX)
     _patch(ux, "host_array", "alloc.host", size=lambda a, k: int(a[0]) if a else -1)
     _patch(ux, "synchronize_stream", "cuda.sync")
     if getattr(ux, "device_array", None) is not None:

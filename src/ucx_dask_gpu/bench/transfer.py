@@ -15,7 +15,7 @@ import time
 
 from ..cliutil import SIZE_HELP, parse_bytes
 from ..errors import USAGE, UserError
-from . import cluster, common, trace
+from . import cluster, common, studies, trace
 
 SAMPLE_TIMEOUT_S = 30.0  # one transfer that takes longer is a hang, not a measurement
 
@@ -61,7 +61,7 @@ def one_transfer(client, a: str, b: str, nbytes: int, fill: int, gpu: bool) -> d
             "submit": t0, "result": t0 + e2e}
 
 
-class Transfer(common.Study):
+class Transfer(studies.Study):
     name = "transfer"
     module = "ucx_dask_gpu.bench.transfer"
     help = "the cost of one worker-to-worker transfer per block size, variants interleaved"

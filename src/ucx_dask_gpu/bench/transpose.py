@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import sys
 
-from . import common
+from . import common, studies
 
 
-class Transpose(common.ArrayStudy):
+class Transpose(studies.ArrayStudy):
     name = "transpose"
     module = "ucx_dask_gpu.bench.transpose"
     help = "(x + x.T).sum() on a square random array (the reference workload), variants interleaved"
@@ -31,7 +31,7 @@ class Transpose(common.ArrayStudy):
 
     def identity(self, client, x, outputs) -> tuple[float, float]:
         value, half = client.compute([outputs[0], x.sum()], sync=True)
-        return common.scalar(value), 2 * common.scalar(half)
+        return studies.scalar(value), 2 * studies.scalar(half)
 
 
 STUDY = Transpose()
