@@ -402,18 +402,7 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
               require: str = "ib,cuda", sources: list[Path] = (), find_links: list[Path] = (), keep: bool = False,
               lock: Path | None = None, limit: int = 10) -> dict:
     """Two builds (or this checkout's and one from a clone), compared; the report (see the module docstring)."""
-    n_clones = 1 if against_checkout else 2
-    if len(clone_dirs) > n_clones:
-        raise UserError(f"--clone-dir: {n_clones} at most {'with' if against_checkout else 'without'} "
-                        f"--against-checkout", USAGE)
-    if first_image and not against_checkout:
-        raise UserError("--first IMAGE is this checkout's image: it needs --against-checkout", USAGE)
-    if against_checkout and revision != "HEAD":
-        raise UserError("--revision with --against-checkout: this checkout's own build is of its HEAD", USAGE)
-    for d in clone_dirs:
-        if Path(d).is_dir() and any(Path(d).iterdir()):
-            raise UserError(f"--clone-dir {d}: not empty: give a new or empty directory for each clone (refused "
-                            f"before anything ran; nothing written or removed)", OUTPUT_REFUSED)
+    _check_options(against_checkout, first_image, clone_dirs, revision)
     # One commit for both clones, resolved now: a branch may move while the first clone builds.
     commit = _git(st.root, "rev-parse", "--verify", f"{revision}^{{commit}}")
     if _git(st.root, "status", "--porcelain", "--untracked-files=no"):
@@ -428,23 +417,8 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
     dirs = [named[i] if i < len(named) else default_dirs[label] for i, label in enumerate(labels)]
     try:
         for label, d in zip(labels, dirs):
-            v = VARIATIONS[0] if label == "a" else VARIATIONS[1]
-            say(f"clone {label}: {d} (umask {v.umask:04o}, TZ={v.tz}, LANG={v.lang})")
-            b = Build.in_clone(label, make_clone(st, d, commit, v, fetch=revision), v)
-            # The first build fetches as any build does (this checkout's caches and mirrors first); the second uses
-            # exactly the files the first used, offline: the source archives are held fixed.
-            first = builds[0] if builds else None
-            if first is None:
-                srcs = [*sources, default_cache_dir(st).resolve(), *local_dirs(st)]
-                links = [*find_links, default_cache_dir(st).resolve().parent / "wheels"]
-            else:
-                srcs, links = [first.source_cache, *sources], [first.wheel_cache, *find_links]
-            builds.append(b)
-            build_prefix_and_wheels(b, work / "logs", list(dict.fromkeys(srcs)), list(dict.fromkeys(links)),
-                                    require, offline=first is not None)
-            if image:
-                build_image(st, b, work / "logs", fresh_bases, lock,
-                            inputs_from=first.image_cache if first else default_cache().resolve())
+            _add_clone_build(builds, st, label, d, commit, revision, work, sources, find_links, require, image,
+                             fresh_bases, lock)
         for b in builds:
             record_outputs(st, b, work)
         if image and against_checkout:
@@ -466,3 +440,43 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
         shutil.rmtree(work, ignore_errors=True)    # the clones this check found a place for; named ones stay
         report["work_dir"] = None
     return report
+
+
+def _check_options(against_checkout: bool, first_image: str | None, clone_dirs: list[Path], revision: str) -> None:
+    """Refuse contradicting options and clone directories in use before anything runs."""
+    n_clones = 1 if against_checkout else 2
+    if len(clone_dirs) > n_clones:
+        raise UserError(f"--clone-dir: {n_clones} at most {'with' if against_checkout else 'without'} "
+                        f"--against-checkout", USAGE)
+    if first_image and not against_checkout:
+        raise UserError("--first IMAGE is this checkout's image: it needs --against-checkout", USAGE)
+    if against_checkout and revision != "HEAD":
+        raise UserError("--revision with --against-checkout: this checkout's own build is of its HEAD", USAGE)
+    for d in clone_dirs:
+        if Path(d).is_dir() and any(Path(d).iterdir()):
+            raise UserError(f"--clone-dir {d}: not empty: give a new or empty directory for each clone (refused "
+                            f"before anything ran; nothing written or removed)", OUTPUT_REFUSED)
+
+
+def _add_clone_build(builds: list[Build], st: Stack, label: str, d: Path, commit: str, revision: str, work: Path,
+                     sources: list[Path], find_links: list[Path], require: str, image: bool, fresh_bases: bool,
+                     lock: Path | None) -> None:
+    """Clone `commit` into `d` under build `label`'s variation, add it to `builds` (named when a step fails) and
+    build UCX, the UCXX wheels (and the image) there."""
+    v = VARIATIONS[0] if label == "a" else VARIATIONS[1]
+    say(f"clone {label}: {d} (umask {v.umask:04o}, TZ={v.tz}, LANG={v.lang})")
+    b = Build.in_clone(label, make_clone(st, d, commit, v, fetch=revision), v)
+    # The first build fetches as any build does (this checkout's caches and mirrors first); the second uses
+    # exactly the files the first used, offline: the source archives are held fixed.
+    first = builds[0] if builds else None
+    if first is None:
+        srcs = [*sources, default_cache_dir(st).resolve(), *local_dirs(st)]
+        links = [*find_links, default_cache_dir(st).resolve().parent / "wheels"]
+    else:
+        srcs, links = [first.source_cache, *sources], [first.wheel_cache, *find_links]
+    builds.append(b)
+    build_prefix_and_wheels(b, work / "logs", list(dict.fromkeys(srcs)), list(dict.fromkeys(links)),
+                            require, offline=first is not None)
+    if image:
+        build_image(st, b, work / "logs", fresh_bases, lock,
+                    inputs_from=first.image_cache if first else default_cache().resolve())
