@@ -45,39 +45,16 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, th
             timeout: float = 30, min_workers: int = 1, wait_workers: float = 60) -> Iterator:
     """A Client to `scheduler`, or to a LocalCluster (worker processes) speaking `protocol` when None; returned once
     `min_workers` workers are there (waiting up to `wait_workers` seconds)."""
-    import dask.config
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    # The guard as a client preload: Client(...) imports it before connecting, so this client sends its environment
-    # when it registers (gate/guard.py) and a scheduler that checks the contract can accept it, with or without a
-    # dask config that says so; and the start-up preload, which applies the client's side of our settings
-    # (ucx-dask-gpu.batched-send.client-interval) when the config has them; quietclose, whose one line replaces the
-    # traceback of a UCX handshake that timed out.
-    preload = dask.config.get("distributed.client.preload", None) or []
-    preload = [preload] if isinstance(preload, str) else list(preload)
-    missing = [m for m in (GUARD, STARTUP, QUIET_CLOSE) if m not in preload]
-    if missing:
-        dask.config.set({"distributed.client.preload": preload + missing})
-
+    _add_client_preloads()
     cluster = None
     try:
         try:
             if scheduler is not None:
-                addr = parse_address(scheduler)
-                start = time.monotonic()
-                if check_scheduler(addr, timeout) is None:  # UCX: only reachable so far; the Client tries for real
-                    client = _ucx_client(Client, addr, timeout)
-                else:
-                    client = Client(str(addr), timeout=max(timeout - (time.monotonic() - start), 5))
+                client = _scheduler_client(Client, scheduler, timeout)
             else:
-                try:
-                    with workers_log_critical_only():
-                        cluster = LocalCluster(protocol=protocol, n_workers=n_workers,
-                                               threads_per_worker=threads_per_worker, dashboard_address=":0",
-                                               worker_class=localworkers.SparedNanny)
-                except BaseException:
-                    localworkers.close_half_started()
-                    raise
+                cluster = _local_cluster(protocol, n_workers, threads_per_worker)
                 client = Client(cluster, timeout=timeout)
         except ImportError as e:
             raise import_failure(e, scheduler, protocol) from None
@@ -105,6 +82,43 @@ def connect(scheduler: str | None, protocol: str = "tcp", n_workers: int = 2, th
         quiet_if_interrupted()
         if cluster is not None:
             cluster.close()
+
+
+def _add_client_preloads() -> None:
+    import dask.config
+
+    # The guard as a client preload: Client(...) imports it before connecting, so this client sends its environment
+    # when it registers (gate/guard.py) and a scheduler that checks the contract can accept it, with or without a
+    # dask config that says so; and the start-up preload, which applies the client's side of our settings
+    # (ucx-dask-gpu.batched-send.client-interval) when the config has them; quietclose, whose one line replaces the
+    # traceback of a UCX handshake that timed out.
+    preload = dask.config.get("distributed.client.preload", None) or []
+    preload = [preload] if isinstance(preload, str) else list(preload)
+    missing = [m for m in (GUARD, STARTUP, QUIET_CLOSE) if m not in preload]
+    if missing:
+        dask.config.set({"distributed.client.preload": preload + missing})
+
+
+def _scheduler_client(Client, scheduler: str, timeout: float):
+    """A Client to the scheduler at `scheduler`, checked first (gate/peer.py)."""
+    addr = parse_address(scheduler)
+    start = time.monotonic()
+    if check_scheduler(addr, timeout) is None:  # UCX: only reachable so far; the Client tries for real
+        return _ucx_client(Client, addr, timeout)
+    return Client(str(addr), timeout=max(timeout - (time.monotonic() - start), 5))
+
+
+def _local_cluster(protocol: str, n_workers: int, threads_per_worker: int):
+    """A LocalCluster of worker processes; the workers of one that failed to start are ended."""
+    from distributed import LocalCluster
+
+    try:
+        with workers_log_critical_only():
+            return LocalCluster(protocol=protocol, n_workers=n_workers, threads_per_worker=threads_per_worker,
+                                dashboard_address=":0", worker_class=localworkers.SparedNanny)
+    except BaseException:
+        localworkers.close_half_started()
+        raise
 
 
 def close_client(client) -> None:
