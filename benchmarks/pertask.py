@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ucx_dask_gpu.bench import config, idle, provenance
+from ucx_dask_gpu.bench import config, idle, provenance, render
 
 # A sample whose innermost frame waits (the event loop's selector, a lock, an idle executor thread) is not busy,
 # whatever py-spy's idle heuristic said of the thread.
@@ -151,11 +151,10 @@ def breakdown(data: dict) -> dict:
 
 def markdown(p: dict) -> str:
     b = p["task_stream"]
-    md = [f"# Per-task breakdown: steady-state (x + x.T).sum(), {p['size']}^2 in {p['chunks']}^2 chunks, {p['mode']}",
-          "", f"Commit `{p['provenance']['git'].get('commit')}`, dask {p['provenance']['versions'].get('dask')}, "
-          f"distributed {p['provenance']['versions'].get('distributed')}; launchers: dask scheduler + 2 "
-          f"{'dask worker' if p['mode'] == 'cpu' else 'dask cuda worker'} (shipped config), client its own process.",
-          "", f"```\n{p['provenance']['command']}\n```", "",
+    md = [*render.header(p, f"Per-task breakdown: steady-state (x + x.T).sum(), {p['size']}^2 in {p['chunks']}^2 "
+                            f"chunks, {p['mode']}"),
+          f"Launchers: dask scheduler + 2 {'dask worker' if p['mode'] == 'cpu' else 'dask cuda worker'} (shipped "
+          "config), client its own process.", "",
           f"## Task stream ({b['repeats']} repeats, medians)", "",
           "| part | ms |", "|---|---|",
           f"| wall, submit -> result at the client | {b['wall_ms']} |",

@@ -70,6 +70,11 @@ class Variant:
     def name(self) -> str:
         return f"{self.protocol}/{self.label}"
 
+    def report(self) -> dict:
+        """What a result says of the variant."""
+        return {"name": self.name, "label": self.label, "protocol": self.protocol, "config": self.config,
+                "settings": dict(self.settings), "environment": dict(self.env), "unset": list(self.unset)}
+
     def split(self, client_keys: tuple[str, ...]) -> tuple[dict, dict]:
         """(the cluster's config without client-side keys, those keys flattened: what dask.config.set takes)."""
         import dask.config  # dask is imported where a config is handled, not when the CLI starts

@@ -24,7 +24,7 @@ from pathlib import Path
 from ..cliutil import Parser, Progress, add_output, run_parsed
 from ..errors import BENCH_FAILED, USAGE, UserError
 from ..report import command_line, write_report
-from . import config, provenance, stats
+from . import config, provenance, render, stats
 from .hosts import stop_sessions
 
 SCHEMA_VERSION = 1
@@ -198,8 +198,7 @@ def payload_of(args, clusters: list[Launched], shares: dict, command: str) -> di
     for c in clusters:
         v = c.variant
         procs = {n: {"shares": s, "median": stats.median(s), "max": max(s)} for n, s in shares[v.name].items()}
-        runs.append({"name": v.name, "protocol": v.protocol, "config": v.config, "settings": dict(v.settings),
-                     "environment": dict(v.env), "unset": list(v.unset), "processes": procs,
+        runs.append({**v.report(), "processes": procs,
                      "busiest_median": max((p["median"] for p in procs.values()), default=None),
                      "progress_lines": [ln.strip() for n in c.procs for ln in c.log(n).splitlines()
                                         if "UCXX progress" in ln]})
@@ -216,12 +215,8 @@ def payload_of(args, clusters: list[Launched], shares: dict, command: str) -> di
 
 def markdown(p: dict) -> str:
     m = p["measurement"]
-    md = [f"# idle: {p['mode']}, {p['workers']} workers" + (f" on GPU {','.join(p['gpus'])}" if p["gpus"] else ""),
-          "", f"Commit `{p['provenance']['git'].get('commit')}`, host `{p['provenance']['host']}`, "
-          f"{p['provenance'].get('gpus', [{}])[0].get('name', 'no GPU') if p['provenance'].get('gpus') else 'no GPU'}"
-          f", driver {p['provenance'].get('driver', '-')}; dask {p['provenance']['versions'].get('dask')}, "
-          f"distributed {p['provenance']['versions'].get('distributed')}.", "",
-          f"```\n{p['provenance']['command']}\n```", "",
+    md = [*render.header(p, f"idle: {p['mode']}, {p['workers']} workers"
+                           + (f" on GPU {','.join(p['gpus'])}" if p["gpus"] else "")),
           f"Launchers: {m['launchers']}. After {m['settle_s']} s, {m['windows']} windows of {m['window_s']} s per "
           f"cluster, interleaved; share of one core per process: the median over the windows and the largest.", "",
           "| variant | process | median % of a core | max % |", "|---|---|---|---|"]

@@ -44,8 +44,7 @@ def run_entry(opts, rec, base) -> dict:
     workers = (rec.host.facts or {}).get("workers", [])
     p2p = stats.p2p(transfers, workers, len(rec.reps), MIB) if transfers else None
     return {
-        "name": v.name, "label": v.label, "protocol": v.protocol, "config": v.config, "settings": dict(v.settings),
-        "environment": dict(v.env), "unset": list(v.unset), "client_side": rec.overlay, "cluster": rec.host.id,
+        **v.report(), "client_side": rec.overlay, "cluster": rec.host.id,
         "status": "error" if rec.error or rec.host.error and not rec.reps else
                   "ok" if len(rec.reps) >= opts.runs else "short",
         "error": rec.error or (rec.host.error if not rec.reps else None),
@@ -168,12 +167,17 @@ def text(payload: dict) -> str:
 
 # --- markdown -------------------------------------------------------------------------------------------------------
 
+def header(payload: dict, heading: str) -> list[str]:
+    """A report page's head: its title, where and with what it ran (provenance.collect), the command that runs it."""
+    return [f"# {heading}", "", *provenance_lines(payload), "", f"```\n{payload['provenance']['command']}\n```", ""]
+
+
 def provenance_lines(payload: dict) -> list[str]:
     p = payload["provenance"]
     git = p.get("git") or {}
     dirty = {True: " (with uncommitted changes)", False: "", None: ""}[git.get("dirty")]
-    lines = [f"- host `{p.get('host')}`, {p.get('cpu_count')} CPUs, {payload.get('date')}, "
-             f"{payload.get('duration_s')} s; commit `{git.get('commit')}`{dirty}",
+    when = f", {payload['date']}, {payload.get('duration_s')} s" if payload.get("date") else ""
+    lines = [f"- host `{p.get('host')}`, {p.get('cpu_count')} CPUs{when}; commit `{git.get('commit')}`{dirty}",
              "- " + ", ".join(f"{k} {v}" for k, v in p.get("versions", {}).items()
                               if k.split("-cu")[0] in VERSIONS_SHOWN)]
     if p.get("driver") or p.get("error"):
@@ -189,7 +193,7 @@ def provenance_lines(payload: dict) -> list[str]:
 
 
 def markdown(payload: dict) -> str:
-    md = [f"# {title(payload)}", "", *provenance_lines(payload), "", f"```\n{payload['command']}\n```", "",
+    md = [*header(payload, title(payload)),
           f"## Results (baseline {payload['baseline']})", "", markdown_table(*result_rows(payload)), "",
           payload.get("measured", ""), "",
           f"Each variant: {payload['measurement']['repetitions']} timed repetitions asked, after "
