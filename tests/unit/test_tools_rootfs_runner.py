@@ -1,6 +1,7 @@
-"""Tests of tools/rootfs_runner (the workshop's no-Docker runner, not the product): an exported filesystem in parts: packing a real tar stream (tar + zstd/xz), receiving batches,
-refusing damaged or missing parts, unpacking with owners kept; and the chroot runner's pure parts (driver libraries
-from `ldconfig -p`, the image user, UCX's protocol tables)."""
+"""Tests of tools/rootfs_runner (the workshop's no-Docker runner, not the product): an exported filesystem in parts:
+packing a real tar stream (tar + zstd/xz), receiving batches, refusing damaged or missing parts, unpacking with owners
+kept; the chroot runner's pure parts (driver libraries from `ldconfig -p`, the image user, UCX's protocol tables); and
+what its outputs do to the user's files beside them."""
 from __future__ import annotations
 
 import argparse

@@ -2,7 +2,7 @@
 # On a GPU host, in one bounded run (~9.5 min at most): the GPU-to-GPU chunk test (tests/gpu/test_bench_gpu.py), the
 # topology plan + cluster helper, bench transpose with chunks="auto", bench svd, the workloads GPU test, and (on spare
 # cores, CPU only) the gcc 13 compile check of the UCX patches.
-# usage: dask_session.sh OUTDIR   (needs .whl/, build/ucx-prefix, build/ucxx-wheels and build/gcc13-check/ copied with the tree)
+# usage: dask_session.sh OUTDIR   (needs .whl/, build/ucx-prefix, build/ucxx-wheels, build/gcc13-check/ beside the tree)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=$PWD
@@ -20,7 +20,7 @@ if [ -f build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz ]; then
   bash tools/gpu-host/gcc13_check.sh "$W" 6 &
   gcc_pid=$!
 fi
-bench="python3 -m ucx_dask_gpu.bench"  # .transpose, .svd: each study alone (a bare host needs only what that study imports)
+bench="python3 -m ucx_dask_gpu.bench"  # .transpose, .svd: each study alone (a bare host needs only what it imports)
 
 step "CuPy chunks move GPU-to-GPU over UCX"
 timeout "$(left 90)" python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_bench_gpu.py -k device_to_device \

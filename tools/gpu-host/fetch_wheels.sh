@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download the cp312 manylinux wheels that a bare GPU host lacks (no registry reachable there), at the versions
-# of OUR lock, into .whl/ (git-ignored) so the run on the GPU host uses the same stack as the image. UCXX is not among them:
-# our own wheels (build/ucxx-wheels, `make ucxx`) travel as they are.
+# of OUR lock, into .whl/ (git-ignored) so the run on the GPU host uses the same stack as the image. UCXX is not
+# among them: our own wheels (build/ucxx-wheels, `make ucxx`) travel as they are.
 # usage: fetch_wheels.sh [DEST]   (default .whl)
 #   REHEARSAL=1 (default DEST build/whl-rehearsal): for THIS machine's python3 instead of the GPU host's 3.12, plus the
 #   packages the GPU host already has, so a GPU-host run can be rehearsed on a CPU machine, e.g.

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 repo=$PWD
 W=${1:?usage: gcc13_check.sh WORKDIR [JOBS]}; jobs=${2:-6}
 src=build/gcc13-check/ucx-1.13.1-patched-autogen.tar.xz
-[ -f "$src" ] || { echo "gcc13_check: $src missing (the patched 1.13.1 tree after autogen.sh, packed with tar -cJ)" >&2; exit 2; }
+[ -f "$src" ] || { echo "gcc13_check: $src missing (the patched, autogen'd 1.13.1 tree, tar -cJ)" >&2; exit 2; }
 G=$W/gcc13; mkdir -p "$G"; tar -xJf "$src" -C "$G"; cd "$G"/ucx-1.13.1 || exit 2
 { gcc --version | head -1
   nice ./contrib/configure-release --prefix="$G/p" --with-cuda=/usr/local/cuda --without-verbs --without-rdmacm \

@@ -3,7 +3,7 @@
 # (build/ucxx-wheels) through `ucx-src-build/build.sh install-ucxx`, which preloads the copied build/ucx-prefix's
 # libucp at start-up. The host's own packages (cupy, numpy, pytest, ...) stay visible after the venv's. Also sets
 # PYTHONPATH=src, LD_LIBRARY_PATH to the CUDA runtime wheel's lib (UCX's CUDA modules link libcudart.so.13; the image
-# has it in ld.so.conf) and keeps NVLink multicast off. Needs .whl, build/ucx-prefix and build/ucxx-wheels beside the tree.
+# has it in ld.so.conf) and keeps NVLink multicast off. Needs .whl, build/ucx-prefix, build/ucxx-wheels beside the tree.
 _r=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 export NCCL_NVLS_ENABLE=0 CUDA_DEVICE_ORDER=PCI_BUS_ID PYTHONUNBUFFERED=1 PYTHONPATH=$_r/src
 venv=${UCX_DASK_GPU_VENV:-/tmp/udg-venv}  # its path ($venv stays set for the caller)

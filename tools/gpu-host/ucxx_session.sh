@@ -2,7 +2,8 @@
 # On a GPU host, in one run: a venv on our from-source stack, made the way `make venv` makes it (the copied UCXX
 # wheels through `ucx-src-build/build.sh install-ucxx`, the lock's runtime wheels from .whl/), then what it runs on
 # (ucx_info, doctor) and the GPU tests of UCX and UCXX (two Dask workers sharing GPU 0 exchange CuPy blocks).
-# usage: ucxx_session.sh OUTDIR   (needs .whl/ build/ucx-prefix build/ucxx-wheels beside the tree; fill .whl/ with fetch_wheels.sh)
+# usage: ucxx_session.sh OUTDIR   (needs .whl/ build/ucx-prefix build/ucxx-wheels beside the tree; fetch_wheels.sh
+#        fills .whl/)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: ucxx_session.sh OUTDIR}
