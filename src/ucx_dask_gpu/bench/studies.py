@@ -59,6 +59,9 @@ class ArrayStudy(Study):
     (created untimed): `wall_s`; then the same again on the resident input: `steady_s`. Subclasses say the shape,
     the graph and the identity that checks it."""
 
+    expression: str              # the report's `expression`
+    persisted: str               # what the timed persist is given, in the report's words
+    placement: str               # which blocks of the input go to worker i mod n
     second_size: bool = False
     gpu_defaults: tuple = ()     # (size, second size, chunks)
     cpu_defaults: tuple = ()
@@ -91,6 +94,11 @@ class ArrayStudy(Study):
         # "auto" is resolved per repetition under the variant's array.chunk-size; `chunk` is dask's default one
         return {"size": size, "second_size": second if self.second_size else None, "shape": list(shape),
                 "chunks": chunks, "chunk": [norm[0][0], norm[1][0]], "blocks": [len(norm[0]), len(norm[1])]}
+
+    def describe(self, params: dict) -> dict:
+        return {"expression": self.expression, "dtype": "float64", **params,
+                "measured": f"Timed: `wait(client.persist({self.persisted}))` plus a device sync on every worker, per "
+                            f"repetition, on a fresh input created (untimed) with {self.placement} on worker i mod n."}
 
     def shape(self, size: int, second: int | None) -> tuple[int, int]:
         return (size, size)

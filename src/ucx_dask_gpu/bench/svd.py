@@ -16,13 +16,9 @@ class Svd(studies.ArrayStudy):
     identity_text = "sum(s**2) == sum(x**2)"
     rtol = 1e-8
     second_size = True
+    expression, persisted, placement = "da.linalg.svd(x) -> (u, s, v)", "[u, s, v]", "row block i"
     gpu_defaults = (200000, 1000, "20000")   # 1.6 GB in 10 row blocks
     cpu_defaults = (20000, 100, "2000")
-
-    def describe(self, params: dict) -> dict:
-        return {"expression": "da.linalg.svd(x) -> (u, s, v)", "dtype": "float64", **params,
-                "measured": "Timed: `wait(client.persist([u, s, v]))` plus a device sync on every worker, per "
-                            "repetition, on a fresh input created (untimed) with row block i on worker i mod n."}
 
     def shape(self, size: int, second: int | None) -> tuple[int, int]:
         return (size, second)

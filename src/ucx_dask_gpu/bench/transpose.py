@@ -18,13 +18,9 @@ class Transpose(studies.ArrayStudy):
     reference_operation = "transpose_sum"
     identity_text = "sum(x + x.T) == 2 sum(x)"
     rtol = 1e-9
+    expression, persisted, placement = "(x + x.T).sum()", "(x + x.T).sum()", "block (i, j)"
     gpu_defaults = (40000, None, "4096")   # 128 MiB blocks
     cpu_defaults = (4000, None, "1000")
-
-    def describe(self, params: dict) -> dict:
-        return {"expression": "(x + x.T).sum()", "dtype": "float64", **params,
-                "measured": "Timed: `wait(client.persist((x + x.T).sum()))` plus a device sync on every worker, per "
-                            "repetition, on a fresh input created (untimed) with block (i, j) on worker i mod n."}
 
     def build(self, x) -> list:
         return [(x + x.T).sum()]
