@@ -15,6 +15,7 @@ Only the shipped components are built (SUBDIRS below): UCX's test/apps do not bu
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 from ..errors import BUILD_FAILED, MISSING_CAPABILITY, OUTPUT_REFUSED, USAGE, UserError
 from ..fsutil import atomic_path, atomic_write_text, claim_work_dir, sha256_file, unknown_entries
@@ -430,26 +432,29 @@ def build(stack: Stack, opts: BuildOptions) -> dict:
             raise UserError(f"--prefix {prefix}: an earlier build holding {foreign[0]}"
                             f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which its build info "
                             "does not list; move it away, or give a new or empty prefix", OUTPUT_REFUSED)
-        info = _build_in_work_dir(stack, opts, key)
+        with build_work_dir(opts.work_dir, WORK_FOLDERS, "ucx-build-") as work:
+            info = _build(stack, opts, work, key)
     repro.write_stamp(opts.stamp, key)
     return info
 
 
-def _build_in_work_dir(stack: Stack, opts: BuildOptions, key: str) -> dict:
-    own_work = opts.work_dir is None
-    work = Path(tempfile.mkdtemp(prefix="ucx-build-")) if own_work else \
-        claim_work_dir(opts.work_dir.resolve(), WORK_FOLDERS, "--work-dir")  # type: ignore
+@contextlib.contextmanager
+def build_work_dir(given: Path | None, folders: tuple[str, ...], temp_prefix: str,
+                   tell: Callable[[str], None] = warn) -> Iterator[Path]:
+    """--work-dir, claimed (it may hold only `folders`), or a new temporary directory: removed afterwards unless a
+    build step failed (then its logs are what the user needs, and the error names them)."""
+    own = given is None
+    work = Path(tempfile.mkdtemp(prefix=temp_prefix)) if own else claim_work_dir(given.resolve(), folders, "--work-dir")
     try:
-        info = _build(stack, opts, work, key)
+        yield work
     except UserError as e:
-        if own_work and e.exit_code != BUILD_FAILED:
+        if own and e.exit_code == BUILD_FAILED:
+            tell(f"work directory kept for inspection: {work}")
+        elif own:
             shutil.rmtree(work, ignore_errors=True)
-        elif own_work:
-            warn(f"work directory kept for inspection: {work}")
         raise
-    if own_work:
+    if own:
         shutil.rmtree(work, ignore_errors=True)
-    return info
 
 
 def fresh_logs(work: Path) -> Path:

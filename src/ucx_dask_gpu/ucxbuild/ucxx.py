@@ -28,20 +28,19 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BUILD_FAILED, MISSING_CAPABILITY, OUTPUT_REFUSED, UCX_NOT_FOUND, UserError
-from ..fsutil import ELF_MAGIC, atomic_path, atomic_write_text, claim_work_dir, sha256_file
+from ..fsutil import ELF_MAGIC, atomic_path, atomic_write_text, sha256_file
 from ..stack import Stack
 from ..ucx.install import (BUILD_INFO, INSTALLED_UCXX_BUILD_INFO, PRELOAD_PTH, UCXX_BUILD_INFO, read_build_info,
                            read_ucxx_build_info)
 from . import repro
-from .build import (_fmt_s, _print_tail, apply_patches, compiler_version, fresh_logs, patches_for, run_logged,
-                    unpack_tree)
+from .build import (_fmt_s, _print_tail, apply_patches, build_work_dir, compiler_version, fresh_logs, patches_for,
+                    run_logged, unpack_tree)
 from .fetch import default_cache_dir, fetch_sources, say
 
 # What the build makes in a --work-dir (its own, replaced on every run: claim_work_dir refuses a directory with more).
@@ -303,23 +302,11 @@ def _build_or_reuse(stack: Stack, opts: UcxxOptions) -> dict:
         say(f"UCXX {stack.ucxx.source.version} wheels: cached build {key} (same inputs) -> {out}")
         return read_ucxx_build_info(out)
 
-    own_work = opts.work_dir is None
-    work = Path(tempfile.mkdtemp(prefix="ucxx-build-")) if own_work else \
-        claim_work_dir(opts.work_dir.resolve(), WORK_FOLDERS, "--work-dir")  # type: ignore
-    try:
+    with build_work_dir(opts.work_dir, WORK_FOLDERS, "ucxx-build-", say) as work:
         info = _build(stack, opts, work, prefix, ucx_info, cache, key, patches)
-    except UserError as e:
-        if own_work and e.exit_code == BUILD_FAILED:
-            say(f"work directory kept for inspection: {work}")
-        elif own_work:
-            shutil.rmtree(work, ignore_errors=True)
-        raise
-    dist = work / "dist"
-    with atomic_path(cached, replace_dir=True) as tmp:  # the build cache's own entry (incomplete, or none)
-        shutil.copytree(dist, tmp)
-    _install_output(cached, out)
-    if own_work:
-        shutil.rmtree(work, ignore_errors=True)
+        with atomic_path(cached, replace_dir=True) as tmp:  # the build cache's own entry (incomplete, or none)
+            shutil.copytree(work / "dist", tmp)
+        _install_output(cached, out)
     say(f"UCXX wheels in {out}: {', '.join(p['wheel'] for p in info['packages'])}")
     return info
 
