@@ -96,7 +96,7 @@ def ucx_build_files(root: Path) -> list[Path]:
             continue
         seen.add(f)
         rel_parts = list(f.relative_to(pkg_root).with_suffix("").parts)
-        package = rel_parts[:-1] if f.name != "__init__.py" else rel_parts[:-1]
+        package = rel_parts[:-1]
         for i in range(1, len(package) + 1):  # every enclosing package's __init__.py runs first
             init = module_file(package[:i])
             if init:
@@ -104,10 +104,7 @@ def ucx_build_files(root: Path) -> list[Path]:
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
             targets: list[list[str]] = []
             if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package[: len(package) - (node.level - 1)]
-                else:
-                    base = []
+                base = package[: len(package) - (node.level - 1)] if node.level else []
                 mod = base + (node.module.split(".") if node.module else [])
                 if mod and mod[0] == "ucx_dask_gpu":
                     targets.append(mod)
@@ -263,13 +260,11 @@ def stage_full_context(st: Stack, ctx: Path, ucx_sources: Path, wheels: Path, ow
 # --- docker build ------------------------------------------------------------------------------------------------
 
 def build_args(st: Stack, base: str, builder: str) -> dict[str, str]:
-    args = {
+    return {
         "BASE_IMAGE": base, "BUILDER_IMAGE": builder, "UCX_PREFIX": st.image.ucx_prefix, "VENV": st.image.venv,
         "IMAGE_USER": st.image.user, "IMAGE_UID": str(st.image.uid), "PYTHON_VERSION": st.python.version,
-        "CUDA_MAJOR": str(st.cuda_major),
-        "SOURCE_DATE_EPOCH": str(st.source_date_epoch),
+        "CUDA_MAJOR": str(st.cuda_major), "SOURCE_DATE_EPOCH": str(st.source_date_epoch),
     }
-    return args
 
 
 class DockerBuild:

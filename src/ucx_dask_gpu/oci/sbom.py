@@ -310,12 +310,6 @@ def validate(text: str) -> str | None:
     return None if err is None else str(getattr(err, "data", err)).splitlines()[0][:300]
 
 
-def _purl_parts(purl: str):
-    from packageurl import PackageURL  # comes with cyclonedx-python-lib
-
-    return PackageURL.from_string(purl)
-
-
 def check_sbom(doc: dict, *, pins: dict[str, Pin] | None = None, dpkg_status: str | None = None,
                build_info: dict | None = None, ucxx_info: dict | None = None,
                extra_dists: set[str] = frozenset()) -> list[str]:
@@ -328,7 +322,7 @@ def check_sbom(doc: dict, *, pins: dict[str, Pin] | None = None, dpkg_status: st
         by_name.setdefault(c.get("name"), c)
         if c.get("scope") == "excluded" or not c.get("purl"):
             continue
-        p = _purl_parts(c["purl"])
+        p = _cdx().PackageURL.from_string(c["purl"])
         hashes = {h["content"] for h in c.get("hashes", []) if h.get("alg") == "SHA-256"}
         if p.type == "pypi":
             pypi[canonical(p.name)] = (p.version, hashes)
