@@ -6,6 +6,7 @@ through the /sys/bus/pci/devices symlinks). `record_sysfs` writes the part of sy
 """
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,13 @@ class PciLocation:
         return self.chain[:-1]
 
 
+def _sysfs_dir(path: Path) -> Path:
+    """`path`, a directory sysfs has; one line (SYSFS_UNREADABLE) when it is not there."""
+    if not path.is_dir():
+        raise UserError(f"cannot read {path}: not a directory (is sysfs mounted?)", SYSFS_UNREADABLE)
+    return path
+
+
 def _read_optional(path: Path) -> str | None:
     try:
         return path.read_text().strip()
@@ -63,12 +71,7 @@ def pci_location(root: Path, link: Path) -> PciLocation | None:
         return None
     if not parts or not PCI_ROOT_RE.match(parts[0]):
         return None
-    chain: list[str] = []
-    for p in parts[1:]:
-        if BDF_RE.match(p):
-            chain.append(p)
-        else:
-            break
+    chain = list(itertools.takewhile(BDF_RE.match, parts[1:]))
     if not chain:
         return None
     return PciLocation(root=parts[0], chain=tuple(chain))
@@ -154,10 +157,7 @@ def discover_nics(root: Path = Path("/")) -> tuple[list[NicInfo], dict[str, PciL
             nics.append(nic)
             if loc:
                 locs[nic.name] = loc
-    net_dir = root / "sys" / "class" / "net"
-    if not net_dir.is_dir():
-        raise UserError(f"cannot read {net_dir}: not a directory (is sysfs mounted?)", SYSFS_UNREADABLE)
-    for nd in sorted(net_dir.iterdir()):
+    for nd in sorted(_sysfs_dir(root / "sys" / "class" / "net").iterdir()):
         if nd.name in rdma_netdevs or not (nd / "device").exists():
             continue   # IPoIB interface of an RDMA device above, or virtual (lo, bridges, ifb, docker0)
         loc = pci_location(root, nd / "device")
@@ -173,18 +173,14 @@ def discover_nics(root: Path = Path("/")) -> tuple[list[NicInfo], dict[str, PciL
 
 def from_machine(root: str | os.PathLike = "/") -> Topology:
     """GPUs from NVML, affinity from NVML or sysfs, NICs and PCI distances from sysfs under `root`."""
-    pci_dir = Path(root) / "sys" / "bus" / "pci" / "devices"
-    if not pci_dir.is_dir():
-        raise UserError(f"cannot read {pci_dir}: not a directory (is sysfs mounted?)", SYSFS_UNREADABLE)
+    _sysfs_dir(Path(root) / "sys" / "bus" / "pci" / "devices")
     return assemble(nvml.discover(), root)     # discover() raises NVML_UNAVAILABLE / NO_GPU with one line
 
 
 def assemble(found, root: str | os.PathLike = "/") -> Topology:
     """Topology from NVML's GPUs (`nvml.Gpu` list) and the sysfs tree under `root` (the machine, or a record)."""
     root = Path(root)
-    pci_dir = root / "sys" / "bus" / "pci" / "devices"
-    if not pci_dir.is_dir():
-        raise UserError(f"cannot read {pci_dir}: not a directory (is sysfs mounted?)", SYSFS_UNREADABLE)
+    pci_dir = _sysfs_dir(root / "sys" / "bus" / "pci" / "devices")
     if not found:
         raise UserError("no GPU: NVML reports 0 devices", NO_GPU)
     nodes = numa_cpus(root)
@@ -272,9 +268,7 @@ def record_sysfs(root: str | os.PathLike = "/") -> str:
     rec = _SysfsRecord(Path(root))
     for cls in ("net", "infiniband"):
         rec.add_class(rec.root / "sys" / "class" / cls)
-    pci = rec.root / "sys" / "bus" / "pci" / "devices"
-    if not pci.is_dir():
-        raise UserError(f"cannot read {pci}: not a directory (is sysfs mounted?)", SYSFS_UNREADABLE)
+    pci = _sysfs_dir(rec.root / "sys" / "bus" / "pci" / "devices")
     rec.entries[rec.rel(pci)] = ("D",)
     for entry in sorted(pci.iterdir()):
         rec.add_chain(rec.add_link(entry) if entry.is_symlink() else entry)
