@@ -134,7 +134,8 @@ def fetch_ucx_sources(st: Stack, dest: Path) -> Path:
     return dest
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+def link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link where the file system allows one, else a copy."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(src, dst)
@@ -176,7 +177,7 @@ def stage_ucx_context(st: Stack, ctx: Path, ucx_sources: Path) -> None:
     _copy(st.path, tree / "stack.toml")
     for path in sorted(ucx_sources.rglob("*")):
         if path.is_file() and not path.name.startswith("."):
-            _link_or_copy(path, ctx / "ucx" / "sources" / path.relative_to(ucx_sources))
+            link_or_copy(path, ctx / "ucx" / "sources" / path.relative_to(ucx_sources))
 
 
 def read_ucxx_wheels(st: Stack, directory: Path) -> tuple[list[Path], dict]:
@@ -247,7 +248,7 @@ def stage_full_context(st: Stack, ctx: Path, ucx_sources: Path, wheels: Path, ow
                        extra_wheels: list[Path], ucxx_dir: Path, ucxx_wheels: list[Path]) -> None:
     stage_ucx_context(st, ctx, ucx_sources)
     for path in sorted(wheels.glob("*.whl")):
-        _link_or_copy(path, ctx / "wheelhouse" / path.name)
+        link_or_copy(path, ctx / "wheelhouse" / path.name)
     _copy(wheels / wheelhouse.LOCK_NAME, ctx / "wheelhouse" / "requirements.txt")
     _stage_hashed_wheels(ctx, "ucxx", ucxx_wheels, UCXX_LOCK_NAME)
     _copy(ucxx_dir / UCXX_BUILD_INFO, ctx / "ucxx" / UCXX_BUILD_INFO)

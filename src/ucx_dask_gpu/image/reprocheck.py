@@ -39,6 +39,7 @@ from ..ucxbuild.fetch import CACHE_ENV as SOURCE_CACHE_ENV
 from ..ucxbuild.fetch import default_cache_dir, local_dirs
 from . import leftovers, normalise
 from .bases import clean_bases
+from .build import link_or_copy
 from .docker import docker, image_inspect
 from .paths import CACHE_ENV, UCX_SOURCES, UCXX_WHEELS_ENV, default_cache, image_ref, stage_ref
 from .wheelhouse import wheelhouse_dir
@@ -210,10 +211,7 @@ def _link_files(src: Path, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for f in sorted(src.iterdir()):
         if f.is_file():
-            try:
-                os.link(f, dest / f.name)
-            except OSError:
-                shutil.copy2(f, dest / f.name)
+            link_or_copy(f, dest / f.name)
 
 
 def build_image(st: Stack, b: Build, logs: Path, fresh_bases: bool, lock: Path | None, inputs_from: Path) -> None:
