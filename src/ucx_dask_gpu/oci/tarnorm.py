@@ -168,9 +168,7 @@ def normalise_tar(src: tarfile.TarFile, out: BinaryIO, epoch: int, *, where: str
         for name in sorted(set(kept) | set(extras), key=sort_key):
             if name in extras:
                 ti, data = extras[name]
-                ti = _cleaned(ti, name)
-                ti.mtime = min(int(ti.mtime), epoch)
-                _write(dst, ti, data, entries, hash_files)
+                _write(dst, _cleaned(ti, name, epoch), data, entries, hash_files)
             else:
                 _write_kept(dst, src, name, kept, replaced, anchor_of, content_of, epoch, entries, hash_files)
         dst.close()
@@ -236,8 +234,7 @@ def _write_kept(dst: tarfile.TarFile, src: tarfile.TarFile, name: str, kept: dic
                 entries: list[Entry], hash_files: bool) -> None:
     """One member of `src` in its normal form: a link to its anchor, the anchor with the group's data, or itself."""
     m = kept[name]
-    ti = _cleaned(m, name)
-    ti.mtime = min(int(m.mtime), epoch)
+    ti = _cleaned(m, name, epoch)
     if name in anchor_of:
         ti.type, ti.linkname, ti.size = tarfile.LNKTYPE, anchor_of[name], 0
         _write(dst, ti, None, entries, hash_files)
@@ -245,8 +242,7 @@ def _write_kept(dst: tarfile.TarFile, src: tarfile.TarFile, name: str, kept: dic
     data_member = kept[content_of[name]] if name in content_of else m
     if name in content_of:
         # This name becomes the anchor: a regular file with the group's data and metadata.
-        ti = _cleaned(data_member, name)
-        ti.mtime = min(int(data_member.mtime), epoch)
+        ti = _cleaned(data_member, name, epoch)
         ti.type, ti.linkname = tarfile.REGTYPE, ""
     if ti.type not in _REGULAR:
         ti.size = 0
@@ -261,14 +257,14 @@ def _write_kept(dst: tarfile.TarFile, src: tarfile.TarFile, name: str, kept: dic
         _write_stream(dst, ti, src.extractfile(data_member), entries, hash_files)
 
 
-def _cleaned(m: tarfile.TarInfo, name: str) -> tarfile.TarInfo:
-    """A fresh TarInfo carrying only what the normal form keeps."""
+def _cleaned(m: tarfile.TarInfo, name: str, epoch: int | None = None) -> tarfile.TarInfo:
+    """A fresh TarInfo carrying only what the normal form keeps (with `epoch`: its mtime clamped to it)."""
     ti = tarfile.TarInfo(name)
     ti.type = tarfile.REGTYPE if m.type in _REGULAR else m.type
     ti.mode = m.mode & 0o7777
     ti.uid, ti.gid = int(m.uid), int(m.gid)
     ti.uname = ti.gname = ""
-    ti.mtime = int(m.mtime)
+    ti.mtime = int(m.mtime) if epoch is None else min(int(m.mtime), epoch)
     ti.size = m.size if m.type in _REGULAR else 0
     if m.type in (tarfile.SYMTYPE,):
         ti.linkname = m.linkname
