@@ -84,7 +84,6 @@ def normalise_image(st: Stack, ref: str, out_dir: Path, *, tag: str | None = Non
     `wheels`: canonical name -> (wheel file name, sha256) of the wheels the image was installed from (the SBOM
     names the exact file and hash; without it, each pin is listed with all the hashes the lock allows).
     """
-    epoch = st.source_date_epoch
     tag = tag or ref
     meta = image_inspect(ref)
     if meta is None:
