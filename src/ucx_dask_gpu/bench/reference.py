@@ -1,7 +1,7 @@
-"""dask-cuda's own benchmark, `python -m dask_cuda.benchmarks.local_cupy`, beside ours: its command line and its
-output read into numbers.
+"""dask-cuda's own benchmark, `python -m dask_cuda.benchmarks.local_cupy`, beside ours: its command line, its runs
+(within what --budget leaves) and its output read into numbers.
 
-Two runs in the same invocation, run here once our rounds are done:
+Two runs in the same invocation, once our rounds are done:
   - parity: local_cupy with OUR config (the variant's dask config and environment) against that variant's running
     cluster (`--scheduler-address`; it keeps an external cluster's memory setup): the same cluster, the same config,
     only the measuring loop differs, so median(local_cupy) / median(ours) should be 1.00;
