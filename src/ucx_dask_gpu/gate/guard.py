@@ -113,10 +113,25 @@ def _malformed(scheduler, role: str, label: str, problem: Exception) -> str:
 
 def _install_on_scheduler(scheduler) -> None:
     ours = identity.identity()
-    add_worker = scheduler.handlers["register-worker"]
-    add_client = scheduler.handlers["register-client"]
     ident_handler = scheduler.handlers["identity"]
 
+    def identity_with_guard(*args, **kwargs):
+        out = ident_handler(*args, **kwargs)
+        out[identity.KEY] = {"guard": ADMIT, "stack-id": ours["stack-id"]}
+        return out
+
+    scheduler.handlers[ADMIT] = _admit_handler(scheduler, ours)
+    scheduler.handlers["identity"] = identity_with_guard
+    scheduler.handlers["register-worker"] = _register_worker_handler(scheduler, ours,
+                                                                     scheduler.handlers["register-worker"])
+    scheduler.handlers["register-client"] = _register_client_handler(scheduler, ours,
+                                                                     scheduler.handlers["register-client"])
+    logger.info("ucx-dask-gpu guard: scheduler accepts only stack id %s (%s)", ours["stack-id"],
+                ", ".join(f"{k} {v or 'missing'}" for k, v in identity.own_contract().items()))
+
+
+def _admit_handler(scheduler, ours: dict):
+    """The ADMIT handler: a joining peer's question, answered with a refusal or None."""
     async def admit(comm=None, role="worker", peer="?", ident=None, versions=None, name=None, address=None,
                     **_ignored):
         # Accepted peers are noted when they register; a refused one never gets that far. Whatever a peer sent, it
@@ -133,12 +148,11 @@ def _install_on_scheduler(scheduler) -> None:
         except peermsg.PeerMessageError as e:
             return {"refusal": _malformed(scheduler, "worker" if role not in peermsg.ROLES else role, label, e)}
         return {"refusal": _judge(scheduler, ours, role, label, *checked, note_accepted=False)}
+    return admit
 
-    def identity_with_guard(*args, **kwargs):
-        out = ident_handler(*args, **kwargs)
-        out[identity.KEY] = {"guard": ADMIT, "stack-id": ours["stack-id"]}
-        return out
 
+def _register_worker_handler(scheduler, ours: dict, add_worker):
+    """register-worker that refuses a worker of another environment before distributed's own handler sees it."""
     async def register_worker(comm, **msg):
         label = peermsg.shown(msg.get("address", "?"))
         try:
@@ -155,7 +169,11 @@ def _install_on_scheduler(scheduler) -> None:
             await comm.write({"status": "error", "message": refusal, "time": time()})
             return
         return await add_worker(comm, **msg)
+    return register_worker
 
+
+def _register_client_handler(scheduler, ours: dict, add_client):
+    """register-client that refuses a client of another environment before distributed's own handler sees it."""
     async def register_client(comm, client=None, versions=None, **msg):
         label = peermsg.shown(client)
         try:
@@ -169,13 +187,7 @@ def _install_on_scheduler(scheduler) -> None:
             await comm.write([{"op": "stream-start", "error": refusal}])
             return
         return await add_client(comm, client=client, versions=versions, **msg)
-
-    scheduler.handlers[ADMIT] = admit
-    scheduler.handlers["identity"] = identity_with_guard
-    scheduler.handlers["register-worker"] = register_worker
-    scheduler.handlers["register-client"] = register_client
-    logger.info("ucx-dask-gpu guard: scheduler accepts only stack id %s (%s)", ours["stack-id"],
-                ", ".join(f"{k} {v or 'missing'}" for k, v in identity.own_contract().items()))
+    return register_client
 
 
 def _label_of(name: str, address: str) -> str:
