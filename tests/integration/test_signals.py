@@ -97,6 +97,37 @@ def test_ctrl_c_at_the_terminal_mid_run_is_one_line(procs, tmp_path):
     assert_ended(started)
 
 
+def worker_spawned(_stdout: str) -> bool:
+    """A local cluster's worker process exists: spawned by its nanny, still starting (a fresh interpreter importing
+    distributed, then unpickling what its nanny sent). This test process's own descendants, found in /proc."""
+    for pid in descendants(os.getpid()):
+        try:
+            if b"spawn_main" in (Path("/proc") / str(pid) / "cmdline").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+@pytest.mark.parametrize("after", [0.0, 0.2, 0.5, 1.0], ids=["spawned", "0.2s", "0.5s", "1.0s"])
+def test_ctrl_c_at_the_terminal_while_workers_start_is_one_line(procs, tmp_path, after):
+    """Ctrl-C while the worker processes start (before any Worker object exists in them) reaches them too: they
+    ignore it from their first instruction, not only once their Worker is built (a KeyboardInterrupt traceback each
+    before)."""
+    env = procs.env_for(tmp_path, None)
+    cmd = [sys.executable, "-m", "ucx_dask_gpu", "workload", "transpose", "--size", "30000", "--chunk", "1000"]
+    spawned_at: list[float] = []
+
+    def when(stdout: str) -> bool:
+        if not spawned_at and worker_spawned(stdout):
+            spawned_at.append(time.monotonic())
+        return bool(spawned_at) and time.monotonic() - spawned_at[0] >= after
+
+    rc, _, lines, started = interrupt(cmd, env, tmp_path, signal.SIGINT, when, group=True)
+    assert_one_line(rc, lines, signal.SIGINT, "ucx-dask-gpu workload")
+    assert_ended(started)
+
+
 def docker_names(cluster: str) -> list[str]:
     """This cluster's containers, networks and volumes, as `docker ps -a`, `network ls` and `volume ls` list them."""
     found = []

@@ -1,13 +1,15 @@
 """Workload pieces that need no cluster: the client-side answers, the projecting reader, argument checks."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
 
-from ucx_dask_gpu.proof import from_map, transpose
+from ucx_dask_gpu.proof import from_map, localworkers, transpose
 from ucx_dask_gpu.gate import identity
 from ucx_dask_gpu.errors import DATA_INVALID, SCHEDULER_UNREACHABLE, USAGE, UserError
 
@@ -153,3 +155,29 @@ def test_closing_the_client_after_the_scheduler_went_away_keeps_the_runs_outcome
     interrupted = ClosesLikeAClientWhoseSchedulerRejects(KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):  # the user's ^C is not a close error
         close_client(interrupted)
+
+
+def sigint_blocked_in_a_child() -> bool:
+    """Whether a process spawned from this thread now starts with SIGINT blocked (its Python reads its own mask)."""
+    code = "import signal; print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
+        == "True"
+
+
+def test_worker_processes_are_spawned_with_sigint_blocked_and_the_thread_gets_its_mask_back():
+    """A local cluster's nannies start on one event loop thread at once: the block holds until the last one is done,
+    and the thread ends with the mask it had."""
+    result = {}
+
+    def loop_thread():
+        with localworkers.sigint_blocked_in_children():
+            with localworkers.sigint_blocked_in_children():
+                result["nested"] = sigint_blocked_in_a_child()
+            result["outer"] = sigint_blocked_in_a_child()
+        result["after"] = sigint_blocked_in_a_child()
+        result["thread_mask"] = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+    t = threading.Thread(target=loop_thread)
+    t.start()
+    t.join()
+    assert result == {"nested": True, "outer": True, "after": False, "thread_mask": False}

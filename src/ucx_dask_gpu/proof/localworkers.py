@@ -2,7 +2,10 @@
 
 A Ctrl-C at the terminal reaches every process of the foreground process group: the workload's own process, which
 closes the cluster, and each worker process, which without SparedWorker would die mid-task with a KeyboardInterrupt
-traceback (4-7 of them, ~200 lines, after the one line).
+traceback (4-7 of them, ~200 lines, after the one line). A worker process ignores it from its first instruction on:
+its nanny spawns it (a fresh interpreter) with SIGINT blocked, which exec keeps and Python's start-up leaves alone;
+the SparedWorker in it then ignores SIGINT, which drops one already pending, and unblocks it. Ignoring it only once
+the Worker is built left the child's start-up (site, imports, unpickling) to a KeyboardInterrupt traceback.
 
 SparedWorker and SparedNanny subclass distributed's classes, so they are made when first asked for (PEP 562): the
 command line starts on the standard library alone, and a worker process finds SparedWorker here by name when it
@@ -16,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+from multiprocessing import resource_tracker
 
 
 def __getattr__(name: str):
@@ -29,6 +33,7 @@ def __getattr__(name: str):
         def __init__(self, *args, **kwargs):
             if threading.current_thread() is threading.main_thread():  # a worker process's loop runs there
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             super().__init__(*args, **kwargs)
 
     class SparedNanny(Nanny):
@@ -38,10 +43,37 @@ def __getattr__(name: str):
             kwargs.setdefault("worker_class", SparedWorker)
             super().__init__(*args, **kwargs)
 
+        async def instantiate(self):
+            with sigint_blocked_in_children():
+                return await super().instantiate()
+
     for cls in (SparedWorker, SparedNanny):
         cls.__qualname__ = cls.__name__  # pickled by reference: module + name
         globals()[cls.__name__] = cls
     return globals()[name]
+
+
+_blocking = threading.local()
+
+
+@contextlib.contextmanager
+def sigint_blocked_in_children():
+    """SIGINT blocked in this thread meanwhile, so in the threads it starts and in the processes they spawn (a
+    nanny's worker process is spawned by a thread its AsyncProcess starts). Counted per thread: the nannies of one
+    cluster start at once on one event loop, and the thread (an event loop's, which never runs Python's signal
+    handlers) gets back the mask it had. Python's own resource tracker is started first: starting it unblocks SIGINT
+    in the thread that starts it."""
+    resource_tracker.ensure_running()
+    depth = getattr(_blocking, "depth", 0)
+    if depth == 0:
+        _blocking.was_blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    _blocking.depth = depth + 1
+    try:
+        yield
+    finally:
+        _blocking.depth -= 1
+        if _blocking.depth == 0 and not _blocking.was_blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 @contextlib.contextmanager
@@ -63,11 +95,13 @@ def workers_log_critical_only():
 
 def quiet_if_interrupted() -> None:
     """On the way out after Ctrl-C/SIGTERM: what distributed logs while the cluster is torn down under running tasks
-    (tasks lost, comms cancelled, their tracebacks) follows from the user's own interrupt, which the one line already
-    says; --debug keeps it."""
+    (tasks lost, comms cancelled, their tracebacks), and what asyncio reports of the tasks the interrupt left behind
+    (a nanny still starting when its cluster closed: 'Task exception was never retrieved ... Nanny failed to start'),
+    follows from the user's own interrupt, which the one line already says; --debug keeps it."""
     if isinstance(sys.exc_info()[1], KeyboardInterrupt) and \
             logging.getLogger("distributed").getEffectiveLevel() > logging.DEBUG:
-        logging.getLogger("distributed").setLevel(logging.CRITICAL + 1)
+        for name in ("distributed", "asyncio"):
+            logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 def close_half_started() -> None:
