@@ -6,18 +6,16 @@ cannot leak in) and DASK_CONFIG at the config under test (usually the shipped on
 """
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from ucx_dask_gpu.gate import daskconfig
+from ucx_dask_gpu.proof.launchers import DaskProcess
 
 
 def env_for(tmp: Path, config_dir: Path | None, extra_path: Path | None = None) -> dict[str, str]:
@@ -33,58 +31,19 @@ def env_for(tmp: Path, config_dir: Path | None, extra_path: Path | None = None) 
     return env
 
 
-class Proc:
-    def __init__(self, args: list[str], env: dict[str, str], log: Path):
-        self.log = log
-        self._fh = open(log, "wb")
-        self.popen = subprocess.Popen(args, env=env, stdout=self._fh, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.popen.wait(timeout)
-        finally:
-            self._fh.flush()
-
-    def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(10)
-        self._fh.close()
-
-
 def start_scheduler(tmp: Path, env: dict[str, str], name: str = "scheduler", protocol: str = "tcp",
-                    timeout: float = 90) -> tuple[Proc, str]:
-    sched_file = tmp / f"{name}.json"
-    proc = Proc([sys.executable, "-m", "dask", "scheduler", "--protocol", protocol, "--host", "127.0.0.1",
-                 "--port", "0", "--dashboard-address", ":0", "--scheduler-file", str(sched_file)],
-                env, tmp / f"{name}.log")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            raise RuntimeError(f"scheduler exited early:\n{proc.text()[-3000:]}")
-        try:
-            return proc, json.loads(sched_file.read_text())["address"]
-        except (OSError, ValueError, KeyError):
-            time.sleep(0.2)
-    proc.stop()
-    raise RuntimeError(f"scheduler did not start in {timeout} s:\n{proc.text()[-3000:]}")
+                    timeout: float = 90) -> tuple[DaskProcess, str]:
+    proc = DaskProcess.scheduler(sys.executable, env, tmp, name, protocol)
+    try:
+        return proc, proc.address(timeout)
+    except (ChildProcessError, TimeoutError):
+        proc.stop()
+        raise
 
 
 def start_worker(tmp: Path, env: dict[str, str], address: str, name: str, nanny: bool = True,
-                 extra_args: tuple[str, ...] = ()) -> Proc:
-    args = [sys.executable, "-m", "dask", "worker", address, "--name", name, "--nthreads", "1",
-            "--dashboard-address", ":0", "--local-directory", str(tmp / f"{name}-space"), *extra_args]
-    if not nanny:
-        args.append("--no-nanny")
-    return Proc(args, env, tmp / f"{name}.log")
+                 extra_args: tuple[str, ...] = ()) -> DaskProcess:
+    return DaskProcess.worker(sys.executable, env, tmp, name, address, nanny=nanny, extra=extra_args)
 
 
 def run_python(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:

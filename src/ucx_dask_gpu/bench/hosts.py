@@ -5,10 +5,8 @@ and environment, asked for repetitions and checks one JSON line at a time, close
 from __future__ import annotations
 
 import json
-import os
 import queue
 import re
-import signal
 import subprocess
 import threading
 import time
@@ -16,30 +14,12 @@ from collections import deque
 from pathlib import Path
 
 from ..cliutil import Progress
+from ..proof.launchers import stop_sessions
 from . import cluster, config
 from .options import Options
 
 TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):")
 PROTO_ROW_RE = re.compile(r"\|.*\|")
-
-
-def stop_sessions(procs: list[subprocess.Popen], grace: float) -> None:
-    """SIGTERM to each process's session (each was started in one of its own: what it spawned goes too), in order,
-    then SIGKILL to those not gone after `grace` seconds."""
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    for p in procs:
-        try:
-            p.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=grace)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
 
 
 class Child:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -23,9 +22,9 @@ from pathlib import Path
 
 from ..cliutil import Parser, Progress, add_output, run_parsed
 from ..errors import BENCH_FAILED, USAGE, UserError
+from ..proof.launchers import DaskProcess, stop_sessions
 from ..report import command_line, write_report
 from . import config, provenance, render, stats
-from .hosts import stop_sessions
 
 SCHEMA_VERSION = 1
 say = Progress("bench idle: ")
@@ -110,40 +109,27 @@ class Launched:
     session of its own, so that stopping it leaves nothing behind."""
 
     def __init__(self, variant: config.Variant, gpus: list[str] | None, workers: int, tmp: Path, python: str):
-        self.variant, self.dir = variant, tmp / variant.name.replace("/", "-")
+        self.variant, self.workers, self.python = variant, workers, python
+        self.dir = tmp / variant.name.replace("/", "-")
         self.env = config.variant_env(self.dir / "dask-config", variant.tree, variant.env, variant.unset)
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.sched_file = self.dir / "scheduler.json"
-        self._start("scheduler", [python, "-m", "dask", "scheduler", "--protocol", variant.protocol, "--host",
-                                  "127.0.0.1", "--port", "0", "--dashboard-address", ":0", "--scheduler-file",
-                                  str(self.sched_file)])
+        self.procs = {"scheduler": DaskProcess.scheduler(python, self.env, self.dir, protocol=variant.protocol)}
+        self.sched_file = self.procs["scheduler"].scheduler_file
         for i in range(workers):
-            launcher = ["cuda", "worker"] if gpus else ["worker", "--nthreads", "1"]
-            env = {"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else {}
-            self._start(f"w{i}-nanny", [python, "-m", "dask", *launcher, "--scheduler-file", str(self.sched_file),
-                                        "--name", f"w{i}", "--dashboard-address", ":0", "--local-directory",
-                                        str(self.dir / f"w{i}-space")], env)
-        self.workers = workers
-        self.python = python
-
-    def _start(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / f"{name}.log", "wb") as log:
-            self.procs[name] = subprocess.Popen(argv, env={**self.env, **(env or {})}, stdout=log,
-                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                start_new_session=True)
+            env = {**self.env, "CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else self.env
+            self.procs[f"w{i}-nanny"] = DaskProcess.worker(python, env, self.dir, f"w{i}", self.sched_file,
+                                                           cuda=bool(gpus))
 
     def connect_client(self, timeout: float) -> None:
-        """Once the scheduler file exists, the idle client; returns when it sees every worker."""
+        """Once the scheduler is up, the idle client; returns when it sees every worker."""
         deadline = time.monotonic() + timeout
-        while not self.sched_file.exists():
-            self._check_alive()
-            if time.monotonic() > deadline:
-                raise UserError(f"{self.variant.name}: the scheduler did not start within {timeout:.0f} s "
-                                f"(log: {self.dir / 'scheduler.log'})", BENCH_FAILED)
-            time.sleep(0.2)
+        try:
+            self.procs["scheduler"].address(timeout)
+        except (ChildProcessError, TimeoutError) as e:
+            self.say_logs()
+            raise UserError(f"{self.variant.name}: {str(e).splitlines()[0]}", BENCH_FAILED) from None
         ready = self.dir / "client.ready"
-        self._start("client", [self.python, "-c", IDLE_CLIENT, str(self.sched_file), str(self.workers), str(ready)])
+        self.procs["client"] = DaskProcess([self.python, "-c", IDLE_CLIENT, str(self.sched_file), str(self.workers),
+                                            str(ready)], self.env, self.dir / "client.log")
         while not ready.exists():
             self._check_alive()
             if time.monotonic() > deadline:
@@ -153,31 +139,25 @@ class Launched:
             time.sleep(0.2)
 
     def _check_alive(self) -> None:
-        dead = [n for n, p in self.procs.items() if p.poll() is not None]
+        dead = [n for n, p in self.procs.items() if p.popen.poll() is not None]
         if dead:
             self.say_logs()
             raise UserError(f"{self.variant.name}: {', '.join(dead)} exited (logs above)", BENCH_FAILED)
 
     def say_logs(self, lines: int = 15) -> None:
         """The last lines of every process's log, as progress lines: the cluster's directory goes with the run."""
-        for name in self.procs:
-            for ln in self.log(name).splitlines()[-lines:]:
+        for name, proc in self.procs.items():
+            for ln in proc.text().splitlines()[-lines:]:
                 say(f"{self.variant.name} {name}: {ln}")
 
     def pids(self) -> dict[str, int]:
         self._check_alive()
-        return with_children({n: p.pid for n, p in self.procs.items()})
-
-    def log(self, name: str) -> str:
-        try:
-            return (self.dir / f"{name}.log").read_text(errors="replace")
-        except OSError:
-            return ""
+        return with_children({n: p.popen.pid for n, p in self.procs.items()})
 
     def stop(self) -> None:
         """Clients and workers first, then the scheduler: SIGTERM to each process group, SIGKILL after 30 s."""
         order = [n for n in self.procs if n != "scheduler"] + ["scheduler"]
-        stop_sessions([self.procs[n] for n in order], 30)
+        stop_sessions([self.procs[n].popen for n in order], 30)
 
 
 # --- the study ------------------------------------------------------------------------------------------------------
@@ -200,7 +180,7 @@ def payload_of(args, clusters: list[Launched], shares: dict, command: str) -> di
         procs = {n: {"shares": s, "median": stats.median(s), "max": max(s)} for n, s in shares[v.name].items()}
         runs.append({**v.report(), "processes": procs,
                      "busiest_median": max((p["median"] for p in procs.values()), default=None),
-                     "progress_lines": [ln.strip() for n in c.procs for ln in c.log(n).splitlines()
+                     "progress_lines": [ln.strip() for p in c.procs.values() for ln in p.text().splitlines()
                                         if "UCXX progress" in ln]})
     return {"schema_version": SCHEMA_VERSION, "study": "idle", "mode": "cpu" if args.cpu else "gpu",
             "gpus": args.gpus, "workers": args.workers,
