@@ -84,4 +84,6 @@ class DaskProcess:
             try:
                 self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
-                stop_sessions([self.popen], 10)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(10)
