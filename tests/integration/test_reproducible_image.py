@@ -4,9 +4,9 @@ Small images first (built FROM the debootstrapped runtime base in seconds): two 
 different image ids, normalised they give one id and one archive; a build that writes its own time somewhere is
 caught and the differing file named. Then the image itself: a clone of this checkout at another path builds the UCX
 prefix, the UCXX wheels and the image again with nothing cached (bases bootstrapped again, no Docker cache), and all
-three are byte-identical to this checkout's (`scripts/check_reproducible.sh --against-checkout`, what CI runs); the
-image's SBOM is checked against the CycloneDX schema, the lock, the image's own dpkg database and the UCX build
-info.
+three are byte-identical to this checkout's (`scripts/check_reproducible.sh --against-checkout`, what CI runs: a
+test of tools/repro_check, the workshop's check, on the product's normalisation and comparison); the image's SBOM is
+checked against the CycloneDX schema, the lock, the image's own dpkg database and the UCX build info.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from ucx_dask_gpu.image import bases, normalise, reprocheck
+from tools.repro_check import check as reprocheck
+from ucx_dask_gpu.image import bases, normalise
 from ucx_dask_gpu.image import labels as image_labels
 from ucx_dask_gpu.oci import compare as oci_compare
 from ucx_dask_gpu.oci import sbom

@@ -25,7 +25,7 @@ README_MAX_LINES = 250
 # How the other ways in reach the same parser: `python -m MODULE ...` and the thin wrappers.
 MODULE_COMMANDS = {"ucx_dask_gpu": [], "ucx_dask_gpu.ucxbuild": ["ucx"], "ucx_dask_gpu.nvlink": ["verify-nvlink"]}
 SCRIPT_COMMANDS = {"ucx-src-build/build.sh": ["ucx"], "scripts/verify_nvlink.sh": ["verify-nvlink"],
-                   "scripts/build_image.sh": ["image", "build"], "scripts/check_reproducible.sh": ["repro", "check"]}
+                   "scripts/build_image.sh": ["image", "build"]}
 PROGRAMS = ("ucx-dask-gpu", ".venv/bin/ucx-dask-gpu")
 PYTHONS = re.compile(r"^(\S*/)?python(3(\.\d+)?)?$")
 REPO_FILE = re.compile(r"^(scripts|ci|benchmarks|docker|ucx-src-build)/\S+\.(sh|py)$")

@@ -37,8 +37,6 @@ WRITING = {
     ("image", "compose", "--output"): "file",
     ("image", "demo", "--json"): "file",
     ("image", "role-hook", "--dest"): "dir",
-    ("repro", "check", "--clone-dir"): "dir",
-    ("repro", "check", "--json"): "file",
     ("repro", "compare", "--json"): "file",
     ("repro", "normalise", "--out"): "dir",
     ("repro", "rootfs", "dest"): "file",

@@ -260,7 +260,6 @@ DIRECTORY_OPTIONS = {
     ("ucx", "build", "--prefix"): "an earlier build's build-info.json lists its files (test below)",
     ("ucx", "ucxx", "--out"): "the wheels ucxx-build-info.json lists (ucxx.replaceable_output)",
     ("ucx", "fetch", "--dest"): "the source cache: archives by name, checked against stack.toml's pins",
-    ("repro", "check", "--clone-dir"): "new or empty only (reprocheck refuses any other)",
 }
 
 

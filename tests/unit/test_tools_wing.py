@@ -1,7 +1,7 @@
 """What exists because of where this repository is built and checked lives outside the product, in tools/ (the
-stand-in conda channel, the no-Docker rootfs runner, the GPU-host scripts, the docs generator): tools/ may import
-ucx_dask_gpu, the package never imports tools/ (a user's installed package has no tools/, and nothing it runs depends
-on this repository's workshop)."""
+stand-in conda channel, the no-Docker rootfs runner, the two-clone reproducibility check, the GPU-host scripts, the docs
+generator): tools/ may import ucx_dask_gpu, the package never imports tools/ (a user's installed package has no tools/,
+and nothing it runs depends on this repository's workshop)."""
 from __future__ import annotations
 
 import ast
@@ -28,7 +28,7 @@ def test_the_product_never_imports_tools():
     offenders = [str(p.relative_to(REPO)) for p in sorted((REPO / "src").rglob("*.py"))
                  if any(m == "tools" or m.startswith("tools.") for m in _imports(p))]
     assert offenders == []
-    moved = ["conda/standin.py", "image/rootfs.py", "image/chroot.py", "docmap.py"]
+    moved = ["conda/standin.py", "image/rootfs.py", "image/chroot.py", "image/reprocheck.py", "docmap.py"]
     assert [m for m in moved if (REPO / "src/ucx_dask_gpu" / m).exists()] == []
     assert not (REPO / "benchmarks/gpu-host").exists()
 
@@ -38,9 +38,13 @@ def test_the_product_cli_has_no_workshop_commands():
                           text=True)
     assert proc.returncode == 0 and "build" in proc.stdout
     assert not {"export-rootfs", "rootfs-receive", "rootfs-run"} & set(proc.stdout.split())
+    proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "repro", "--help"], cwd=REPO, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0 and "normalise" in proc.stdout and "check" not in proc.stdout.split()
 
 
 @pytest.mark.parametrize("tool, words", [("tools.rootfs_runner", ["export", "receive", "run"]),
+                                         ("tools.repro_check", ["--against-checkout", "--clone-dir"]),
                                          ("tools.docmap", ["--check", "--write"])])
 def test_each_tool_runs_from_the_repository_root(tool, words):
     proc = subprocess.run([sys.executable, "-m", tool, "--help"], cwd=REPO, capture_output=True, text=True)

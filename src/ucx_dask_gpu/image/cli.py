@@ -17,7 +17,7 @@ from ..oci.layer import normalise_rootfs_tar
 from ..stack import load
 from ..stack.lock import canonical, load_lock
 from ..ucx.install import BUILD_INFO, INSTALLED_UCXX_BUILD_INFO
-from . import compose, leftovers, normalise, reprocheck, rolehook
+from . import compose, leftovers, normalise, rolehook
 from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
 from .cluster import Cluster, remove_all_clusters
@@ -306,23 +306,6 @@ def _report_compare(r: dict, json_path: str | None) -> int:
     return 0
 
 
-def _cmd_check(args) -> int:
-    st = _stack(args)
-    r = reprocheck.run_check(
-        st, against_checkout=args.against_checkout, first_image=args.first,
-        clone_dirs=[Path(d) for d in args.clone_dir], revision=args.revision, image=not args.no_image,
-        fresh_bases=args.fresh_bases, require=args.require, sources=[Path(d).resolve() for d in args.sources],
-        find_links=[Path(d).resolve() for d in args.find_links], keep=args.keep,
-        lock=Path(args.docker_lock) if args.docker_lock else None, limit=args.limit)
-    print(reprocheck.render(r))
-    if args.json:
-        write_output_file(args.json, json.dumps(r, indent=2, sort_keys=True) + "\n", what="the report")
-    if not r["identical"]:
-        raise UserError(f"not reproducible: {reprocheck.first_difference_line(r)} (kept: {r['work_dir']})",
-                        NOT_REPRODUCIBLE)
-    return 0
-
-
 def _cmd_compare(args) -> int:
     r = compare(Path(args.a), Path(args.b), limit=args.limit)
     return _report_compare(r, args.json)
@@ -348,33 +331,6 @@ def _register_repro(sub: argparse._SubParsersAction) -> None:
     r.add_argument("src")
     add_output(r, "dest", help="the normalised tar to write")
     r.set_defaults(func=_cmd_rootfs)
-    k = s.add_parser("check", help="two builds from two clones at different paths, under another umask, locale and "
-                                   "time zone, nothing cached: the same UCX prefix, UCXX wheels and image id?")
-    k.add_argument("--against-checkout", action="store_true",
-                   help="the first build is this checkout's own (make ucx ucxx: $UCX_PREFIX, $UCXX_WHEELS; its "
-                        "image): one clone, half the time (what CI runs)")
-    k.add_argument("--first", metavar="IMAGE", help="with --against-checkout: this checkout's image (default: "
-                                                     "[image].name:[stack].version)")
-    add_output(k, "--clone-dir", kind="dir", action="append", default=[], metavar="DIR",
-               help="where a clone goes, kept afterwards (repeatable; default: two depths under a new temporary "
-                    "directory, removed when the builds agree)",
-               note="a new or empty directory: one holding anything is refused (exit 9), nothing in it touched")
-    k.add_argument("--revision", default="HEAD", help="the commit the clones build (default: HEAD)")
-    k.add_argument("--no-image", action="store_true", help="the UCX prefix and the UCXX wheels only")
-    k.add_argument("--fresh-bases", action="store_true",
-                   help="bootstrap the Debian bases again before each image build (their tags move to the new "
-                        "ones: other checkouts' next image build is cold)")
-    k.add_argument("--require", default="ib,cuda", help="capabilities the UCX builds require (as make ucx)")
-    k.add_argument("--sources", action="append", default=[], metavar="DIR",
-                   help="a source mirror for the clones (this checkout's source cache and mirrors are added)")
-    k.add_argument("--find-links", action="append", default=[], metavar="DIR",
-                   help="wheels for the UCXX build venv (this checkout's .cache/wheels is added)")
-    k.add_argument("--docker-lock", metavar="FILE",
-                   help="hold an flock on FILE around each image build and removal (an engine shared with others)")
-    k.add_argument("--keep", action="store_true", help="keep the clones and their images also when the builds agree")
-    k.add_argument("--limit", type=int, default=10, help="image differences listed per layer and kind")
-    add_output(k, "--json", metavar="FILE", help="also write the report as JSON")
-    k.set_defaults(func=_cmd_check)
     c = s.add_parser("compare", help="compare two normalised build outputs; name the first differing files")
     c.add_argument("a")
     c.add_argument("b")

@@ -1,6 +1,7 @@
 """Reproducible from any checkout: two builds from two clones at different paths, under a different umask, locale
 and time zone (what Debian's reprotest varies), must give byte-identical UCX prefixes (a normal-form tar of each),
-UCXX wheels and image ids.
+UCXX wheels and image ids. It clones and builds a checkout of this repository, which no installed package has: the
+workshop's check (tools/README.md), built on the product's normalisation and comparison.
 
 Each clone is a fresh `git clone` of this checkout's commit (its `origin` set to this checkout's, so the image's
 source label agrees) at its own depth, and builds with its own code and nothing cached: its own UCX work directory,
@@ -27,22 +28,22 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..cliutil import Progress
-from ..errors import BUILD_FAILED, OUTPUT_REFUSED, USAGE, UserError
-from ..fsutil import sha256_file
-from ..oci.compare import compare as compare_images
-from ..oci.compare import render_compare
-from ..oci.tarnorm import sort_key, tar_tree
-from ..stack import STACK_ENV, Stack
-from ..ucx.install import BUILD_INFO, read_ucxx_build_info
-from ..ucxbuild.fetch import CACHE_ENV as SOURCE_CACHE_ENV
-from ..ucxbuild.fetch import default_cache_dir, local_dirs
-from . import leftovers, normalise
-from .bases import clean_bases
-from .build import link_or_copy
-from .docker import docker, image_inspect
-from .paths import CACHE_ENV, UCX_SOURCES, UCXX_WHEELS_ENV, default_cache, image_ref, stage_ref
-from .wheelhouse import wheelhouse_dir
+from ucx_dask_gpu.cliutil import Progress
+from ucx_dask_gpu.errors import BUILD_FAILED, OUTPUT_REFUSED, USAGE, UserError
+from ucx_dask_gpu.fsutil import sha256_file
+from ucx_dask_gpu.image import leftovers, normalise
+from ucx_dask_gpu.image.bases import clean_bases
+from ucx_dask_gpu.image.build import link_or_copy
+from ucx_dask_gpu.image.docker import docker, image_inspect
+from ucx_dask_gpu.image.paths import CACHE_ENV, UCX_SOURCES, UCXX_WHEELS_ENV, default_cache, image_ref, stage_ref
+from ucx_dask_gpu.image.wheelhouse import wheelhouse_dir
+from ucx_dask_gpu.oci.compare import compare as compare_images
+from ucx_dask_gpu.oci.compare import render_compare
+from ucx_dask_gpu.oci.tarnorm import sort_key, tar_tree
+from ucx_dask_gpu.stack import STACK_ENV, Stack
+from ucx_dask_gpu.ucx.install import BUILD_INFO, read_ucxx_build_info
+from ucx_dask_gpu.ucxbuild.fetch import CACHE_ENV as SOURCE_CACHE_ENV
+from ucx_dask_gpu.ucxbuild.fetch import default_cache_dir, local_dirs
 
 PREFIX_TAR = "ucx-prefix.tar"
 DIFFOSCOPE_TIMEOUT_S = 600

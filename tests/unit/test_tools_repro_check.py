@@ -1,6 +1,7 @@
-"""The two-clone check's own parts on real files, archives and git repositories (the full check builds for many
-minutes: tests/integration/test_reproducible_image.py): clones, the deterministic prefix tar, the first differing
-file in a prefix and in a wheel, diffoscope's report, the report and its one line, and bad arguments."""
+"""Tests of tools/repro_check (the workshop's two-clone check, not the product): its own parts on real files, archives
+and git repositories (the full check builds for many minutes: tests/integration/test_reproducible_image.py): clones,
+the deterministic prefix tar, the first differing file in a prefix and in a wheel, diffoscope's report, the report and
+its one line, and bad arguments."""
 from __future__ import annotations
 
 import json
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tools.repro_check import check as reprocheck
+from tools.repro_check import cli
 from ucx_dask_gpu.errors import OUTPUT_REFUSED, USAGE
-from ucx_dask_gpu.image import reprocheck
 from ucx_dask_gpu.oci.tarnorm import tar_tree
 from ucx_dask_gpu.stack import load
 
@@ -151,7 +153,7 @@ def test_prefix_tar_keeps_modes_drops_owners_and_build_times(st, tmp_path):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "repro", "check", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "tools.repro_check", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -170,3 +172,18 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
     proc = run_cli("--no-image", "--clone-dir", str(full))
     assert proc.returncode == OUTPUT_REFUSED and "not empty" in proc.stderr.strip().splitlines()[-1]
     assert (full / "keep-me").read_text() == "mine" and [p.name for p in full.iterdir()] == ["keep-me"]
+
+
+def test_its_outputs_are_the_clone_directories_and_the_report():
+    outputs = {a.option_strings[-1]: a.type.output_kind for a in cli.build_parser()._actions
+               if getattr(a.type, "output_kind", None)}
+    assert outputs == {"--clone-dir": "dir", "--json": "file"}
+
+
+def test_a_file_given_as_a_clone_directory_is_refused_before_anything_runs(tmp_path):
+    wrong = tmp_path / "results.json"
+    wrong.write_text("mine")
+    proc = run_cli("--no-image", "--clone-dir", str(wrong))
+    assert proc.returncode == OUTPUT_REFUSED and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert str(wrong) in proc.stderr and "Traceback" not in proc.stderr
+    assert wrong.read_text() == "mine" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
