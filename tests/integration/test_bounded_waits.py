@@ -29,6 +29,7 @@ from ucx_dask_gpu.errors import ALL_WORKERS_LOST, NOT_A_SCHEDULER, SCHEDULER_LOS
 from ucx_dask_gpu.gate import tls
 from ucx_dask_gpu.ucx.perftest import free_port
 from ucx_dask_gpu.gate.guard import START_WAIT_S
+from ucx_dask_gpu.proof.launchers import DaskProcess
 
 pytestmark = pytest.mark.integration
 
@@ -169,10 +170,8 @@ def targets(procs, shipped_config, tmp_path):
 
 
 def start_dask_worker(dask_worker: Path, tmp_path, env, address: str, *args: str) -> subprocess.Popen:
-    log = open(tmp_path / "dask-worker.log", "w")
-    return subprocess.Popen([str(dask_worker), address, "--nthreads", "1", "--dashboard-address", ":0",
-                             "--local-directory", str(tmp_path / "space"), *args], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return DaskProcess([str(dask_worker), address, "--nthreads", "1", "--dashboard-address", ":0",
+                        "--local-directory", str(tmp_path / "space"), *args], env, tmp_path / "dask-worker.log").popen
 
 
 @pytest.mark.parametrize("kind, code, says, death_timeout", [
