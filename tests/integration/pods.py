@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 import subprocess
 
-from ucx_dask_gpu.image.cluster import CLUSTER_LABEL, has_traceback, parse_json_output
+from ucx_dask_gpu.image.cluster import CLUSTER_LABEL, parse_json_output, stop_in_order
 from ucx_dask_gpu.image.docker import container_logs, container_state, docker_bin, wait_until
 from ucx_dask_gpu.image.gpuhost import HOLDER, HOLDER_ARGV
 
@@ -99,19 +99,9 @@ class Net:
     def stop(self) -> dict:
         """Stop workers and clients, then schedulers, then pods (their namespaces go last), as the cluster does;
         remove everything; every log and traceback."""
-        report = {"logs": {}, "tracebacks": [], "exit_codes": {}}
         schedulers = [c for c in self.containers if c.endswith("-scheduler")]
-        roles = [c for c in self.containers if c not in self.pods and c not in schedulers]
-        for group in (roles, schedulers, self.pods):
-            running = [c for c in group if (container_state(c) or {}).get("Running")]
-            if running:
-                subprocess.run([docker_bin(), "stop", "-t", "30", *running], capture_output=True)
-        for c in self.containers:
-            log = container_logs(c)
-            report["logs"][c] = log
-            report["exit_codes"][c] = (container_state(c) or {}).get("ExitCode")
-            if has_traceback(log):
-                report["tracebacks"].append(c)
+        report = stop_in_order([[c for c in self.containers if c not in self.pods and c not in schedulers],
+                                schedulers, self.pods])
         if self.containers:
             subprocess.run([docker_bin(), "rm", "-f", *self.containers], capture_output=True)
         subprocess.run([docker_bin(), "network", "rm", self.name], capture_output=True)

@@ -266,22 +266,11 @@ class Cluster:
             return self._stop(quiet)
 
     def _stop(self, quiet: bool) -> dict:
-        report = {"logs": {}, "exit_codes": {}, "tracebacks": []}
         if not self.started:
-            return report
+            return stop_in_order([])
         last = (self.scheduler_name, self.holder_name)
-        workers = [c for c in self.containers if c not in last]
-        for group in (workers, *([c for c in self.containers if c == n] for n in last)):
-            running = [c for c in group if (container_state(c) or {}).get("Running")]
-            if running:
-                subprocess.run([docker_bin(), "stop", "-t", str(STOP_GRACE_S), *running], capture_output=True)
-        for name in self.containers:
-            state = container_state(name) or {}
-            log = container_logs(name)
-            report["logs"][name] = log
-            report["exit_codes"][name] = state.get("ExitCode")
-            if has_traceback(log):
-                report["tracebacks"].append(name)
+        report = stop_in_order([[c for c in self.containers if c not in last],
+                                *([c for c in self.containers if c == n] for n in last)])
         # Everything carrying this cluster's label, client containers too: an interrupted `docker run --rm` client
         # keeps running after its CLI is killed, and holds the network and the volume.
         remove_all_clusters(self.name)
@@ -298,6 +287,18 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.stop(quiet=True)
+
+
+def stop_in_order(groups: list[list[str]]) -> dict:
+    """Stop the containers group after group (SIGTERM, STOP_GRACE_S); every one's log and exit code, and the names of
+    those whose log shows a traceback."""
+    for group in groups:
+        running = [c for c in group if (container_state(c) or {}).get("Running")]
+        if running:
+            subprocess.run([docker_bin(), "stop", "-t", str(STOP_GRACE_S), *running], capture_output=True)
+    logs = {c: container_logs(c) for group in groups for c in group}
+    return {"logs": logs, "exit_codes": {c: (container_state(c) or {}).get("ExitCode") for c in logs},
+            "tracebacks": [c for c, log in logs.items() if has_traceback(log)]}
 
 
 def parse_json_output(text: str) -> dict:
