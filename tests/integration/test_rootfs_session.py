@@ -23,7 +23,7 @@ from ucx_dask_gpu.errors import ROOTFS_INVALID
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "gpu-host" / "image_rootfs.sh"
+SCRIPT = ROOT / "tools" / "gpu-host" / "image_rootfs.sh"
 MIB = 1 << 20
 
 
