@@ -34,7 +34,6 @@ class Variant:
     platform: str
     variant: dict[str, str]
     stage1: dict
-    outputs_in_recipe: int
     template: str
     stack: vstack.VariantStack | None = None
 
@@ -153,8 +152,7 @@ def render_recipe(recipes_dir: Path, recipe: str, platforms: tuple[str, ...] = P
                 stage1 = r.recipe.to_dict()
                 if kept is not None and str(stage1["build"].get("string")) not in kept:
                     continue
-                v = Variant(path, platform, {k: str(x) for k, x in r.variant.items()}, stage1,
-                            len({x.recipe.package.name for x in rendered}), template, stack)
+                v = Variant(path, platform, {k: str(x) for k, x in r.variant.items()}, stage1, template, stack)
                 out.setdefault((v.subdir, v.dist), v)
     except (RattlerBuildError, ValueError) as e:
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)

@@ -47,10 +47,6 @@ class Plan:
     notes: list[str]
 
     @property
-    def scheduler_interface(self) -> str | None:
-        return self.workers[0].interface if self.workers else None
-
-    @property
     def uses_infiniband(self) -> bool:
         return any("rc" in w.env.get("UCX_TLS", "").split(",") for w in self.workers)
 
