@@ -3,11 +3,11 @@
 # but no engine: those of stack.toml [debian].image_host_packages that are missing (Debian's docker.io, debootstrap,
 # openssl, skopeo) are installed, and dockerd is started in the background (overlay2 works as root). Without an
 # engine and unable to start one: one line, exit 7.
-# The logic is `ucx-dask-gpu image engine` (src/ucx_dask_gpu/image/docker.py); `--no-start` only checks.
+# The logic is tools/docker_engine.py; `--no-start` only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x .venv/bin/python ]; then
-  exec .venv/bin/python -m ucx_dask_gpu image engine "$@"
+  exec .venv/bin/python -m tools.docker_engine "$@"
 fi
-# Before `make venv`: the package's engine check needs only the standard library.
-PYTHONPATH=src exec python3 -m ucx_dask_gpu image engine "$@"
+# Before `make venv`: the engine check needs only the standard library.
+PYTHONPATH=.:src exec python3 -m tools.docker_engine "$@"

@@ -74,7 +74,7 @@ def shipped_config(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def engine():
     """A Docker engine that answers (started when none runs, as root)."""
-    from ucx_dask_gpu.image.docker import ensure_engine
+    from tools.docker_engine import ensure_engine
 
     return ensure_engine(allow_start=True)
 

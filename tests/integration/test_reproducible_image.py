@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from tools.docker_engine import ensure_engine, install_host_packages
 from tools.repro_check import check as reprocheck
 from ucx_dask_gpu.image import bases, normalise
 from ucx_dask_gpu.image import labels as image_labels
 from ucx_dask_gpu.oci import compare as oci_compare
 from ucx_dask_gpu.oci import sbom
-from ucx_dask_gpu.image.docker import docker_bin, ensure_engine, image_inspect, install_host_packages
+from ucx_dask_gpu.image.docker import docker_bin, image_inspect
 from ucx_dask_gpu.errors import NOT_REPRODUCIBLE
 from ucx_dask_gpu.image.paths import default_cache
 from ucx_dask_gpu.stack.lock import load_lock

@@ -29,7 +29,7 @@ def test_missing_engine_is_one_line_exit_7(cmd, tmp_path):
 
 
 def test_not_root_may_not_start_an_engine(monkeypatch):
-    from ucx_dask_gpu.image import docker as dockerutil
+    from tools import docker_engine as dockerutil
     from ucx_dask_gpu.errors import UserError
 
     monkeypatch.delenv("DOCKER_HOST", raising=False)
@@ -45,7 +45,7 @@ def test_the_engine_make_left_running_is_named_and_only_it_is_stopped(tmp_path):
     """What `make` says at its end (`ci/start_dockerd.sh --status`) and `--stop` undoes: the dockerd processes whose
     output goes to the engine log ensure_engine opens. Real processes of a binary named dockerd (a copy of sleep): one
     writing to that log, one to another."""
-    from ucx_dask_gpu.image import docker as dockerutil
+    from tools import docker_engine as dockerutil
 
     dockerd = tmp_path / "dockerd"
     shutil.copy(shutil.which("sleep"), dockerd)

@@ -1,7 +1,7 @@
 """What exists because of where this repository is built and checked lives outside the product, in tools/ (the
-stand-in conda channel, the no-Docker rootfs runner, the two-clone reproducibility check, the GPU-host scripts, the docs
-generator): tools/ may import ucx_dask_gpu, the package never imports tools/ (a user's installed package has no tools/,
-and nothing it runs depends on this repository's workshop)."""
+stand-in conda channel, the no-Docker rootfs runner, the two-clone reproducibility check, the GPU-host scripts, the
+build host's Docker engine, the docs generator): tools/ may import ucx_dask_gpu, the package never imports tools/ (a
+user's installed package has no tools/, and nothing it runs depends on this repository's workshop)."""
 from __future__ import annotations
 
 import ast
@@ -37,7 +37,7 @@ def test_the_product_cli_has_no_workshop_commands():
     proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "image", "--help"], cwd=REPO, capture_output=True,
                           text=True)
     assert proc.returncode == 0 and "build" in proc.stdout
-    assert not {"export-rootfs", "rootfs-receive", "rootfs-run"} & set(proc.stdout.split())
+    assert not {"export-rootfs", "rootfs-receive", "rootfs-run", "engine"} & set(proc.stdout.split())
     proc = subprocess.run([sys.executable, "-m", "ucx_dask_gpu", "repro", "--help"], cwd=REPO, capture_output=True,
                           text=True)
     assert proc.returncode == 0 and "normalise" in proc.stdout and "check" not in proc.stdout.split()
@@ -45,7 +45,8 @@ def test_the_product_cli_has_no_workshop_commands():
 
 @pytest.mark.parametrize("tool, words", [("tools.rootfs_runner", ["export", "receive", "run"]),
                                          ("tools.repro_check", ["--against-checkout", "--clone-dir"]),
-                                         ("tools.docmap", ["--check", "--write"])])
+                                         ("tools.docmap", ["--check", "--write"]),
+                                         ("tools.docker_engine", ["--no-start", "--status", "--stop"])])
 def test_each_tool_runs_from_the_repository_root(tool, words):
     proc = subprocess.run([sys.executable, "-m", tool, "--help"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0 and all(w in proc.stdout for w in words), proc.stderr

@@ -1,4 +1,4 @@
-"""`ucx-dask-gpu image …` (the Docker engine, the verified inputs, the bases, the build, the cluster demo),
+"""`ucx-dask-gpu image …` (the verified inputs, the bases, the build, the cluster demo),
 `ucx-dask-gpu repro …` (normalise a built image, compare two builds) and `ucx-dask-gpu sbom …` (check, generate)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..errors import NO_DOCKER, NOT_REPRODUCIBLE, SBOM_INVALID, SBOM_MISMATCH, USAGE, VERDICT_FAILED, UserError
+from ..errors import NOT_REPRODUCIBLE, SBOM_INVALID, SBOM_MISMATCH, USAGE, VERDICT_FAILED, UserError
 from ..cliutil import add_output
 from ..fsutil import write_output_file
 from ..oci import sbom as sbommod
@@ -22,7 +22,7 @@ from .bases import KINDS, base_from_image, ensure_base
 from .build import build_image
 from .cluster import Cluster, remove_all_clusters
 from .demo import demo_ok, render_demo, run_demo
-from .docker import ENGINE_LOG, docker, engine_version, ensure_engine, started_engines, stop_started_engines
+from .docker import docker, engine_version
 from .gpuhost import parse_gpus
 from .paths import CACHE_ENV, default_cache, default_ucxx_wheels, image_ref
 from .wheelhouse import build_own_wheel, ensure_wheelhouse
@@ -37,23 +37,6 @@ def _cache(args) -> Path:
 
 
 # --- image ------------------------------------------------------------------------------------------------------------
-
-def _cmd_engine(args) -> int:
-    if args.stop:
-        for pid in stop_started_engines():
-            print(f"stopped dockerd (pid {pid})")
-        left = started_engines()
-        if left:
-            raise UserError(f"dockerd (pid {', '.join(map(str, left))}) did not stop within 60 s", NO_DOCKER)
-        return 0
-    if args.status:
-        for pid in started_engines():
-            print(f"still running: the Docker engine started for this repository's builds (dockerd pid {pid}, "
-                  f"log {ENGINE_LOG}); stop it: ci/start_dockerd.sh --stop")
-        return 0
-    print(f"Docker engine {ensure_engine(allow_start=not args.no_start)}")
-    return 0
-
 
 def _cmd_wheelhouse(args) -> int:
     st = _stack(args)
@@ -174,14 +157,7 @@ def _cmd_role_hook(args) -> int:
 
 
 def _register_image_inputs(s: argparse._SubParsersAction) -> None:
-    """engine, wheelhouse, base: what a build needs, fetched and verified."""
-    e = s.add_parser("engine", help="make sure a Docker engine answers; start Debian's dockerd when none does (root)")
-    e.add_argument("--no-start", action="store_true", help="only check; never install or start an engine")
-    e.add_argument("--status", action="store_true",
-                   help="say whether an engine this command started is still running (`make` ends with it)")
-    e.add_argument("--stop", action="store_true", help="stop the engine(s) this command started")
-    e.set_defaults(func=_cmd_engine)
-
+    """wheelhouse, base: what a build needs, fetched and verified."""
     w = s.add_parser("wheelhouse", help="download + verify every wheel of the hashed lock, and build our own wheel")
     w.add_argument("--lock", type=Path, help="hashed requirements to fetch (default: stack.toml [python].lock)")
     w.add_argument("--find-links", metavar="DIR", help="take wheels from DIR instead of PyPI (no index)")
