@@ -32,10 +32,11 @@ from ucx_dask_gpu.cliutil import Progress
 from ucx_dask_gpu.errors import BUILD_FAILED, OUTPUT_REFUSED, USAGE, UserError
 from ucx_dask_gpu.fsutil import sha256_file
 from ucx_dask_gpu.image import leftovers, normalise
-from ucx_dask_gpu.image.bases import clean_bases
+from ucx_dask_gpu.image.bases import KINDS
 from ucx_dask_gpu.image.build import link_or_copy
 from ucx_dask_gpu.image.docker import docker, image_inspect
-from ucx_dask_gpu.image.paths import CACHE_ENV, UCX_SOURCES, UCXX_WHEELS_ENV, default_cache, image_ref, stage_ref
+from ucx_dask_gpu.image.paths import (CACHE_ENV, UCX_SOURCES, UCXX_WHEELS_ENV, base_ref, default_cache, image_ref,
+                                      stage_ref)
 from ucx_dask_gpu.image.wheelhouse import wheelhouse_dir
 from ucx_dask_gpu.oci.compare import compare as compare_images
 from ucx_dask_gpu.oci.compare import render_compare
@@ -213,6 +214,15 @@ def _link_files(src: Path, dest: Path) -> None:
     for f in sorted(src.iterdir()):
         if f.is_file():
             link_or_copy(f, dest / f.name)
+
+
+def clean_bases(st: Stack) -> None:
+    """Untag the Debian base images, so the next build bootstraps them again: new base image ids, hence no Docker
+    build cache either. Images built on the old bases keep them (untagging deletes nothing they use)."""
+    for kind in KINDS:
+        tag = base_ref(st, kind)
+        if image_inspect(tag) is not None:
+            docker(["rmi", tag], code=BUILD_FAILED, what=f"docker rmi {tag}")
 
 
 def build_image(st: Stack, b: Build, logs: Path, fresh_bases: bool, lock: Path | None, inputs_from: Path) -> None:

@@ -32,7 +32,7 @@ from ..oci.archive import LABEL_PREFIX
 from ..oci.layer import normalise_rootfs_tar
 from ..stack import Stack
 from ..ucxbuild.repro import fixed_umask
-from .docker import docker, image_inspect, labels_of
+from .docker import docker, labels_of
 from .paths import base_ref
 
 KINDS = ("runtime", "builder")
@@ -70,15 +70,6 @@ def base_key(st: Stack, kind: str) -> str:
 
 
 say = Progress("base: ")
-
-
-def clean_bases(st: Stack) -> None:
-    """Untag the Debian base images, so the next build bootstraps them again: new base image ids, hence no
-    Docker build cache either. Images built on the old bases keep them (untagging deletes nothing they use)."""
-    for kind in KINDS:
-        tag = base_ref(st, kind)
-        if image_inspect(tag) is not None:
-            docker(["rmi", tag], code=BUILD_FAILED, what=f"docker rmi {tag}")
 
 
 def _run(cmd: list[str], what: str, code: int = BUILD_FAILED, log: Path | None = None,
