@@ -91,29 +91,17 @@ def atomic_write_text(dest: str | os.PathLike, text: str, mode: int = 0o644) -> 
 
 
 def atomic_write_many(files: dict[str | os.PathLike, bytes | str]) -> list[Path]:
-    """Write several files so that either all appear or none: render everything first, then rename each.
-
-    Renames are individually atomic; a failure while rendering leaves nothing behind.
-    """
-    staged: list[tuple[Path, Path, Path]] = []
-    try:
-        for dest in files:
-            if Path(dest).is_dir() and not Path(dest).is_symlink():  # before anything is staged or renamed
-                raise IsADirectoryError(errno.EISDIR, "is a directory, not replaced", str(dest))
+    """Write several files so that either all appear or none: every one is written before any is renamed in (each
+    rename is atomic); a failure while writing leaves nothing behind."""
+    for dest in files:  # before anything is written or renamed
+        if Path(dest).is_dir() and not Path(dest).is_symlink():
+            raise IsADirectoryError(errno.EISDIR, "is a directory, not replaced", str(dest))
+    with contextlib.ExitStack() as stack:
         for dest, data in files.items():
-            dest = Path(dest)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-            tmp = tmpdir / dest.name
-            staged.append((tmpdir, tmp, dest))  # before writing: a full disk must not leave the staging folder
-            tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+            tmp = stack.enter_context(atomic_path(dest))
+            tmp.write_bytes(_bytes(data))
             os.chmod(tmp, 0o644)
-        for _, tmp, dest in staged:
-            os.replace(tmp, dest)
-        return [dest for _, _, dest in staged]
-    finally:
-        for tmpdir, _, _ in staged:
-            shutil.rmtree(tmpdir, ignore_errors=True)
+    return [Path(dest) for dest in files]
 
 
 # --- outputs a user names on the command line ------------------------------------------------------------------------
@@ -222,8 +210,7 @@ def claim_work_dir(path: str | os.PathLike, own: Iterable[str], option: str = ""
         if d.is_dir() and not (d / WORK_MARK).is_file():
             foreign = sorted(p.name for p in d.iterdir() if not any(fnmatch.fnmatch(p.name, o) for o in own))
             if foreign:
-                _refuse(path, f"holds what this command did not make ({foreign[0]}"
-                               f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); give a new or empty "
+                _refuse(path, f"holds what this command did not make ({first_of(foreign)}); give a new or empty "
                                "directory, or one it worked in before", option)
         d.mkdir(parents=True, exist_ok=True)
         (d / WORK_MARK).touch()
@@ -286,7 +273,7 @@ def unknown_entries(directory: str | os.PathLike, files: Iterable[str] | None = 
     return sorted(unknown)
 
 
-def _first_of(names: list[str]) -> str:
+def first_of(names: list[str]) -> str:
     return names[0] + (f" and {len(names) - 1} more" if len(names) > 1 else "")
 
 
@@ -303,7 +290,7 @@ def refuse_unknown(directory: str | os.PathLike, option: str = "") -> None:
     except OSError as e:
         _refuse(directory, e.strerror or str(e), option)
     if unknown:
-        _refuse(directory, f"holds {_first_of(unknown)}, which this command did not write (not in its {MANIFEST}); "
+        _refuse(directory, f"holds {first_of(unknown)}, which this command did not write (not in its {MANIFEST}); "
                            "give a new or empty directory, or one it wrote before", option)
 
 
@@ -367,7 +354,7 @@ def check_names_free(directory: str | os.PathLike, names: Iterable[str] | Mappin
     taken = taken_names(directory, {n: _bytes(names[n]) if isinstance(names, Mapping) else None for n in names})
     if taken:
         how = f"; {overwrite_flag} replaces them" if overwrite_flag else ""
-        _refuse(directory, f"{_first_of(taken)} is there and this command did not write it (not in its "
+        _refuse(directory, f"{first_of(taken)} is there and this command did not write it (not in its "
                            f"{MANIFEST}){how}", option)
 
 
@@ -452,7 +439,7 @@ def write_output_dir(path: str | os.PathLike, files: Mapping[str, bytes | str], 
     try:
         taken = taken_names(directory, data) if directory.is_dir() and not overwrite else []
         if taken:
-            why = f"{_first_of(taken)} is there and this command did not write it (not in its {MANIFEST})"
+            why = f"{first_of(taken)} is there and this command did not write it (not in its {MANIFEST})"
         else:
             directory.mkdir(parents=True, exist_ok=True)
             written = atomic_write_many({directory / name: d for name, d in data.items()})

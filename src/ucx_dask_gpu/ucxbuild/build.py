@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import BUILD_FAILED, MISSING_CAPABILITY, OUTPUT_REFUSED, USAGE, UserError
-from ..fsutil import atomic_path, atomic_write_text, claim_work_dir, sha256_file, unknown_entries
+from ..fsutil import atomic_path, atomic_write_text, claim_work_dir, first_of, sha256_file, unknown_entries
 from ..stack import Stack
 from ..ucx.install import BUILD_INFO, read_build_info
 from . import cuda as cudamod
@@ -429,8 +429,7 @@ def build(stack: Stack, opts: BuildOptions) -> dict:
             return read_build_info(prefix)
         foreign = foreign_in_earlier_build(prefix)
         if foreign:  # replaced whole at the end, it would take the user's files with it: refused before the build
-            raise UserError(f"--prefix {prefix}: an earlier build holding {foreign[0]}"
-                            f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which its build info "
+            raise UserError(f"--prefix {prefix}: an earlier build holding {first_of(foreign)}, which its build info "
                             "does not list; move it away, or give a new or empty prefix", OUTPUT_REFUSED)
         with build_work_dir(opts.work_dir, WORK_FOLDERS, "ucx-build-") as work:
             info = _build(stack, opts, work, key)

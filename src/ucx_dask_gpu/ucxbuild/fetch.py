@@ -21,7 +21,6 @@ import os
 import shutil
 import socket
 import tarfile
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from ..cliutil import Progress
 from ..errors import HASH_MISMATCH, SOURCE_UNREACHABLE, UserError
-from ..fsutil import atomic_write_text, sha256_file
+from ..fsutil import atomic_path, atomic_write_text, sha256_file
 from ..stack import Artifact, SourceArchive, Stack
 from .gittree import NotASourceArchive, content_tree
 
@@ -168,7 +167,7 @@ def source_verifier(src: SourceArchive) -> Verifier:
 # --- one file -----------------------------------------------------------------------------------------------------
 
 def _download(url: str, dest_dir: Path, filename: str, verify: Verifier) -> tuple[Path, str]:
-    """Stream `url` into dest_dir/.filename.XXXX, verify, rename to dest_dir/filename."""
+    """Stream `url` into a temporary file beside dest_dir/filename, verify it, rename it there."""
     req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
     t0 = time.monotonic()
     try:
@@ -182,24 +181,18 @@ def _download(url: str, dest_dir: Path, filename: str, verify: Verifier) -> tupl
         raise Unreachable(str(getattr(reason, "strerror", None) or reason)) from None
     except (OSError, ValueError) as e:  # timeouts, connection resets, malformed URL
         raise Unreachable(str(e) or type(e).__name__) from None
-    dest_dir.mkdir(parents=True, exist_ok=True)  # only now: an unreachable source leaves no empty directory
-    fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", dir=dest_dir)
+    final = dest_dir / filename
     size = 0
-    try:
+    with resp, atomic_path(final) as tmp:  # dest_dir made only now: an unreachable source leaves no empty directory
         try:
-            with resp, os.fdopen(fd, "wb") as out:
+            with open(tmp, "wb") as out:
                 while block := resp.read(1 << 20):
                     out.write(block)
                     size += len(block)
         except (OSError, http.client.HTTPException) as e:  # reset / timeout / truncated body mid-transfer
             raise Unreachable(f"transfer failed: {e or type(e).__name__}") from None
-        how = verify(Path(tmp), url)
+        how = verify(tmp, url)
         os.chmod(tmp, 0o644)
-        final = dest_dir / filename
-        os.replace(tmp, final)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     say(f"  downloaded {size / 1e6:.1f} MB in {time.monotonic() - t0:.1f} s, {how} ok")
     return final, how
 
@@ -308,18 +301,11 @@ def fetch_all(stack: Stack, dest: Path, *, dirs: list[Path], offline: bool, cuda
 
 
 def _copy_verified(path: Path, dest: Path) -> Path:
-    """Copy an already verified file into dest (temp name, then rename); no-op when it is already there."""
+    """Copy an already verified file into dest (whole or not at all); no-op when it is already there."""
     final = dest / path.name
     if final.exists() and final.resolve() == path.resolve():
         return final
-    dest.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=dest)
-    os.close(fd)
-    try:
+    with atomic_path(final) as tmp:
         shutil.copyfile(path, tmp)
         os.chmod(tmp, 0o644)
-        os.replace(tmp, final)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return final
