@@ -1,21 +1,12 @@
 """Build the one image (docker/Dockerfile): fetch and verify every input, stage a context, `docker build --network none`.
 
-Order (each step fails with one line and its own exit code, before anything later starts):
-1. a Docker engine answers (NO_DOCKER);
-2. UCX sources: `ucx-src-build/build.sh fetch` (archive, CUDA header wheels, link .debs, each sha256-checked);
-3. the wheelhouse of the hashed lock and our own wheel (wheelhouse.py);
-4. the Debian bases, debootstrapped and imported unless already there (bases.py);
-5. the context: only those verified files, with mtimes set to stack.toml's source_date_epoch and permission bits
-   as git keeps them (0644, or 0755 for executables): a checkout made under another umask gives the same layers;
-6. `docker build --target ucx` (classic builder, --network none), then the UCX build info is read from that stage:
-   the UCXX wheels (`ucx-src-build/build.sh ucxx`, verified against their build info) must have been built against
-   a UCX of the same source, patches and configure flags;
-7. the full build, with OCI labels (versions, stack id, UCX and UCXX build info). The stack id is the hash of the
-   environment contract (gate/identity.py), predicted here from the lock, the UCXX wheels and our own wheel; the
-   image computes it from what it really installed (`ucx-dask-gpu guard id`, its stack-id file), and the two must be
-   the same;
-8. the normalisation (normalise.py): the image becomes reproducible and carries its SBOM;
-9. the images earlier builds of this tag made and this one no longer uses are removed (leftovers.py).
+Each step fails with one line and its own exit code before anything later starts: a Docker engine, the UCX sources
+(`ucx-src-build/build.sh fetch`), the wheelhouse and our own wheel (wheelhouse.py), the Debian bases (bases.py); the
+context holds only those verified files, with stack.toml's mtimes and git's permission bits, so a checkout made under
+another umask gives the same layers. The `ucx` stage builds (in the background) and its build info must match the
+UCX the UCXX wheels were built against; the full build's stack id, predicted here from the lock and the wheels
+(gate/identity.py), must be the one the image computes from what it installed. Then the normalisation
+(normalise.py: reproducible, with its SBOM) and the removal of what earlier builds of the tag left (leftovers.py).
 
 The classic builder (DOCKER_BUILDKIT=0) is used on purpose: it is what Debian's docker.io 20.10 ships, it honours
 `--network none` for every RUN, and the reproducible-image work builds on its layer format.
@@ -33,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cliutil import Progress, format_bytes
+from ..cliutil import Progress
 from ..errors import BUILD_FAILED, HASH_MISMATCH, UCX_NOT_FOUND, UserError
 from ..fsutil import atomic_write_text, sha256_file
 from ..gate import identity
@@ -66,18 +57,12 @@ class BuildResult:
     timings: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
 
-    def summary(self) -> str:
-        return (f"{self.tag}  id {self.image_id}  size {format_bytes(self.size, binary=False)}  stack id {self.stack_id}  "
-                f"UCX {self.ucx_version} + UCXX {self.ucxx_version}, both built from source")
-
 
 # --- inputs ------------------------------------------------------------------------------------------------------
 
 def ucx_build_files(root: Path) -> list[Path]:
-    """Files of this package the UCX build imports (closure over its imports), relative to `root`.
-
-    Only these go into the builder stage, so editing an unrelated module does not rebuild UCX in the image.
-    """
+    """Files of this package the UCX build imports (closure over its imports), relative to `root`: only these go into
+    the builder stage, so editing an unrelated module does not rebuild UCX in the image."""
     pkg_root = root / "src"
     start = sorted((pkg_root / "ucx_dask_gpu" / "ucxbuild").glob("*.py"))
     seen: set[Path] = set()
@@ -329,16 +314,9 @@ class DockerBuild:
         self._out.close()
 
 
-def docker_build(ctx: Path, tag: str, args: dict[str, str], labels: dict[str, str], log: Path,
-                 target: str | None = None, no_cache: bool = False) -> None:
-    DockerBuild(ctx, tag, args, labels, log, target, no_cache=no_cache).wait()
-
-
 def verify_ucx_stage(st: Stack, stage_tag: str) -> None:
-    """`ucx-src-build/build.sh verify` on the built prefix, in a container of the ucx stage (no network).
-
-    SYS_PTRACE lets UCX's cma transport (process_vm_readv) work, which Docker's default seccomp profile blocks.
-    """
+    """`ucx-src-build/build.sh verify` on the built prefix, in a container of the ucx stage (no network); SYS_PTRACE
+    lets UCX's cma transport (process_vm_readv) work, which Docker's default seccomp profile blocks."""
     script = "/build/tree/ucx-src-build/build.sh"
     proc = docker(["run", "--rm", "--network", "none", "--cap-add", "SYS_PTRACE", "--entrypoint", script, stage_tag,
                    "verify", "--prefix", st.image.ucx_prefix], code=BUILD_FAILED, what="verifying UCX in the image",
@@ -377,14 +355,8 @@ class _Timings(dict):
 def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
                 extra_wheels: list[Path] | None = None, base_from: str | None = None,
                 normalise: bool = True, own_wheel: Path | None = None, no_cache: bool = False) -> BuildResult:
-    """Build `tag`; `base_from`: derive the bases from this registry image instead of debootstrapping them.
-    `ucxx_dir`: the UCXX wheels (`ucx-src-build/build.sh ucxx --out`). `own_wheel`: install this wheel of our
-    package instead of one built from the checkout (e.g. a patched build under another version). `no_cache`:
-    every step runs again (`docker build --no-cache`), nothing is taken from earlier builds' layers.
-
-    `normalise`: make the image reproducible and add its SBOM afterwards (normalise.finish_build): `tag` then
-    names the normalised image, whose id depends on the inputs only.
-    """
+    """Build `tag` (the arguments are `image build`'s options); with `normalise`, `tag` then names the reproducible
+    image with its SBOM, whose id depends on the inputs only."""
     extra_wheels = _extra_wheels(extra_wheels or [])
     own_wheel = own_wheel_of(st, own_wheel) if own_wheel else None
     tag = tag or image_ref(st)
@@ -421,8 +393,8 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
     stack_id = expected_stack_id(st, ucxx_info, [own, *extra_wheels])
     labels = build_labels(st, stack_id, info, ucxx_info, base, extra_wheels)
     say(f"building {tag} (stack id {stack_id}) with --network none")
-    timings.step("docker_build", docker_build, full_ctx, tag, build_args(st, base, builder), labels,
-                 work / "logs" / "docker-build.log", no_cache=no_cache)
+    timings.step("docker_build", lambda: DockerBuild(full_ctx, tag, build_args(st, base, builder), labels,
+                                                     work / "logs" / "docker-build.log", no_cache=no_cache).wait())
     _check_stack_id_inside(tag, stack_id)
     _normalise_and_prune(st, tag, stage_tag, cache, work, extra_wheels + ([own_wheel] if own_wheel else []),
                          normalise, timings)

@@ -271,20 +271,16 @@ def _cmd_rootfs(args) -> int:
     return 0
 
 
-def _report_compare(r: dict, json_path: str | None) -> int:
+def _cmd_compare(args) -> int:
     """Print the comparison, write it as JSON when asked, and fail (exit 30) unless the two builds are identical."""
+    r = compare(Path(args.a), Path(args.b), limit=args.limit)
     print(render_compare(r))
-    if json_path:
-        write_output_file(json_path, json.dumps(r, indent=2, sort_keys=True) + "\n", what="the comparison")
+    if args.json:
+        write_output_file(args.json, json.dumps(r, indent=2, sort_keys=True) + "\n", what="the comparison")
     if not r["identical"]:
         raise UserError(f"not reproducible: {r['a']['image_id']} != {r['b']['image_id']} (first differences above)",
                         NOT_REPRODUCIBLE)
     return 0
-
-
-def _cmd_compare(args) -> int:
-    r = compare(Path(args.a), Path(args.b), limit=args.limit)
-    return _report_compare(r, args.json)
 
 
 def _register_repro(sub: argparse._SubParsersAction) -> None:
