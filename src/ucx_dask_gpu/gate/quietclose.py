@@ -1,4 +1,4 @@
-"""Worker and scheduler preload: a normal shutdown logs no traceback.
+"""Worker, nanny and scheduler preload: a normal shutdown logs no traceback.
 
 Worker: no heartbeat is left on the wire when the worker closes its connections.
 
@@ -13,24 +13,14 @@ normally. Plugins are torn down at the start of `Worker.close`: this one stops t
   own close starts), and no heartbeat starts once the stream to the scheduler is closed, so no connection attempts
   go to a scheduler that is shutting down.
 
-Both: distributed logs a peer's normal close of a batched stream ("Batched Comm Closed", at INFO) with the
-CommClosedError's traceback, e.g. in the scheduler's log when it had a message on the way to a worker being stopped.
-The line stays; the traceback of that expected close goes.
-
 Nanny: a worker that closes by itself (its scheduler told it to, or it was told to retire) first tells its nanny
 (`close_gracefully`), then ends its process; that process's thread waiting for the nanny's stop message is cut off
 after 2 s and distributed logs "Worker process died unexpectedly" with a TypeError traceback. The nanny now sends
 that stop message as soon as it hears of the close, as its own close would: the thread ends with it, 2 s earlier.
 
-UCX listeners (every role): a peer that opens a UCX connection and goes away or gives up before the handshake ends
-(a worker's connect cancelled as it closes, a client's reconnect ended with its process, a process killed) leaves
-UCXX's listener waiting for the peer's info; after the connect timeout (5 s) UCXX logs "UCXPY ERROR Unexpected error
-in listener handler coroutine" with the TimeoutError's traceback (seen on a scheduler at shutdown). Nothing is lost:
-that connection never carried anything. It becomes one warning line. So does any record distributed logs with a
-TimeoutError from that handshake on the connecting side (a scheduler connecting to a nanny that is closing, under
-load), with its own message. A peer that speaks another protocol at a listener (a ucx:// worker given a tcp://
-scheduler's address) is one warning line per attempt instead of two tracebacks. A UCX request that failed with its
-connection after the waiting coroutine was cancelled by the same close is not reported again by asyncio.
+Every role: the records of expected closes lose their tracebacks (a peer's normal close of a batched stream, a UCX
+handshake a peer abandoned or that timed out, a peer speaking another protocol at a listener) or go (a UCX request
+that failed with its closed connection after its waiter was cancelled); each filter below says which and why.
 
 Load it on every role (dask config `distributed.scheduler|worker|nanny.preload`, next to the guard).
 """
@@ -124,7 +114,8 @@ class QuietClose(WorkerPlugin):
 
 
 class ExpectedCloseFilter(logging.Filter):
-    """Drops the traceback of "Batched Comm Closed" records whose exception is a CommClosedError; keeps the line."""
+    """Drops the traceback of "Batched Comm Closed" records whose exception is a CommClosedError (a peer's normal
+    close, e.g. a worker stopped while the scheduler had a message on the way to it); keeps the line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -139,8 +130,11 @@ ABANDONED_HANDSHAKE = ("a peer opened a UCX connection and did not finish its ha
 
 
 class AbandonedHandshakeFilter(logging.Filter):
-    """UCXX's error record for a listener handshake that timed out becomes one warning line, without the traceback
-    (UCXX formats the traceback into the message itself: `"%s\\n%s" % (message, traceback text)`)."""
+    """A peer that opens a UCX connection and goes away before the handshake ends (a connect cancelled as its worker
+    closes, a killed process) leaves UCXX's listener waiting for its info; after the connect timeout UCXX logs an
+    error with the TimeoutError's traceback (seen on a scheduler at shutdown), formatted into the message itself
+    (`"%s\\n%s" % (message, traceback text)`). Nothing is lost, that connection never carried anything: one warning
+    line instead."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
@@ -152,9 +146,7 @@ class AbandonedHandshakeFilter(logging.Filter):
 
 
 def quiet_abandoned_handshakes() -> None:
-    ucx = logging.getLogger("ucx")  # UCXX's logger, with a handler of its own
-    if not any(isinstance(f, AbandonedHandshakeFilter) for f in ucx.filters):
-        ucx.addFilter(AbandonedHandshakeFilter())
+    _add_once(logging.getLogger("ucx"), AbandonedHandshakeFilter)  # UCXX's logger, with a handler of its own
 
 
 HANDSHAKE_TIMED_OUT = "a UCX handshake timed out (the peer was slow, loaded or going away)"
@@ -192,8 +184,7 @@ def quiet_handshake_timeouts() -> None:
     """On the handlers every distributed record goes through (a logger's own filters miss its children's records)."""
     for logger in (logging.getLogger("distributed"), logging.getLogger()):
         for handler in logger.handlers:
-            if not any(isinstance(f, HandshakeTimeoutFilter) for f in handler.filters):
-                handler.addFilter(HandshakeTimeoutFilter())
+            _add_once(handler, HandshakeTimeoutFilter)
 
 
 FOREIGN_PEER = ("a peer connected that does not speak Dask's protocol over this listener's transport (e.g. a ucx:// "
@@ -235,15 +226,11 @@ def _tracebacks(tb):
 
 def quiet_foreign_peers() -> None:
     for name in ("distributed.protocol.core", "tornado.application"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, ForeignPeerFilter) for f in logger.filters):
-            logger.addFilter(ForeignPeerFilter())
+        _add_once(logging.getLogger(name), ForeignPeerFilter)
 
 
 def quiet_batched_close() -> None:
-    batched = logging.getLogger("distributed.batched")
-    if not any(isinstance(f, ExpectedCloseFilter) for f in batched.filters):
-        batched.addFilter(ExpectedCloseFilter())
+    _add_once(logging.getLogger("distributed.batched"), ExpectedCloseFilter)
 
 
 def stop_worker_process_on_graceful_close(nanny) -> None:
@@ -276,9 +263,13 @@ class UnretrievedUcxErrorFilter(logging.Filter):
 
 
 def quiet_unretrieved_ucx_errors() -> None:
-    aio = logging.getLogger("asyncio")
-    if not any(isinstance(f, UnretrievedUcxErrorFilter) for f in aio.filters):
-        aio.addFilter(UnretrievedUcxErrorFilter())
+    _add_once(logging.getLogger("asyncio"), UnretrievedUcxErrorFilter)
+
+
+def _add_once(where: logging.Filterer, kind: type[logging.Filter]) -> None:
+    """A `kind` filter on a logger or handler, once however often the preload runs in a process."""
+    if not any(isinstance(f, kind) for f in where.filters):
+        where.addFilter(kind())
 
 
 async def dask_setup(server) -> None:
