@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from ucx_dask_gpu import stack
-from ucx_dask_gpu.oci import tarnorm
+from ucx_dask_gpu.oci import layer, tarnorm
 from ucx_dask_gpu.errors import BAD_ARCHIVE, UserError
 
 EPOCH = stack.load().source_date_epoch
@@ -162,5 +162,5 @@ def test_not_a_tar_is_one_clear_error(tmp_path):
     bad = tmp_path / "bad.tar"
     bad.write_bytes(b"this is not a tar archive at all" * 40)
     with pytest.raises(UserError) as e:
-        tarnorm.normalise_tar_file(bad, tmp_path / "out.tar", EPOCH)
+        layer.normalise_rootfs_tar(bad, tmp_path / "out.tar", EPOCH)
     assert e.value.exit_code == BAD_ARCHIVE and "\n" not in str(e.value)

@@ -112,18 +112,8 @@ def write_archive(out, epoch: int, config: bytes, layers: list[tuple[str, Path]]
     }
     for d, p in layers:
         files.setdefault(blob(d), p)
-    h = hashlib.sha256()
-
-    class _Tee(io.RawIOBase):
-        def writable(self):
-            return True
-
-        def write(self, b):
-            out.write(b)
-            h.update(b)
-            return len(b)
-
-    with tarfile.open(fileobj=_Tee(), mode="w|", format=tarfile.PAX_FORMAT) as tar:
+    tee = tarnorm.HashingWriter(out)
+    with tarfile.open(fileobj=tee, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for d in ("blobs", "blobs/sha256"):
             tar.addfile(_outer_entry(d, 0, epoch, directory=True))
         for name in sorted(files, key=tarnorm.sort_key):
@@ -133,4 +123,4 @@ def write_archive(out, epoch: int, config: bytes, layers: list[tuple[str, Path]]
                     tar.addfile(_outer_entry(name, data.stat().st_size, epoch), f)
             else:
                 tar.addfile(_outer_entry(name, len(data), epoch), io.BytesIO(data))
-    return {"image_id": cfg_digest, "manifest_digest": manifest_digest, "archive_sha256": h.hexdigest()}
+    return {"image_id": cfg_digest, "manifest_digest": manifest_digest, "archive_sha256": tee.h.hexdigest()}

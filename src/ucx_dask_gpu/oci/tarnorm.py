@@ -89,7 +89,9 @@ class NormaliseResult:
     rewritten: list[str]        # paths whose contents the fix hook replaced
 
 
-class _HashingWriter(io.RawIOBase):
+class HashingWriter(io.RawIOBase):
+    """Writes through to `out`, counting the bytes and hashing them (sha256)."""
+
     def __init__(self, out: BinaryIO):
         self.out, self.h, self.n = out, hashlib.sha256(), 0
 
@@ -157,7 +159,7 @@ def normalise_tar(src: tarfile.TarFile, out: BinaryIO, epoch: int, *, where: str
     anchor_of, content_of = _hardlink_anchors(kept)
 
     entries: list[Entry] = []
-    writer = _HashingWriter(out)
+    writer = HashingWriter(out)
     buffered = io.BufferedWriter(writer, buffer_size=1 << 20)
     try:
         dst = tarfile.open(fileobj=buffered, mode="w|", format=tarfile.PAX_FORMAT)
@@ -302,16 +304,6 @@ def _write_stream(dst: tarfile.TarFile, ti: tarfile.TarInfo, f, entries: list[En
     else:
         dst.addfile(ti, f)
         entries.append(_entry(ti, ""))
-
-
-def normalise_tar_file(src_path, dst_path, epoch: int, **kw) -> NormaliseResult:
-    """File-to-file convenience wrapper (the destination is written whole or not at all by the caller)."""
-    try:
-        src = tarfile.open(src_path, mode="r:*")
-    except (tarfile.TarError, OSError) as e:
-        raise UserError(f"{src_path}: not a readable tar archive: {e}", BAD_ARCHIVE) from None
-    with src, open(dst_path, "wb") as out:
-        return normalise_tar(src, out, epoch, where=str(src_path), **kw)
 
 
 def _owned_by_root(ti: tarfile.TarInfo) -> tarfile.TarInfo:
