@@ -1,14 +1,9 @@
 """Base images built from Debian packages, for machines that can reach a Debian mirror but no container registry.
 
-`debootstrap --variant=minbase --include=PACKAGES SUITE ROOT MIRROR` (suite, mirror and package lists from
-stack.toml [debian]), scrubbed of host- and time-dependent files, tarred deterministically (sorted names, mtimes
-clamped to stack.toml's source_date_epoch, numeric owners, no atime/ctime), brought to the normal form of an image
-layer (oci/layer.py) and `docker import`ed.
-
-Two bases, both from the same mirror at the same time, so they carry the same python3 build:
-- runtime (`[image].base_name`): base_packages — what the image runs on;
-- builder (`[image].builder_name`): base_packages + ucx_build_packages + builder_packages — UCX is compiled and the
-  venv created there, during a `docker build --network none`.
+`debootstrap --variant=minbase` of stack.toml [debian], scrubbed of host- and time-dependent files, tarred
+deterministically in the normal form of an image layer (oci/layer.py) and `docker import`ed. Two bases from the same
+mirror at the same time, so they carry the same python3 build: runtime (what the image runs on) and builder (where
+UCX is compiled and the venv created, during a `docker build --network none`).
 
 An imported base is labelled with a key (hash of everything that went into it); an existing image with the same
 key is reused, so a warm rebuild neither bootstraps again nor changes the base's image id (which would invalidate

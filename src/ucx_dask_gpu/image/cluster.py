@@ -11,15 +11,11 @@ from another image, and read every log):
     client    docker run --rm ... ucx-dask-gpu workload ... --scheduler PROTO://scheduler:8786
     volume    udg-<id>-data at /data on workers and clients (from-map reads files the client wrote there)
 
-TLS: a CA and a certificate per role (gate/tls.py) are generated at start into a temporary directory (without the
-CA's key), mounted read-only at /tls; every role is configured through dask's environment variables, requires
-encryption and the peer's certificate (mutual TLS), so a plain-TCP client, or one without a certificate of this
-cluster's CA, is refused.
+TLS: a throw-away CA (its key not kept) and a certificate per role (gate/tls.py), mounted read-only at /tls; every
+role requires mutual TLS, so a plain-TCP client, or one without a certificate of this cluster's CA, is refused.
 
-Stop: workers first, then the scheduler (then the GPU namespace holder), with SIGTERM (tini forwards it; Dask closes
-cleanly) and a grace period; `stop()` returns every container's log and the names of those that show a Python
-traceback. (Workers are not retired through the scheduler first: that races the workers' heartbeats and logs more
-errors, not fewer.)
+Stop: workers, then the scheduler (then the namespace holder), with SIGTERM and a grace period. Workers are not
+retired through the scheduler first: that races their heartbeats and logs more errors, not fewer.
 """
 from __future__ import annotations
 

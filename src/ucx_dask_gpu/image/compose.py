@@ -1,14 +1,6 @@
-"""`ucx-dask-gpu image compose`: the docker-run cluster (cluster.py) as a compose file a user runs on one host.
-
-The same roles, commands and host flags as `Cluster` (one source for both): a scheduler, on a GPU host a namespace
-holder and one `dask cuda worker` per GPU in its IPC and PID namespaces (gpuhost.py), a data volume, and a client
-service in the `client` profile that runs the transpose workload:
-
-    docker compose -f docker/compose.yaml up -d
-    docker compose -f docker/compose.yaml run --rm client
-    docker compose -f docker/compose.yaml down -v
-
-docker/compose.yaml is this command's output for two GPUs over UCX (`--check` says whether it still is).
+"""`ucx-dask-gpu image compose`: the docker-run cluster (cluster.py) as a compose file a user runs on one host, with
+the same roles, commands and host flags as `Cluster` (one source for both). docker/compose.yaml is this command's
+output for two GPUs over UCX (`--check` says whether it still is).
 """
 from __future__ import annotations
 

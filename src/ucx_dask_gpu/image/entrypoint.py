@@ -1,33 +1,17 @@
-"""The image's entrypoint (after tini): know the role, check what it needs, then exec the command.
+"""The image's entrypoint (after tini): know the role, check what it needs, then exec the command (docs/image.md,
+"Roles, and any other command").
 
-    docker run IMAGE dask scheduler ...            scheduler      (also: dask-scheduler,
-                                                                   python -m distributed.cli.dask_scheduler)
-    docker run IMAGE dask worker ADDRESS ...       worker         (also: dask-worker, python -m distributed.cli.dask_worker)
-    docker run IMAGE dask cuda worker ADDRESS ...  GPU worker     (also: dask-cuda-worker, python -m dask_cuda.cli)
-    docker run IMAGE dask cuda config ADDRESS      a GPU cluster's configuration (also: dask-cuda-config)
-    docker run IMAGE ANY COMMAND ...               run as it is: ucx-dask-gpu, python, ucx_info, bash, a script
-
-The legacy spellings are what launchers emit (the dask Helm chart and the dask-kubernetes operator run
-`dask-scheduler`/`dask-worker`/`dask-cuda-worker`, dask-jobqueue `python -m distributed.cli.dask_worker`); distributed
-no longer installs `dask-scheduler` and `dask-worker`, so they are exec'd as `dask scheduler`/`dask worker`. The
-image also has `dask-scheduler` and `dask-worker` commands that come here (`legacy_main`; docker/Dockerfile writes
-them, the package does not install them), for launchers that bypass the entrypoint (Apptainer `exec`, a Kubernetes
-`command:`).
-
-Any other command is exec'd unchanged, with the image's environment and dask config (/etc/dask), as users of the
-Dask, RAPIDS and docker-library images expect (`exec "$@"`); `dask` with other words (`dask info versions`) is dask's
-own command line. A command the image does not have (a typo in a compose file or a job script) ends with one line
-naming the roles and NO_SUCH_COMMAND, before anything starts. Before a Dask role starts:
-- transports: the image's /etc/dask leaves them to UCX on every host; settings that contradict each other (e.g.
-  UCX_TLS next to distributed-ucxx flags) end with one line and TRANSPORT_CONFLICT;
-- a GPU worker needs a GPU: without one visible, one line naming what is missing and NO_GPU;
-- preloads come from the image's dask config (/etc/dask), which every spelling reads; `dask worker` (any spelling)
-  ignores distributed.nanny.preload (its own --preload-nanny always wins), so the entrypoint passes the guard there:
-  a refused worker then ends in its nanny with the scheduler's one-line reason and exit code ENV_MISMATCH, before any
-  worker process starts, and a worker whose scheduler does not answer ends in one line too (gate/guard.py);
-- a malformed scheduler address right after the role's words is one line (USAGE), not dask's traceback.
-A role started without this entrypoint (Apptainer `exec`, `--entrypoint ''`) comes here through the image's start-up
-hook (rolehook.py); the process exec'd carries ROLE_CHECKED_ENV = its pid, so it is checked once.
+A Dask role comes in every spelling launchers emit (DASK_ROLES, LEGACY, PYTHON_MODULES: the dask Helm chart and the
+dask-kubernetes operator run `dask-scheduler`/`dask-worker`/`dask-cuda-worker`, dask-jobqueue `python -m
+distributed.cli.dask_worker`). distributed no longer installs `dask-scheduler` and `dask-worker`, so they are exec'd as
+`dask scheduler`/`dask worker`; the image's own commands of those names (docker/Dockerfile writes them) come here
+through `legacy_main`, for launchers that bypass the entrypoint. Any other command is exec'd unchanged, as users of the
+Dask and RAPIDS images expect; one the image does not have is one line (NO_SUCH_COMMAND). Before a Dask role starts,
+contradicting transport settings, a GPU worker without a GPU and a malformed or missing scheduler address are one line
+and an exit code each instead of a traceback. `dask worker` (any spelling) ignores distributed.nanny.preload, so the
+configured nanny preloads (the guard first) are passed as --preload-nanny. A role started without this entrypoint
+comes here through the image's start-up hook (rolehook.py); the process exec'd carries ROLE_CHECKED_ENV = its pid, so
+it is checked once.
 """
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
-"""The images our builds leave behind, and removing them.
+"""The images our builds leave behind, and removing them (docs/image.md, "Leftovers").
 
-Docker's classic builder keeps an image per build step: the steps of the image being built are the cache that makes
-a warm rebuild take seconds, but every build with other inputs leaves the previous ones behind untagged, as do the
-stages that are not the final one, the tag the normalised image takes over from `docker build`'s output, and the UCX
-stage's previous tag (about 8 GB after `make` and `make test`).
-
-Each build records the ids of the images it made or reused (<cache>/image/<tag>/images.json: every step's image from
-the build logs, the normalised image). After a successful build of a tag, the images the previous build of that
-tag recorded and this one did not are removed with `docker rmi` (never forced: an image still tagged, used by a
-container or the parent of another image stays). `ucx-dask-gpu image clean` (`make clean-images`) removes every
-image recorded in the cache, and their tags: the next build is cold.
+Docker's classic builder keeps an image per build step (the cache of a warm rebuild), and every build with other
+inputs leaves the previous ones behind (about 8 GB after `make` and `make test`). Each build records the images it
+made or reused (<cache>/image/<tag>/images.json); after a successful build, those the previous build of the tag
+recorded and this one no longer uses are removed with `docker rmi`, never forced: an image still tagged, used by a
+container or the parent of another image stays.
 """
 from __future__ import annotations
 

@@ -1,23 +1,12 @@
-"""Reproducible image: the same inputs give the same image id, byte for byte, on any build machine.
+"""Reproducible image: the same inputs give the same image id, byte for byte, on any build machine
+(docs/reproducibility.md).
 
-Docker 20.10's classic builder (what Debian ships; no BuildKit `rewrite-timestamp`) writes build times into every
-layer (directory and file mtimes), into the image config (`created`, history, the build container's id and
-hostname, the parent image id, the engine version) and leaves .pyc files whose headers carry file mtimes. So the
-image is made deterministic AFTER `docker build`, from what the build produced:
-
-1. `docker save` the built image;
-2. normalise every layer tar (oci/layer.py: sorted entries, mtimes clamped to SOURCE_DATE_EPOCH, numeric owners, no
-   atime/ctime, only xattr pax records, whiteouts kept; stale .pyc headers, /etc/shadow days and build litter fixed);
-3. add one layer with the SBOM (oci/sbom.py), generated from the normalised layers themselves (dpkg status,
-   installed distributions, UCX build info) and the hashed lock;
-4. rebuild the config from an allow-list (oci/archive.py); OCI labels `created`/`version`/`revision`/`source` and
-   the stack id; new diff_ids;
-5. write ONE archive that is both an OCI image layout and a `docker load` archive, itself deterministic, and
-   `docker load` it.
-
-The image id (sha256 of the config) is then a function of the inputs only; it is what two clean builds compare.
-Next to the archive: image.json (ids and digests) and layers.json (every entry of every layer: path, type, mode,
-owner, mtime, size, sha256), which `compare` uses to name the first differing files per layer.
+Docker 20.10's classic builder (no BuildKit `rewrite-timestamp`) writes build times into every layer, into the image
+config and into .pyc headers, so the image is made deterministic AFTER `docker build`: `docker save`, every layer tar
+in normal form (oci/layer.py), one more layer with the SBOM generated from the normalised layers (oci/sbom.py), the
+config rebuilt from an allow-list (oci/archive.py), ONE archive that is both an OCI image layout and a `docker load`
+archive, loaded. Beside it: image.json (ids and digests) and layers.json (every entry of every layer), from which
+`compare` names the first differing files.
 """
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
-"""The image's start-up hook: a Dask role started without the image's entrypoint still goes through it.
-
-Apptainer `exec`, a Kubernetes `command:`, `docker run --entrypoint ''` and dask-jobqueue's job scripts run
-`dask-cuda-worker`, `python -m dask_cuda.cli`, `python -m distributed.cli.dask_worker`, `dask worker` directly.
-Without the entrypoint a GPU worker on a host without a usable GPU dies in dask-cuda's 78-line pynvml traceback, and
-`dask worker` runs without the guard in its nanny. The image's site-packages hold ROLE_HOOK_PTH, whose one line runs
-at every interpreter start: when this process is a Dask role (scheduler, worker, GPU worker) that did not come
-through the entrypoint, it hands its command to the entrypoint, which checks it and execs it as `docker run IMAGE
-<role>` would (same refusals, same preloads, same exit codes). Interpreter options before `-m` are not carried over.
-
-Every other Python process pays one look at its own command line (no word containing "dask", or `-m
-ucx_dask_gpu...`: nothing is imported); a process whose command mentions dask but is no Dask role (a client script,
-`dask info`) imports this module and goes on unchanged. The entrypoint marks the process it execs (ROLE_CHECKED_ENV = its pid), so the role itself, and
-nothing it starts, is routed twice.
+"""The image's start-up hook: a Dask role started without the image's entrypoint (Apptainer `exec`, a Kubernetes
+`command:`, `--entrypoint ''`, dask-jobqueue's job scripts) still goes through it. Otherwise a GPU worker on a host
+without a usable GPU dies in dask-cuda's 78-line pynvml traceback, and `dask worker` runs without the guard in its
+nanny. ROLE_HOOK_PTH, in the image's site-packages, runs at every interpreter start: a Dask role not marked by the
+entrypoint (ROLE_CHECKED_ENV = its pid) hands its command to it, which checks it and execs it as `docker run IMAGE
+<role>` would. Interpreter options before `-m` are not carried over. Every other Python process pays one look at its
+own command line.
 """
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The image's Python inputs, fetched and verified before `docker build --network none`.
-
-- `ensure_wheelhouse`: every wheel of the hashed lock (stack.toml [python].lock) for the image's Python and
-  platform, downloaded with `pip download --require-hashes --only-binary=:all:` and checked again by us against
-  the lock (one wheel per pin, its sha256 among the pin's hashes). Cached per lock hash; a complete, verified
-  wheelhouse is reused, anything else is rebuilt in a temporary directory and renamed into place only when
-  complete, so a failure leaves nothing half-written.
-- `build_own_wheel`: this package as a wheel (hatchling; stack.toml rides along as package data), built with
-  SOURCE_DATE_EPOCH from stack.toml.
+"""The image's Python inputs, fetched and verified before `docker build --network none`: every wheel of the hashed
+lock (`ensure_wheelhouse`, cached per lock hash and replaced only when complete and verified) and this package's own
+wheel (`build_own_wheel`, with stack.toml's SOURCE_DATE_EPOCH).
 """
 from __future__ import annotations
 
