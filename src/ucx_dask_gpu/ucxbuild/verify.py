@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import PERFTEST_FAILED, PERFTEST_MISSING, UCX_NOT_FOUND, UserError
+from ..errors import PERFTEST_MISSING, UCX_NOT_FOUND, UserError
 from ..stack import Stack
 from ..ucx import info as ucxinfo
 from ..ucx import perftest
@@ -49,16 +49,8 @@ def perftest_loopback(prefix: Path, *, size: int = LOOPBACK_SIZE, iterations: in
     env = env if env is not None else clean_env()
     with tempfile.TemporaryDirectory(prefix="ucx-verify-") as tmp:
         args = ["-t", test, "-s", str(size), "-n", str(iterations)] + (["-m", memory] if memory != "host" else [])
-        out = perftest.run_pair(exe, args, env, env, Path(tmp),
-                                timeout=timeout)
-    if not out.ok:
-        why = "timed out" if out.timed_out else f"server exit {out.server_rc}, client exit {out.client_rc}"
-        detail = perftest.error_line(out.client_out) or perftest.error_line(out.server_out) or "(no output)"
-        raise UserError(f"ucx_perftest loopback failed ({why}): {detail}", PERFTEST_FAILED)
-    result = perftest.parse_result(out.client_out)
-    if result is None:
-        raise UserError("ucx_perftest loopback: no result row in the client's output", PERFTEST_FAILED)
-    return result, out.client_out
+        out = perftest.run_pair(exe, args, env, env, Path(tmp), timeout=timeout)
+    return perftest.result_or_raise(out, f"loopback, {memory} memory"), out.client_out
 
 
 def verify_prefix(prefix: Path, stack: Stack, *, modules: tuple[str, ...] | None = None,
