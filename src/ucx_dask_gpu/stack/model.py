@@ -251,11 +251,26 @@ def _str_list(table: dict, key: str, where: str, required: bool = True) -> tuple
     return tuple(value)
 
 
-def _sha256(table: dict, where: str) -> str:
-    value = _get(table, "sha256", where, str)
-    if not SHA256_RE.match(value):
-        raise StackError(f"{where}.sha256", f"expected 64 lowercase hex characters, got {value!r}")
+def _matching(table: dict, key: str, where: str, pattern: str | re.Pattern, expected: str) -> str:
+    """A string that `pattern` matches whole."""
+    value = _get(table, key, where, str)
+    if not re.fullmatch(pattern, value):
+        raise StackError(f"{where}.{key}", f"expected {expected}, got {value!r}")
     return value
+
+
+def _all_matching(table: dict, key: str, where: str, pattern: str | re.Pattern, expected: str,
+                  required: bool = True) -> tuple[str, ...]:
+    """A list of strings, each matched whole by `pattern`."""
+    values = _str_list(table, key, where, required)
+    for i, value in enumerate(values):
+        if not re.fullmatch(pattern, value):
+            raise StackError(f"{where}.{key}[{i}]", f"expected {expected}, got {value!r}")
+    return values
+
+
+def _sha256(table: dict, where: str) -> str:
+    return _matching(table, "sha256", where, SHA256_RE, "64 lowercase hex characters")
 
 
 def _url(value: str, where: str) -> str:
@@ -266,11 +281,8 @@ def _url(value: str, where: str) -> str:
     return value
 
 
-def _version(table: dict, where: str) -> str:
-    value = _get(table, "version", where, str)
-    if not VERSION_RE.match(value):
-        raise StackError(f"{where}.version", f"not a version string: {value!r}")
-    return value
+def _version(table: dict, where: str, key: str = "version") -> str:
+    return _matching(table, key, where, VERSION_RE, "a version string")
 
 
 def _table_list(table: dict, key: str, where: str) -> list[dict]:
@@ -301,10 +313,7 @@ def _artifact(t: dict, where: str) -> Artifact:
 
 
 def _hexdigits(t: dict, key: str, where: str, n: int) -> str:
-    value = _get(t, key, where, str)
-    if not re.fullmatch(f"[0-9a-f]{{{n}}}", value):
-        raise StackError(f"{where}.{key}", f"expected {n} lowercase hex characters, got {value!r}")
-    return value
+    return _matching(t, key, where, f"[0-9a-f]{{{n}}}", f"{n} lowercase hex characters")
 
 
 def _source_archive(t: dict, where: str, name: str) -> SourceArchive:
@@ -341,17 +350,11 @@ def _ucxx(t: dict, where: str) -> UcxxBuild:
         pw = f"{bw}.packages[{i}]"
         path = _get(p, "path", pw, str)
         _relative_file(path, f"{pw}.path")
-        args = _str_list(p, "cmake_args", pw)
-        for k, arg in enumerate(args):
-            if not arg.startswith("-D"):
-                raise StackError(f"{pw}.cmake_args[{k}]", f"expected a -DNAME=VALUE option, got {arg!r}")
+        args = _all_matching(p, "cmake_args", pw, "-D.*", "a -DNAME=VALUE option")
         packages.append(UcxxPackage(name=_get(p, "name", pw, str), path=path, cmake_args=args))
     _unique([p.name for p in packages], f"{bw}.packages", "name")
-    min_ucx = _get(t, "min_ucx", where, str)
-    if not re.match(r"^\d+\.\d+$", min_ucx):
-        raise StackError(f"{where}.min_ucx", f"expected MAJOR.MINOR, got {min_ucx!r}")
     return UcxxBuild(
-        min_ucx=min_ucx,
+        min_ucx=_matching(t, "min_ucx", where, r"\d+\.\d+", "MAJOR.MINOR"),
         source=_source_archive(_get(t, "source", where, dict), f"{where}.source", "UCXX"),
         rapids_cmake=_source_archive(_get(t, "rapids_cmake", where, dict), f"{where}.rapids_cmake", "rapids-cmake"),
         cpm=_source_archive(_get(t, "cpm", where, dict), f"{where}.cpm", "CPM.cmake"),
@@ -364,12 +367,8 @@ def _ucxx(t: dict, where: str) -> UcxxBuild:
 
 def _image(t: dict, where: str) -> ImageSpec:
     paths = {key: _absolute_dir(t, key, where) for key in ("ucx_prefix", "venv")}
-    names = {}
-    for key in ("name", "base_name", "builder_name", "user"):
-        value = _get(t, key, where, str)
-        if not re.match(r"^[a-z][a-z0-9._-]*$", value):
-            raise StackError(f"{where}.{key}", f"expected a lowercase image/user name, got {value!r}")
-        names[key] = value
+    names = {key: _matching(t, key, where, r"[a-z][a-z0-9._-]*", "a lowercase image/user name")
+             for key in ("name", "base_name", "builder_name", "user")}
     uid = _get(t, "uid", where, int)
     if not 1000 <= uid < 65534:
         raise StackError(f"{where}.uid", f"expected a non-system uid in 1000..65533, got {uid}")
@@ -415,28 +414,16 @@ def _sbom(t: dict, where: str) -> SbomSpec:
 
 
 def _python(t: dict, where: str) -> PythonSpec:
-    version = _get(t, "version", where, str)
-    if not re.match(r"^3\.\d+$", version):
-        raise StackError(f"{where}.version", f"expected 3.N, got {version!r}")
-    return PythonSpec(version=version, platform=_get(t, "platform", where, str),
+    return PythonSpec(version=_matching(t, "version", where, r"3\.\d+", "3.N"),
+                      platform=_get(t, "platform", where, str),
                       lock=_relative_file(_get(t, "lock", where, str), f"{where}.lock"),
                       requirements=_str_list(t, "requirements", where))
 
 
 def _test_tools(t: dict, where: str) -> TestToolsSpec:
-    reqs = _str_list(t, "requirements", where)
-    for i, r in enumerate(reqs):
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][0-9A-Za-z.+-]*$", r):
-            raise StackError(f"{where}.requirements[{i}]", f"expected NAME==VERSION (pinned), got {r!r}")
+    reqs = _all_matching(t, "requirements", where, r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][0-9A-Za-z.+-]*",
+                         "NAME==VERSION (pinned)")
     return TestToolsSpec(lock=_relative_file(_get(t, "lock", where, str), f"{where}.lock"), requirements=reqs)
-
-
-def _label(t: dict, where: str) -> str:
-    value = _get(t, "upload_label", where, str)
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", value):
-        raise StackError(f"{where}.upload_label", f"expected an anaconda.org label (letters, digits, . _ -), "
-                                                  f"got {value!r}")
-    return value
 
 
 def _conda(t: dict, where: str) -> CondaSpec:
@@ -444,48 +431,33 @@ def _conda(t: dict, where: str) -> CondaSpec:
     for k, v in names.items():
         if not isinstance(v, str):
             raise StackError(f"{where}.names.{k}", f"expected a string, got {v!r}")
-    cuda_versions = _str_list(t, "cuda_versions", where)
-    for i, v in enumerate(cuda_versions):
-        if not re.match(r"^\d+\.\d+$", v):
-            raise StackError(f"{where}.cuda_versions[{i}]", f"expected MAJOR.MINOR, got {v!r}")
-    glibcs = _str_list(t, "c_stdlib_versions", where)
-    for i, v in enumerate(glibcs):
-        if not re.match(r"^2\.\d+$", v):
-            raise StackError(f"{where}.c_stdlib_versions[{i}]", f"expected a glibc version 2.MINOR, got {v!r}")
+    cuda_versions = _all_matching(t, "cuda_versions", where, r"\d+\.\d+", "MAJOR.MINOR")
+    glibcs = _all_matching(t, "c_stdlib_versions", where, r"2\.\d+", "a glibc version 2.MINOR")
     if len(glibcs) != len(cuda_versions):
         raise StackError(f"{where}.c_stdlib_versions", f"one per cuda_versions entry ({len(cuda_versions)}), got "
                                                        f"{len(glibcs)}")
-    python_min = _get(t, "python_min", where, str)
-    if not re.match(r"^3\.\d+$", python_min):
-        raise StackError(f"{where}.python_min", f"expected 3.N, got {python_min!r}")
-    migrations = _str_list(t, "migrations", where, required=False)
-    for i, m in enumerate(migrations):
-        if not re.match(r"^[A-Za-z0-9_.-]+$", m):
-            raise StackError(f"{where}.migrations[{i}]", f"expected a migrator name (migrations/<name>.yaml), got {m!r}")
-    meta = t.get("metapackage")
-    if not isinstance(meta, list) or not meta or not all(isinstance(n, str) and re.match(r"^[a-z0-9][a-z0-9._-]*$", n)
-                                                         for n in meta):
-        raise StackError(f"{where}.metapackage", f"expected a non-empty list of conda package names, got {meta!r}")
-    rattler_build = _get(t, "rattler_build", where, str)
-    if not VERSION_RE.match(rattler_build):
-        raise StackError(f"{where}.rattler_build", f"not a version string: {rattler_build!r}")
+    meta = _all_matching(t, "metapackage", where, r"[a-z0-9][a-z0-9._-]*", "a conda package name")
+    if not meta:
+        raise StackError(f"{where}.metapackage", "must list at least one conda package")
     about = t.get("about")
     if not isinstance(about, dict):
         raise StackError(f"{where}.about", "missing (a table with home, ucx_home, ucx_dev_url, ucxx_home)")
     return CondaSpec(
         channels=_str_list(t, "channels", where),
-        upload_label=_label(t, where),
+        upload_label=_matching(t, "upload_label", where, r"[A-Za-z0-9][A-Za-z0-9._-]*",
+                               "an anaconda.org label (letters, digits, . _ -)"),
         pinning=_get(t, "pinning", where, str),
         pinning_commit=_hexdigits(t, "pinning_commit", where, 40),
-        rattler_build=rattler_build,
-        migrations=migrations,
+        rattler_build=_version(t, where, "rattler_build"),
+        migrations=_all_matching(t, "migrations", where, r"[A-Za-z0-9_.-]+", "a migrator name (migrations/<name>.yaml)",
+                                 required=False),
         cuda_versions=cuda_versions,
         c_stdlib_versions=glibcs,
-        python_min=python_min,
+        python_min=_matching(t, "python_min", where, r"3\.\d+", "3.N"),
         dev_tools=_str_list(t, "dev_tools", where),
         cuda_managed=_str_list(t, "cuda_managed", where),
         names=MappingProxyType(dict(names)),
-        metapackage=tuple(meta),
+        metapackage=meta,
         about=CondaAbout(**{k: _http_url(about, k, f"{where}.about")
                             for k in ("ucx_home", "ucx_dev_url", "home", "ucxx_home")}),
     )
@@ -576,17 +548,13 @@ def _parse(data: dict[str, Any], path: Path) -> Stack:
     ucxx = _ucxx(_get(data, "ucxx", w, dict), f"{w}.ucxx")
     _unique([a.archive for a in (ucx_source, ucxx.source, ucxx.rapids_cmake, ucxx.cpm)], w, "source archive")
 
-    flags = _str_list(conf, "flags", f"{w}.ucx.configure")
+    flags = _all_matching(conf, "flags", f"{w}.ucx.configure", "--.*", "a --option")
     for i, flag in enumerate(flags):
-        if not flag.startswith("--"):
-            raise StackError(f"{w}.ucx.configure.flags[{i}]", f"expected a --option, got {flag!r}")
         if flag.split("=", 1)[0] in BUILD_DETECTED_FLAGS:
             raise StackError(f"{w}.ucx.configure.flags[{i}]",
                              f"{flag.split('=', 1)[0]} is set by the build from what it detects; remove it here")
-    required_modules = _str_list(conf, "required_modules", f"{w}.ucx.configure")
-    for i, m in enumerate(required_modules):
-        if "/" in m or not m.endswith(".so"):
-            raise StackError(f"{w}.ucx.configure.required_modules[{i}]", f"expected a lib/ucx/*.so name, got {m!r}")
+    required_modules = _all_matching(conf, "required_modules", f"{w}.ucx.configure", r"[^/]*\.so",
+                                     "a lib/ucx/*.so name")
     return Stack(
         path=path,
         name=_get(st, "name", f"{w}.stack", str),
