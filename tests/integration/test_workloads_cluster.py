@@ -57,8 +57,8 @@ def test_from_map_reads_only_the_projected_columns(procs, shipped_config, tmp_pa
     # The sums are those of the files read whole, here, without dask.
     import pandas as pd
 
-    reader = from_map.ArrowFileReader(fmt, [], "test")
-    frame = pd.concat(reader.read_table(str(p), None).to_pandas() for p in sorted((tmp_path / "data").glob("part-*")))
+    frame = pd.concat(from_map.read_table(str(p), fmt, None).to_pandas()
+                      for p in sorted((tmp_path / "data").glob("part-*")))
     for c in wanted:
         assert result["value"][c] == pytest.approx(frame[c].sum(), rel=1e-9)
     assert "Traceback" not in stderr, stderr[-4000:]

@@ -39,9 +39,7 @@ def test_compare_versions_reports_each_differing_package():
 def test_reader_reads_only_the_projected_columns(tmp_path, fmt):
     paths, columns = from_map.prepare_dataset(tmp_path, fmt, files=2, rows=100, columns=["b", "d"])
     full = from_map.dataset_table(1, 100, 0)
-    reader = from_map.ArrowFileReader(fmt, full.column_names, "t").project_columns(columns)
-    assert reader.columns == ["b", "d"]
-    part = reader(str(paths[1]), columns=columns)
+    part = from_map.ArrowFileReader(fmt, "t")(str(paths[1]), columns=columns)
     assert list(part.columns) == ["b", "d"]
     assert part["b"].sum() == full.column("b").to_numpy().sum()
 
@@ -51,7 +49,7 @@ def test_dask_pushes_the_selection_into_the_reader(tmp_path):
 
     paths, _ = from_map.prepare_dataset(tmp_path, "parquet", files=2, rows=10)
     template = from_map.dataset_table(0, 1, 0)
-    reader = from_map.ArrowFileReader("parquet", template.column_names, "t")
+    reader = from_map.ArrowFileReader("parquet", "t")
     df = dd.from_map(reader, [str(p) for p in paths], meta=from_map._meta(template), enforce_metadata=False)
     assert sorted(from_map._find_projection(df[["d", "a"]].sum())) == ["a", "d"]
     assert from_map._find_projection(df.sum(numeric_only=True)) is None

@@ -1,9 +1,7 @@
-"""`ucx-dask-gpu workload transpose|from-map`: run a client workload on a Dask cluster and check its answer.
-
-Both connect to `--scheduler ADDRESS` (the image's 3-role cluster) or start a LocalCluster with `--protocol`, check
-their result against an answer computed on the client with plain numpy/pyarrow, and survive a worker dying
-mid-run: inputs are generated or read by pure tasks (lost results are recomputed by the scheduler), and
-`retries` covers tasks that fail outright.
+"""`ucx-dask-gpu workload transpose|from-map`: run a client workload on a Dask cluster (`--scheduler ADDRESS`, or a
+LocalCluster with `--protocol`) and check its answer against one computed on the client. A worker dying mid-run is
+survived: inputs are generated or read by pure tasks (the scheduler recomputes lost results), `retries` covers tasks
+that fail outright.
 """
 from __future__ import annotations
 

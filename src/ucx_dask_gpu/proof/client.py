@@ -1,9 +1,6 @@
 """The client side shared by the cluster proofs: a Client to a scheduler (checked first: gate/peer.py) or to a
-LocalCluster, waiting for its workers, the workers it sees, libraries imported on every worker before timing, and a
-cluster's failure as one line.
-
-Heavy imports (dask, distributed, the guard that imports them) stay inside functions so `ucx-dask-gpu --help` stays
-fast.
+LocalCluster, its workers waited for, libraries imported on every worker before timing, and every wait on the cluster
+bounded (Watch). dask and distributed are imported inside functions: `ucx-dask-gpu --help` stays fast.
 """
 from __future__ import annotations
 

@@ -79,40 +79,27 @@ def find_dataset(directory: str | Path, fmt: str) -> list[Path]:
     return paths
 
 
+def read_table(path: str, fmt: str, columns: list[str] | None):
+    """One Parquet/Feather file as a pyarrow table, only `columns` read (None: all)."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path, columns=columns)
+    import pyarrow.feather as feather
+
+    return feather.read_table(path, columns=columns, memory_map=True)
+
+
 class ArrowFileReader:
-    """`dd.from_map` function: one Parquet/Feather file -> one pandas partition, reading only projected columns.
+    """`dd.from_map` function: one Parquet/Feather file -> one pandas partition. dask pushes a column selection into
+    from_map through its `columns=` keyword; each call logs the columns it really read as a Dask event (topic
+    READ_TOPIC), so the client can show projection happened on the workers."""
 
-    dask 2026.x pushes a column selection into from_map through the function's `columns=` keyword (it warns that
-    the older DataFrameIOFunction protocol is no longer used for projection); `columns` / `project_columns` are
-    kept so the object also satisfies that protocol. Each call logs the columns it really read as a Dask event
-    (topic READ_TOPIC), so the client can show projection happened on the workers.
-    """
-
-    def __init__(self, fmt: str, all_columns: list[str], run: str, columns: list[str] | None = None):
-        self.fmt = fmt
-        self.all_columns = list(all_columns)
-        self.run = run
-        self._columns = list(columns) if columns is not None else None
-
-    @property
-    def columns(self) -> list[str]:
-        return self._columns if self._columns is not None else self.all_columns
-
-    def project_columns(self, columns) -> "ArrowFileReader":
-        return ArrowFileReader(self.fmt, self.all_columns, self.run, list(columns))
-
-    def read_table(self, path: str, columns: list[str] | None):
-        if self.fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            return pq.read_table(path, columns=columns)
-        import pyarrow.feather as feather
-
-        return feather.read_table(path, columns=columns, memory_map=True)
+    def __init__(self, fmt: str, run: str):
+        self.fmt, self.run = fmt, run
 
     def __call__(self, path: str, columns=None):
-        columns = list(columns) if columns is not None else self._columns
-        table = self.read_table(path, columns)
+        table = read_table(path, self.fmt, list(columns) if columns is not None else None)
         try:
             from distributed import get_worker
 
@@ -156,8 +143,7 @@ def from_map_expected(paths: list[Path], fmt: str, columns: list[str]) -> dict[s
     """Column sums with pyarrow/pandas on the client, reading every file whole (no projection involved)."""
     import pandas as pd
 
-    reader = ArrowFileReader(fmt, [], "client")
-    frame = pd.concat([reader.read_table(str(p), None).to_pandas() for p in paths], ignore_index=True)
+    frame = pd.concat([read_table(str(p), fmt, None).to_pandas() for p in paths], ignore_index=True)
     return {c: frame[c].sum().item() for c in columns}
 
 
@@ -180,7 +166,7 @@ def prepare_dataset(directory: str | Path, fmt: str = "parquet", files: int = 8,
         paths = find_dataset(directory, fmt)
     expected_columns = dataset_table(0, 1, seed).column_names
     try:
-        on_disk = ArrowFileReader(fmt, expected_columns, "probe").read_table(str(paths[0]), None).schema
+        on_disk = read_table(str(paths[0]), fmt, None).schema
     except Exception as e:  # pyarrow raises several types for a foreign or damaged file
         raise UserError(f"{paths[0]}: not a readable {fmt} file: {e}", DATA_INVALID) from None
     if on_disk.names != expected_columns:
@@ -200,7 +186,7 @@ def run_from_map(client, paths: list[Path], fmt: str = "parquet", columns: list[
     watch = Watch(client, "from-map", timeout)
     versions = compare_versions(watch.call(client.get_versions, check=False))
     run = uuid.uuid4().hex
-    reader = ArrowFileReader(fmt, all_columns, run)
+    reader = ArrowFileReader(fmt, run)
     df = dd.from_map(reader, [str(p) for p in paths], meta=_meta(template), label=f"read-{fmt}",
                      enforce_metadata=False)
     query = df[columns].sum()

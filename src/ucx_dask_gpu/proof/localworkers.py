@@ -1,15 +1,13 @@
 """The worker processes of the LocalCluster a workload starts for itself (no --scheduler), and how it stops them.
 
-A Ctrl-C at the terminal reaches every process of the foreground process group: the workload's own process, which
-closes the cluster, and each worker process, which without SparedWorker would die mid-task with a KeyboardInterrupt
-traceback (4-7 of them, ~200 lines, after the one line). A worker process ignores it from its first instruction on:
-its nanny spawns it (a fresh interpreter) with SIGINT blocked, which exec keeps and Python's start-up leaves alone;
-the SparedWorker in it then ignores SIGINT, which drops one already pending, and unblocks it. Ignoring it only once
-the Worker is built left the child's start-up (site, imports, unpickling) to a KeyboardInterrupt traceback.
+A Ctrl-C at the terminal reaches every process of the foreground process group: without SparedWorker each worker
+process would die mid-task with a KeyboardInterrupt traceback (4-7 of them, ~200 lines, after the one line). A worker
+process ignores it from its first instruction on: its nanny spawns it with SIGINT blocked (exec keeps the mask), and
+SparedWorker ignores SIGINT (dropping one already pending) before it unblocks it; ignoring it only once the Worker is
+built would leave the child's start-up (site, imports, unpickling) to the traceback.
 
 SparedWorker and SparedNanny subclass distributed's classes, so they are made when first asked for (PEP 562): the
-command line starts on the standard library alone, and a worker process finds SparedWorker here by name when it
-unpickles what its nanny sent.
+command line starts on the standard library alone, and a worker process finds SparedWorker here by name.
 """
 from __future__ import annotations
 

@@ -82,10 +82,6 @@ def _array_module(block) -> str:
     return type(block).__module__.split(".")[0]
 
 
-def _as_float(value) -> float:
-    return float(value)
-
-
 def run_transpose(client, size: int = 4000, chunk: int = 1000, seed: int = 0, backend: str = "numpy",
                   retries: int = 2, timeout: float = LOST_AFTER_S) -> dict:
     """The workload on `client`'s cluster; every wait bounded as proof/client.py's Watch says (`timeout`: how long
@@ -106,7 +102,7 @@ def run_transpose(client, size: int = 4000, chunk: int = 1000, seed: int = 0, ba
     x = watch.call(client.persist, x, retries=retries)
     total = watch.call(client.compute, (x + x.T).sum(), retries=retries)
     # Converted on a worker: a cupy scalar would need a GPU on the client to be deserialized.
-    value = watch.result(client.submit(_as_float, total, retries=retries, pure=False))
+    value = watch.result(client.submit(float, total, retries=retries, pure=False))
     wall = time.perf_counter() - start
     # What the workers really computed on (cupy on GPUs), read from a block where it lives.
     block_type = watch.result(client.submit(_array_module, futures_of(x)[0], pure=False))
