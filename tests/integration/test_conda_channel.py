@@ -112,9 +112,8 @@ def test_channel_layout(built):
 
 def test_ucx_package_metadata(built):
     st = load(REPO / "stack.toml")
-    s = settings.settings(st)
     fn, rec = _record(built["channel"], "ucx")
-    assert (rec["name"], rec["version"]) == ("ucx", s.ucx.version)
+    assert (rec["name"], rec["version"]) == ("ucx", st.ucx.version)
     assert rec["build"].startswith(f"cuda{st.cuda_major}_h") and rec["subdir"] == "linux-64"
     assert rec["constrains"] == [f"cuda-version >={st.cuda_major},<{st.cuda_major + 1}.0a0",
                                  f"cuda-cudart {st.cuda_major}.*"]
@@ -125,23 +124,22 @@ def test_ucx_package_metadata(built):
 
 def test_ucx_package_contents(built, tmp_path):
     st = load(REPO / "stack.toml")
-    s = settings.settings(st)
     info = _unpacked(built["channel"], "ucx", tmp_path) / "info"
     files = {p["_path"] for p in json.loads((info / "paths.json").read_text())["paths"]}
     for module in st.required_modules:
         assert f"lib/ucx/{module}" in files
     assert {"bin/ucx_info", "bin/ucx_perftest", "lib/libucp.so"} <= files
     assert not [f for f in files if f.endswith((".a", ".la"))]
-    major, minor = s.ucx.version.split(".")[:2]
+    major, minor = st.ucx.version.split(".")[:2]
     assert json.loads((info / "run_exports.json").read_text()) == \
-        {"weak": [f"ucx >={s.ucx.version},<{major}.{int(minor) + 1}.0a0"]}
+        {"weak": [f"ucx >={st.ucx.version},<{major}.{int(minor) + 1}.0a0"]}
     paths = json.loads((info / "paths.json").read_text())["paths"]
     assert any(p.get("file_mode") == "binary" for p in paths), "UCX compiles its prefix into its libraries"
     rendered = yaml.safe_load((info / "recipe/rendered_recipe.yaml").read_text())
     # Built from the verified archive of the commit; the recipe a feedstock carries keeps the git source.
-    assert rendered["recipe"]["source"][0]["sha256"] == s.ucx.sha256
+    assert rendered["recipe"]["source"][0]["sha256"] == st.ucx.sha256
     original = yaml.safe_load((info / "recipe/original-recipe.yaml").read_text())
-    assert original["source"]["git"] == "${{ git_url }}" and original["context"]["git_rev"] == s.ucx.commit
+    assert original["source"]["git"] == "${{ git_url }}" and original["context"]["git_rev"] == st.ucx.commit
     carried = sorted(p.name for p in settings.carried_patches(st, "ucx"))
     assert [p.split("/")[-1] for p in rendered["recipe"]["source"][0]["patches"]] == carried
     assert (info / "licenses/LICENSE").is_file()
@@ -150,8 +148,8 @@ def test_ucx_package_contents(built, tmp_path):
     standin = json.loads((info / "about.json").read_text())["extra"]["standin"]
     assert standin["sonames_left_to_the_system"]["libibverbs.so.1"] == "rdma-core"
     assert "cuda-cudart-dev" in standin["requirements_not_installed"]["host"]
-    assert standin["git_sources_taken_from_archives"] == [{"git": s.ucx.git, "rev": s.ucx.commit,
-                                                          "taken_from": s.ucx.archive}]
+    assert standin["git_sources_taken_from_archives"] == [{"git": st.ucx.git, "rev": st.ucx.commit,
+                                                          "taken_from": st.ucx.archive}]
 
 
 def test_libucxx_is_built_against_the_channels_ucx(built, tmp_path):

@@ -67,7 +67,7 @@ def test_committed_recipes_are_clean_and_render_every_variant(tmp_path):
     st = load(REPO / "stack.toml")
     found, variants = check_all(st, REPO / "recipes", mode=FALLBACK, packed=tmp_path / "packed")
     assert found == []
-    cuda = set(settings.settings(st).cuda_versions)
+    cuda = set(st.conda.cuda_versions)
     for name in ("ucx", "libucxx", "ucxx"):
         for platform in PLATFORMS:
             got = {v.variant["cuda_compiler_version"] for v in variants if v.name == name and v.platform == platform}
@@ -97,7 +97,7 @@ def test_renders_under_conda_forges_pinning_and_cuda_migrator(tmp_path):
     assert found == []
     assert vs[0].stack.kind == CONDA_FORGE and [f.name for f in vs[0].stack.files] == \
         ["conda_build_config.yaml", "cuda130.yaml"]
-    s = settings.settings(st)
+    s = st.conda
     glibc = dict(zip(s.cuda_versions, s.c_stdlib_versions))
     for name in ("ucx", "libucxx", "ucxx"):
         for platform in PLATFORMS:
@@ -153,11 +153,10 @@ def test_a_cuda_expression_in_the_context_makes_the_noarch_output_one_per_cuda(r
 
 def test_ucx_rendering_carries_stack_toml_and_conda_forge_conventions():
     st = load(REPO / "stack.toml")
-    s = settings.settings(st)
     (v,) = [v for v in render_recipe(packed(), "ucx") if v.platform == "linux-64"
             and v.variant["cuda_compiler_version"] == "13.0"]
-    assert (v.name, v.version, v.build_string.split("_")[0]) == ("ucx", s.ucx.version, "cuda13")
-    assert (v.sources[0]["git"], v.sources[0]["rev"]) == (s.ucx.git, s.ucx.commit)
+    assert (v.name, v.version, v.build_string.split("_")[0]) == ("ucx", st.ucx.version, "cuda13")
+    assert (v.sources[0]["git"], v.sources[0]["rev"]) == (st.ucx.git, st.ucx.commit)
     assert "cuda-version 13.0.*" in v.requirements("host")
     assert "libnuma" not in " ".join(v.requirements("host"))  # UCX 1.20 has no libnuma dependency
     assert any(r.startswith("cuda-nvcc_linux-64") for r in v.requirements("build"))
@@ -273,7 +272,7 @@ def test_committed_generated_lines_are_up_to_date():
 
 def test_stack_toml_version_change_is_drift_until_regen_writes_it(repo):
     st = load(repo / "stack.toml")
-    old = settings.settings(st).ucxx.version
+    old = st.ucxx.source.version
     edit(repo / "stack.toml", f'version = "{old}"\ntag = "v{old}"', 'version = "0.51.02"\ntag = "v0.51.02"')
     st = load(repo / "stack.toml")
     assert settings.drift(st) == ["recipes/ucxx/recipe.yaml", "recipes/ucx-dask-gpu/recipe.yaml"]
@@ -299,7 +298,7 @@ def test_configure_flags_are_generated_into_build_sh(repo):
 def test_the_patches_are_stored_once_and_packed_with_the_recipe(repo, tmp_path):
     st = load(repo / "stack.toml")
     assert not (REPO / "recipes/ucx/patches").exists() and not (REPO / "recipes/ucxx/patches").exists()
-    ucx_dir = repo / "ucx-src-build/patches" / settings.settings(st).ucx.version
+    ucx_dir = repo / "ucx-src-build/patches" / st.ucx.version
     out = settings.pack(st, tmp_path / "packed", repo / "recipes")
     (v, *_) = render_recipe(out, "ucx")
     carried = sorted(p.name for p in ucx_dir.glob("*.patch"))
@@ -335,7 +334,7 @@ def test_missing_end_marker_is_one_line(repo):
 
 def test_bad_source_table_in_stack_toml_fails_in_the_loader(repo):
     st = load(repo / "stack.toml")
-    edit(repo / "stack.toml", settings.settings(st).ucx.content_tree, "abc")
+    edit(repo / "stack.toml", st.ucx.content_tree, "abc")
     proc = cli(repo, "lint")
     assert proc.returncode != 0 and "ucx.source.content_tree" in proc.stderr
 

@@ -230,28 +230,29 @@ def _by_name(specs: list[str]) -> dict[str, str]:
 def check_against_stack(v: Variant, st: Stack) -> list[str]:
     """The rendered recipe uses what stack.toml and the lock say (the generated context alone proves nothing if a
     recipe line bypasses it)."""
-    s = cfg.settings(st)
+    ucx, u = st.ucx, st.ucxx
     where = f"{v.recipe_path.parent.name}/{v.name}"
     out = mirror_hashes_on_remote_urls(v, st)
     if v.name == "ucx":
-        if v.version != s.ucx.version:
-            out.append(f"{where}: version {v.version}, stack.toml [ucx.source] says {s.ucx.version}")
-        out += _source_problems(v, st, where, "ucx", (s.ucx,))
+        if v.version != ucx.version:
+            out.append(f"{where}: version {v.version}, stack.toml [ucx.source] says {ucx.version}")
+        out += _source_problems(v, st, where, "ucx", (ucx,))
         out += _ucx_recipe_problems(v, where)
     elif v.recipe_path.parent.name == "ucxx":
-        if v.version != s.ucxx.version:
-            out.append(f"{where}: version {v.version}, stack.toml [ucxx.source] says {s.ucxx.version}")
-        out += _source_problems(v, st, where, "ucxx", (s.ucxx, s.rapids_cmake, s.cpm))
+        if v.version != u.source.version:
+            out.append(f"{where}: version {v.version}, stack.toml [ucxx.source] says {u.source.version}")
+        out += _source_problems(v, st, where, "ucxx", (u.source, u.rapids_cmake, u.cpm))
         host = _by_name(v.requirements("host"))
         if v.name in ("libucxx", "ucxx"):
-            if not same_spec(host.get("ucx"), f"ucx {s.ucx.version}.*"):
-                out.append(f"{where}: host ucx is {host.get('ucx')!r}, expected this channel's `ucx {s.ucx.version}.*`")
-            if not same_spec(host.get("librmm"), f"librmm {s.rapids_version}.*"):
-                out.append(f"{where}: host librmm is {host.get('librmm')!r}, expected `librmm {s.rapids_version}.*`")
+            rapids = cfg.rapids_version(st)
+            if not same_spec(host.get("ucx"), f"ucx {ucx.version}.*"):
+                out.append(f"{where}: host ucx is {host.get('ucx')!r}, expected this channel's `ucx {ucx.version}.*`")
+            if not same_spec(host.get("librmm"), f"librmm {rapids}.*"):
+                out.append(f"{where}: host librmm is {host.get('librmm')!r}, expected `librmm {rapids}.*`")
     elif v.name == st.name:
         if v.version != st.version:
             out.append(f"{where}: version {v.version}, stack.toml says {st.version}")
-        out += _metapackage_problems(v, st, s, where)
+        out += _metapackage_problems(v, st, where)
     return out
 
 
@@ -297,14 +298,14 @@ def _ucx_recipe_problems(v: Variant, where: str) -> list[str]:
     return out
 
 
-def _metapackage_problems(v: Variant, st: Stack, s: cfg.CondaSettings, where: str) -> list[str]:
+def _metapackage_problems(v: Variant, st: Stack, where: str) -> list[str]:
     """The metapackage's run requirements are exactly stack.toml [conda].metapackage, at the pinned versions."""
     out = []
     run = _by_name(v.requirements("run"))
     locked = cfg.lock_versions_by_conda_name(st)
-    want = {"ucx": f"ucx {s.ucx.version}.*"}
-    for name in s.metapackage:
-        want[name] = f"{name} =={s.ucxx.version}" if name in ("ucxx", "distributed-ucxx") else \
+    want = {"ucx": f"ucx {st.ucx.version}.*"}
+    for name in st.conda.metapackage:
+        want[name] = f"{name} =={st.ucxx.source.version}" if name in ("ucxx", "distributed-ucxx") else \
             f"{name} =={locked.get(name)}"
     for name, spec in want.items():
         if not same_spec(run.get(name), spec):
@@ -355,9 +356,8 @@ def check_variants(variants: list[Variant], st: Stack) -> list[str]:
     """Every CUDA version of stack.toml is rendered for the CUDA outputs on every platform, and nothing else (no
     CPU-only `cudaNone` variant); build strings are build strings; python outputs start at python_min; a noarch
     output is one package."""
-    s = cfg.settings(st)
     out = []
-    want = set(s.cuda_versions)
+    want = set(st.conda.cuda_versions)
     for name in ("ucx", "libucxx", "ucxx"):
         for platform in PLATFORMS:
             got = {v.variant.get("cuda_compiler_version") for v in variants if v.name == name and v.platform == platform}
@@ -369,8 +369,9 @@ def check_variants(variants: list[Variant], st: Stack) -> list[str]:
             out.append(f"{v.recipe_path.parent.name}/{v.name}: build string {v.build_string!r} is not one (letters, "
                        f"digits, _ and . only)")
         py = v.variant.get("python")
-        if py and v.noarch is None and _version_key(py.split()[0].rstrip(".*")) < _version_key(s.python_min):
-            out.append(f"{v.recipe_path.parent.name}/{v.name}: built for python {py}, below python_min {s.python_min}")
+        pmin = st.conda.python_min
+        if py and v.noarch is None and _version_key(py.split()[0].rstrip(".*")) < _version_key(pmin):
+            out.append(f"{v.recipe_path.parent.name}/{v.name}: built for python {py}, below python_min {pmin}")
     noarch = [v.name for v in variants if v.subdir == "noarch"]
     for name in sorted({n for n in noarch if noarch.count(n) > 1}):
         out.append(f"{name}: noarch, yet rendered as {noarch.count(name)} packages (a variable of the other outputs' "

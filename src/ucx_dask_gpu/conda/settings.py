@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RECIPE_INVALID, UserError
 from ..fsutil import atomic_write_bytes, replace_own_dir
 from ..stack.lock import canonical, load_lock
-from ..stack import SourceArchive, Stack
+from ..stack import Stack
 
 RECIPES = ("ucx", "ucxx", "ucx-dask-gpu")
 PINNING_PATH = Path("recipes/conda_build_config.yaml")
@@ -35,46 +34,9 @@ END = "# End of generated lines."
 GENERATED_HEADER = f"# {BEGIN} (make regen); do not edit by hand.\n"
 
 
-@dataclass(frozen=True)
-class CondaSettings:
-    ucx: SourceArchive
-    ucxx: SourceArchive
-    rapids_cmake: SourceArchive
-    cpm: SourceArchive
-    cuda_versions: tuple[str, ...]
-    c_stdlib_versions: tuple[str, ...]
-    python: str
-    python_min: str
-    metapackage: tuple[str, ...]
-    home: str
-    ucx_home: str
-    ucx_dev_url: str
-    ucxx_home: str
-
-    @property
-    def rapids_version(self) -> str:
-        """RAPIDS release of the UCXX build (26.08 from rapids-cmake 26.08.00): librmm/rmm pins."""
-        return ".".join(self.rapids_cmake.version.split(".")[:2])
-
-
-def settings(st: Stack) -> CondaSettings:
-    """The recipes' values, from the stack model (stack.toml is validated there, [conda] included)."""
-    c = st.conda
-    return CondaSettings(
-        ucx=st.ucx,
-        ucxx=st.ucxx.source,
-        rapids_cmake=st.ucxx.rapids_cmake,
-        cpm=st.ucxx.cpm,
-        cuda_versions=c.cuda_versions,
-        c_stdlib_versions=c.c_stdlib_versions,
-        python=st.python.version,
-        python_min=c.python_min,
-        metapackage=c.metapackage,
-        home=c.about.home,
-        ucx_home=c.about.ucx_home,
-        ucx_dev_url=c.about.ucx_dev_url,
-        ucxx_home=c.about.ucxx_home,
-    )
+def rapids_version(st: Stack) -> str:
+    """RAPIDS release of the UCXX build (26.08 from rapids-cmake 26.08.00): librmm/rmm pins."""
+    return ".".join(st.ucxx.rapids_cmake.version.split(".")[:2])
 
 
 def lock_versions_by_conda_name(st: Stack) -> dict[str, str]:
@@ -103,8 +65,7 @@ PATCHES_MARKER = "# <conda pack: patches>"
 
 
 def patch_folder(st: Stack, recipe: str) -> str:
-    s = settings(st)
-    return s.ucx.version if recipe == "ucx" else f"ucxx-{s.ucxx.version}"
+    return st.ucx.version if recipe == "ucx" else f"ucxx-{st.ucxx.source.version}"
 
 
 def carried_patches(st: Stack, recipe: str) -> list[Path]:
@@ -121,22 +82,22 @@ def _yaml_str(value: str) -> str:
 
 
 def context_values(st: Stack, recipe: str) -> dict[str, str]:
-    s = settings(st)
+    ucx, about, u = st.ucx, st.conda.about, st.ucxx
     # Sources are upstream's git repositories at the commit stack.toml records (docs/conda.md "Sources"): the commit
     # id hashes the content, so whoever builds the recipe verifies what upstream serves without trusting a sha256.
     if recipe == "ucx":
-        return {"version": s.ucx.version, "git_url": s.ucx.git, "git_rev": s.ucx.commit, "home": s.ucx_home,
-                "repository": s.ucx_dev_url}
+        return {"version": ucx.version, "git_url": ucx.git, "git_rev": ucx.commit, "home": about.ucx_home,
+                "repository": about.ucx_dev_url}
     if recipe == "ucxx":
-        return {"version": s.ucxx.version, "git_url": s.ucxx.git, "git_rev": s.ucxx.commit,
-                "rapids_cmake_git_url": s.rapids_cmake.git, "rapids_cmake_git_rev": s.rapids_cmake.commit,
-                "cpm_git_url": s.cpm.git, "cpm_git_rev": s.cpm.commit,
-                "rapids_version": s.rapids_version, "ucx_version": s.ucx.version, "home": s.ucxx_home}
+        return {"version": u.source.version, "git_url": u.source.git, "git_rev": u.source.commit,
+                "rapids_cmake_git_url": u.rapids_cmake.git, "rapids_cmake_git_rev": u.rapids_cmake.commit,
+                "cpm_git_url": u.cpm.git, "cpm_git_rev": u.cpm.commit,
+                "rapids_version": rapids_version(st), "ucx_version": ucx.version, "home": about.ucxx_home}
     if recipe == st.name:
         locked = lock_versions_by_conda_name(st)
-        values = {"version": st.version, "home": s.home, "ucx_version": s.ucx.version,
-                  "ucxx_version": s.ucxx.version}
-        for name in s.metapackage:
+        values = {"version": st.version, "home": about.home, "ucx_version": ucx.version,
+                  "ucxx_version": u.source.version}
+        for name in st.conda.metapackage:
             if name in ("ucxx", "distributed-ucxx"):
                 continue  # this channel's ucxx recipe: ucxx_version
             if name not in locked:
@@ -208,10 +169,10 @@ def _variants_yaml(keys: dict[str, list[str]], comment: str, zip_keys: list[list
 
 def pinning_fallback(st: Stack) -> str:
     """recipes/conda_build_config.yaml: what conda-forge's pinning + migrators give the keys these recipes read."""
-    s = settings(st)
+    c = st.conda
     return _variants_yaml(
-        {"c_stdlib": ["sysroot"], "c_stdlib_version": list(s.c_stdlib_versions), "cuda_compiler": ["cuda-nvcc"],
-         "cuda_compiler_version": list(s.cuda_versions), "python": [f"{s.python}.* *_cpython"]},
+        {"c_stdlib": ["sysroot"], "c_stdlib_version": list(c.c_stdlib_versions), "cuda_compiler": ["cuda-nvcc"],
+         "cuda_compiler_version": list(c.cuda_versions), "python": [f"{st.python.version}.* *_cpython"]},
         "# The fallback for conda-forge's global pinning (conda-forge-pinning) + the migrators the feedstocks opt into\n"
         "# (stack.toml [conda]), where conda-forge-pinning is absent: the keys recipes/*/recipe.yaml read, with the\n"
         "# values that stack gives them (CUDA versions zipped with their glibc floor; the image's python). Each\n"
@@ -222,7 +183,7 @@ def pinning_fallback(st: Stack) -> str:
 def recipe_variants(st: Stack) -> str:
     """A python recipe's conda_build_config.yaml: its python_min above conda-forge's floor (CFEP-25)."""
     return _variants_yaml(
-        {"python_min": [settings(st).python_min]},
+        {"python_min": [st.conda.python_min]},
         "# What this feedstock overrides of conda-forge's pinning: python_min, UCXX's requires-python (CFEP-25).")
 
 
