@@ -1,17 +1,9 @@
 """Build UCX from the first verified source into a relocatable prefix with share/ucx-dask-gpu/build-info.json.
 
-Steps: input key (nothing to do when --prefix already holds a build with this key) -> fetch + verify -> unpack ->
-patches/<version>/ -> autogen.sh (tag archives have no ./configure) -> CUDA headers and link libraries -> detect
-verbs/rdmacm -> contrib/configure-release with stack.toml's flags + detected ones -> make + install of the shipped
-components only -> strip, RUNPATH/pkg-config/CMake made relative -> build-info.json -> into --prefix (renamed in when
-the prefix is new or one of our earlier builds, otherwise merged, e.g. a conda $PREFIX).
-
-Where it ran does not reach the bytes (repro.py): UCX is always configured for stack.toml [image].ucx_prefix and
-installed into --prefix as a relocated copy; the work directory is mapped to <build_root>/ucx for the compilers and
-in the configure line UCX compiles into ucx_info and libucs; umask, locale and time zone are fixed.
-
-Only the shipped components are built (SUBDIRS below): UCX's test/apps do not build with CUDA 13 headers against the
-535 link libraries, and nothing we ship needs them.
+Nothing is built when --prefix already holds a build of the same inputs (its input key). UCX is always configured
+for stack.toml [image].ucx_prefix and installed into --prefix as a relocated copy, so where it ran does not reach the
+bytes (repro.py). Only the shipped components are built (SUBDIRS): UCX's test/apps do not build with CUDA 13 headers
+against the 535 link libraries, and nothing we ship needs them.
 """
 from __future__ import annotations
 
@@ -37,8 +29,7 @@ from . import cuda as cudamod
 from . import relocate, repro
 from .fetch import FetchedSource, default_cache_dir, fetch_source, say, warn
 
-# Components that make up an installed UCX (libraries, modules, ucx_info/ucx_perftest/ucx_read_profile, CMake
-# config), in dependency order; `install-data-am` at the top level adds ucx.pc and share/ucx/perftest.
+# In dependency order; `install-data-am` at the top level adds ucx.pc and share/ucx/perftest.
 SUBDIRS = ("src/ucm", "src/ucs", "src/uct", "src/ucp", "src/tools/vfs", "src/tools/info", "src/tools/perf",
            "src/tools/profile", "cmake")
 CAPABILITIES = ("ib", "cuda", "gdrcopy")
@@ -361,8 +352,8 @@ def foreign_in_earlier_build(prefix: Path) -> list[str]:
 
 
 def install_into_prefix(staged: Path, prefix: Path) -> str:
-    """New prefix or one of our earlier builds holding nothing else (checked before the build): atomic replace.
-    Anything else (a conda $PREFIX): merge files in."""
+    """A new prefix or one of our earlier builds holding nothing else (checked before the build) is replaced whole;
+    files are merged into anything else."""
     ours = (prefix / BUILD_INFO).is_file() and not foreign_in_earlier_build(prefix)
     if not prefix.exists() or ours or (prefix.is_dir() and not any(prefix.iterdir())):
         with atomic_path(prefix, replace_dir=True) as tmp:  # new, empty, or our own earlier build (checked above)
@@ -375,10 +366,8 @@ def install_into_prefix(staged: Path, prefix: Path) -> str:
 # --- the whole build -----------------------------------------------------------------------------------------------
 
 def input_key(stack: Stack, opts: BuildOptions, patches: list[Path]) -> str:
-    """Hash of everything the prefix's bytes depend on: source, patches, configure flags, CUDA choice, required
-    capabilities and the headers found for them, the tools that write the bytes, the caller's compiler variables,
-    SOURCE_DATE_EPOCH, the configured prefix and this builder. Not the checkout, work directory or --prefix: the
-    build maps those out of its output (module docstring), so builds that differ only there give the same bytes."""
+    """Hash of everything the prefix's bytes depend on. Not the checkout, work directory or --prefix: the build maps
+    those out of its output, so builds that differ only there give the same bytes."""
     cuda_choice: dict = {"spec": opts.cuda}
     home = Path(opts.cuda).resolve() if opts.cuda not in ("auto", "none") else \
         (cudamod.auto_toolkit() if opts.cuda == "auto" else None)
@@ -416,9 +405,8 @@ def up_to_date(prefix: Path, key: str) -> bool:
 
 
 def build(stack: Stack, opts: BuildOptions) -> dict:
-    """Run every step; --prefix is touched only at the very end. A temporary work dir is removed unless a build
-    step failed (then its logs are what the user needs, and the error names them). Nothing is built when --prefix
-    already holds a build of the same inputs."""
+    """Run every step; --prefix is touched only at the very end (replaced when new or one of our earlier builds,
+    otherwise merged into, e.g. a conda $PREFIX)."""
     with repro.fixed_umask():
         patches = patches_for(stack.ucx.version, opts.patches_root or stack.root / "ucx-src-build" / "patches")
         key = input_key(stack, opts, patches)
@@ -432,7 +420,7 @@ def build(stack: Stack, opts: BuildOptions) -> dict:
             raise UserError(f"--prefix {prefix}: an earlier build holding {first_of(foreign)}, which its build info "
                             "does not list; move it away, or give a new or empty prefix", OUTPUT_REFUSED)
         with build_work_dir(opts.work_dir, WORK_FOLDERS, "ucx-build-") as work:
-            info = _build(stack, opts, work, key)
+            info = _build(stack, opts, work, key, patches)
     repro.write_stamp(opts.stamp, key)
     return info
 
@@ -464,7 +452,7 @@ def fresh_logs(work: Path) -> Path:
     return logs
 
 
-def _build(stack: Stack, opts: BuildOptions, work: Path, key: str) -> dict:
+def _build(stack: Stack, opts: BuildOptions, work: Path, key: str, patches: list[Path]) -> dict:
     t_start = time.monotonic()
     prefix = opts.prefix.resolve()
     jobs = opts.jobs or (os.cpu_count() or 1) + 1
@@ -475,7 +463,7 @@ def _build(stack: Stack, opts: BuildOptions, work: Path, key: str) -> dict:
     fetch_kw = {"cache": (opts.cache or default_cache_dir(stack)).resolve(),
                 "dirs": [p.resolve() for p in opts.sources], "offline": opts.offline}
     say(f"build: prefix {prefix}, work dir {work}, -j{jobs}")
-    fetched, src, applied = _patched_source(stack, opts, work, env, logs, fetch_kw)
+    fetched, src, applied = _patched_source(stack, patches, work, env, logs, fetch_kw)
     cuda = cudamod.resolve(opts.cuda, stack, work, link_dir=opts.cuda_link_dir, fetch_kw=fetch_kw)
     if cuda.kind != "none":
         say(f"CUDA {cuda.version}: headers {cuda.include_dir}; link libraries from {cuda.link_source}")
@@ -518,14 +506,11 @@ def _build(stack: Stack, opts: BuildOptions, work: Path, key: str) -> dict:
     return info
 
 
-def _patched_source(stack: Stack, opts: BuildOptions, work: Path, env: dict[str, str], logs: Path,
+def _patched_source(stack: Stack, patches: list[Path], work: Path, env: dict[str, str], logs: Path,
                     fetch_kw: dict) -> tuple[FetchedSource, Path, list]:
     """UCX's source fetched, unpacked under <work>/src, patched and (from a git tree) autogen'd: (what was fetched,
     the tree, the patches applied)."""
-    patches_root = opts.patches_root or stack.root / "ucx-src-build" / "patches"
     fetched: FetchedSource = fetch_source(stack.ucx, **fetch_kw)
-    version = fetched.source.version
-    patches = patches_for(version, patches_root)
     check_tools(bool(patches))
 
     say(f"unpack {fetched.path.name}")
@@ -535,7 +520,7 @@ def _patched_source(stack: Stack, opts: BuildOptions, work: Path, env: dict[str,
     env["GIT_CEILING_DIRECTORIES"] = str(src.parent)
     applied = apply_patches(src, patches, logs / "patch.log") if patches else []
     if not patches:
-        say(f"  no patches for {version} in {patches_root}")
+        say(f"  no patches for UCX {stack.ucx.version}")
     if not (src / "configure").is_file():
         autogen(src, env, logs / "autogen.log")
     return fetched, src, applied
@@ -559,6 +544,5 @@ def _build_info(stack: Stack, opts: BuildOptions, key: str, fetched: FetchedSour
         "source_date_epoch": stack.source_date_epoch,
         "compiler": compiler_version(),
         "stack": {"name": stack.name, "version": stack.version, "stack_toml_sha256": sha256_file(stack.path)},
-        # The prefix UCX was configured for (and compiled in); --prefix is a relocated copy of it.
-        "build_prefix": stack.image.ucx_prefix,
+        "build_prefix": stack.image.ucx_prefix,  # configured and compiled in; --prefix is a relocated copy of it
     }

@@ -1,17 +1,9 @@
 """Build the UCXX wheels (libucxx, ucxx, distributed-ucxx) from the pinned tag against a UCX prefix of ours, offline.
 
-Steps: the UCX prefix's build info (its version must be stack.toml's) -> cache lookup by the hash of every input ->
-fetch + verify the UCXX, rapids-cmake and CPM.cmake archives -> ucx-src-build/patches/ucxx-<version>/*.patch applied
-to the UCXX tree in name order (recorded in the build info, part of the input hash) -> a build venv from the
-hash-pinned build lock -> a CUDA toolkit directory assembled from that venv's NVIDIA wheels ->
-`pip wheel --no-build-isolation --no-index --no-deps` for each [[ucxx.build.packages]] in order, inside a network
-namespace with only loopback (a download attempt fails and names its URL) -> checks (names, versions, no libucx
-dependency, libucxx.so linked to libucp.so.0) -> ucxx-build-info.json + the wheels into --out, and into the cache.
-
-Where it ran does not reach the bytes (repro.py): the work directory, the UCX prefix and this checkout are mapped to
-stand-ins for the compilers (CFLAGS/CXXFLAGS/CUDAFLAGS) and in the recorded CMake options, CMake links with the
-installed RPATH from the start, and umask, locale and time zone are fixed; every wheel is searched for those
-directories afterwards (`build_paths_found` in the build info).
+A finished build is kept by the hash of every input and reused. Each wheel is built with `pip wheel
+--no-build-isolation --no-index` from a hash-pinned build venv, inside a network namespace with only loopback (a
+download attempt fails and names its URL). Where it ran does not reach the bytes (repro.py): the work directory, the
+UCX prefix and this checkout are mapped to stand-ins, and every wheel is searched for them afterwards.
 
 What the binding needs at run time from outside its wheels: our UCX's lib/ on the loader path (libucxx.so's RUNPATH
 is $ORIGIN only): ld.so.conf in the image, `install-ucxx` (below) in a venv.
@@ -92,13 +84,9 @@ def ucx_headers(ucx_info: dict) -> dict[str, str]:
 
 
 def input_key(stack: Stack, ucx_info: dict, patches: list[Path] | None = None) -> str:
-    """Hash of everything the wheels' bytes depend on: sources, patches, build lock, build options, the UCX they
-    compile against (identity and headers), the interpreter, the tools that write the bytes, the caller's compiler
-    variables, SOURCE_DATE_EPOCH and this builder. Two builds with the same key give the same bytes.
-
-    Not where the build ran: the checkout, work directory and UCX prefix are mapped out of the wheels (module
-    docstring; `build_paths_found` proves it per build), so a cache shared by checkouts at different paths may hand
-    one's build to another."""
+    """Hash of everything the wheels' bytes depend on: two builds with the same key give the same bytes. Not where the
+    build ran (mapped out of the wheels; `build_paths_found` proves it per build), so a cache shared by checkouts at
+    different paths may hand one's build to another."""
     u = stack.ucxx
     return repro.key_of({
         "sources": [[a.name, a.content_tree] for a in (u.source, u.rapids_cmake, u.cpm)],
