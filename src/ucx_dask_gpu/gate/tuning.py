@@ -1,17 +1,7 @@
 """Dask config keys of ours for what distributed and dask-cuda read from no config key, applied at start-up on each
-role by the `ucx_dask_gpu.ucx.startup` preload (which the shipped dask config loads on the client, the scheduler, the
-nannies and the workers):
-
-    ucx-dask-gpu:
-      batched-send:                    # dask time strings; unset: distributed's own interval
-        client-interval: 10ms          # client -> scheduler
-        scheduler-interval: 5ms        # scheduler -> each worker
-        scheduler-client-interval: 2ms # scheduler -> each client
-        worker-interval: 2ms           # worker -> scheduler
-      cluster:
-        rmm-pool-size: 0.05            # each dask-cuda worker: an RMM pool (--rmm-pool-size) ...
-        rmm-maximum-pool-size: 0.9     # ... bounded (--rmm-maximum-pool-size) ...
-        rmm-allocator-external-lib-list: [cupy]  # ... and CuPy allocating from it (--set-rmm-allocator-for-libs)
+role by the `ucx_dask_gpu.ucx.startup` preload (which the shipped dask config loads on every role):
+`ucx-dask-gpu.batched-send.<stream>-interval` (INTERVALS: dask time strings; unset, distributed's own) and
+`ucx-dask-gpu.cluster.rmm-*` (a dask-cuda worker's RMM pool).
 
 BatchedSend: distributed batches the small control messages of a role's stream to its peer; after sending a batch
 it sends the next one no sooner than `interval` later, so a message sent within `interval` of the previous batch
@@ -22,12 +12,9 @@ on the stream object after distributed made it is enough: no code of distributed
 
 RMM pool: distributed-ucxx receives each GPU frame into `rmm.DeviceBuffer(size=n)`, from RMM's current resource. A
 pool there spares every large receive a cudaMalloc, a fresh IPC handle opened by the sending peer and a
-device-synchronising cudaFree. Each dask-cuda worker (`dask cuda worker`, LocalCUDACluster) gets it from dask-cuda's
-own RMMSetup plugin with the arguments `dask cuda worker --rmm-pool-size SIZE --rmm-maximum-pool-size MAX
---set-rmm-allocator-for-libs LIBS` gives it: one pool, bounded, that CuPy allocates from too (no second pool beside
-it holding memory the other cannot use). A worker whose launcher already configures RMM
-(`--rmm-pool-size`, `--rmm-async`, `--rmm-managed-memory`, or LocalCUDACluster's rmm_* arguments) keeps its
-launcher's settings; a plain `dask worker` gets no pool.
+device-synchronising cudaFree. Each dask-cuda worker gets it from dask-cuda's own RMMSetup plugin, made as `dask cuda
+worker --rmm-pool-size` makes it (`rmm_pool_plugin`): one bounded pool that CuPy allocates from too. A worker whose
+launcher configures RMM itself keeps its launcher's settings (`why_no_pool`); a plain `dask worker` gets no pool.
 """
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""`ucx-dask-gpu doctor`: what this environment really uses.
-
-- UCX: the libucp.so actually loaded (by path, from --ucx-prefix / $UCX_DASK_GPU_UCX_PREFIX / the image's prefix
-  (stack.toml [image].ucx_prefix) / the loader's search path) and its version from ucp_get_version_string();
-  transports from `ucx_info -d`; lib/ucx modules; whether
-  it is OUR build (share/ucx-dask-gpu/build-info.json next to it).
-- UCXX: imported the way Dask imports it; which libucp.so the process then maps (ours, a libucx wheel's, other), and
-  whether its installed libraries are the ones our from-source build made (<sys.prefix>/share/ucx-dask-gpu/
-  ucxx-build-info.json), said plainly.
-- CUDA driver/runtime versions, GPUs and NVLink link counts (NVML) when present; "no GPU" otherwise (exit 0).
-- The stack id: computed from the installed distributions, the same way everywhere (gate/identity.py).
-- Transports (ucx/transports.py): which ones a Dask process of this environment (its dask config and environment)
-  will really use for GPU peers on this host, processes on this host and other hosts; conflicting settings; and
-  warnings: cuda_ipc from a container with private IPC/PID namespaces, InfiniBand devices not mapped, memlock too
-  low, transports left out by UCX_TLS.
-- Dask config: the YAML files a Dask process started here reads (path + short sha256) and whether the shipped tuned
-  settings (tuned-gpu.yaml) are in force, or which of them differ (gate/daskconfig.py `in_force`).
+"""`ucx-dask-gpu doctor`: what this environment really uses, one section per concern (UCX, UCXX, CUDA, GPUs, the
+transports a Dask process will use, the dask config in force, the stack id); docs/building.md says what each shows.
 
 Library probes run in child processes: loading two UCX builds into one process would let the first libucs.so.0
 satisfy the second's dependency and report a mix. The probe of a prefix runs without site initialisation (`-S`), so a

@@ -4,24 +4,14 @@ kernel cannot use cuda_ipc between them because their containers do not share IP
 applies our settings distributed has no config key for (gate/tuning.py: BatchedSend intervals, a worker's RMM pool)
 and says in one line how UCXX waits (a warning when the process would keep a core busy while idle).
 
-The image's dask config loads it on every role, next to the guard:
-
-    distributed.scheduler.preload: [..., ucx_dask_gpu.ucx.startup]
-    distributed.worker.preload:    [..., ucx_dask_gpu.ucx.startup]
-    distributed.nanny.preload:     [..., ucx_dask_gpu.ucx.startup]
-    distributed.client.preload:    [..., ucx_dask_gpu.ucx.startup]
-
+The shipped dask config loads it on every role (`distributed.{scheduler,worker,nanny,client}.preload`), next to the
+guard:
 - worker: `dask_setup` runs after the worker's listener started (UCX is loaded by then, so the line names the UCX the
-  worker really maps); it logs the line and any warnings, and adds its boot id, namespaces and whether it would use
-  cuda_ipc to the information the worker sends when registering.
-- scheduler: a plugin compares each new worker with the others: same boot id, cuda_ipc on both, different IPC or PID
-  namespace -> one warning per pair (UCX's cuda_ipc checks the boot id only, so it is selected and then fails or
-  falls back), also as a Dask event `ucx-dask-gpu-transports`.
-- nanny: makes its worker process load this module even when the launcher passed its own preload list (`dask cuda
-  worker`).
-- client: its preloads run once it is connected; a client of your own gets the same with this module in
-  `distributed.client.preload` (the shipped config does that; in a script: `dask.config.set({"distributed.client.preload":
-  ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup"]})` before `Client(...)`).
+  worker really maps), and adds its boot id, namespaces and whether it would use cuda_ipc to what it registers with;
+- scheduler: compares each new worker with the others (SameHostCuda);
+- nanny: makes its worker process load this module even when the launcher passed its own preload list;
+- client: its preloads run once it is connected (a client of your own: this module in
+  `distributed.client.preload`, as the shipped config has it).
 """
 from __future__ import annotations
 
