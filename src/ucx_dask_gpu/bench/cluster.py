@@ -1,16 +1,11 @@
-"""The cluster side of a benchmark: one process per cluster, started by the driver (hosts.py) as
-`python -m ucx_dask_gpu.bench.<study> --serve SPEC.json` with the cluster's dask config ($DASK_CONFIG) and environment.
+"""The cluster side of a benchmark: one process per cluster (`python -m ucx_dask_gpu.bench.<study> --serve SPEC.json`,
+started by hosts.py with the cluster's dask config and environment), holding the scheduler and the client of ONE
+LocalCUDACluster (or LocalCluster on CPU) and answering the driver one JSON line each way: a repetition, a check,
+close. A process per cluster because UCX and UCXX read their settings once per process: a variant's config and
+environment must be in force before its scheduler, client and workers start.
 
-It holds the scheduler and the client of ONE cluster whose workers are its children: dask-cuda's LocalCUDACluster
-(one worker per GPU, or two workers sharing one GPU), or distributed's LocalCluster on CPU (numpy; `ucx` is UCX over
-TCP). It answers the driver's requests, one JSON line each way: a repetition of the study (with a variant's
-client-side config), a check, close. A process per cluster because UCX and UCXX read their settings once per process,
-and a variant's config and environment must be in force before its scheduler, client and workers start; the driver
-keeps several alive and lets their variants take turns.
-
-Also here: what runs on the workers (the transfer log, device sync, what a process really runs with), the input
-pinned to workers by a fixed map, and the timed persist. dask, distributed and the GPU libraries are imported inside
-the functions that use them: the CLI imports this module and starts without them.
+Also here: what runs on the workers, the input pinned to workers by a fixed map, and the timed persist. dask,
+distributed and the GPU libraries are imported inside the functions that use them.
 """
 from __future__ import annotations
 
@@ -24,8 +19,7 @@ import traceback
 
 from ..cliutil import Progress
 from ..gate.identity import compare_versions
-from ..proof.client import close_workers, warm_up
-from ..ucx.transports import mapped_libucp
+from ..proof.client import close_workers, ucx_loaded, warm_up
 from . import config
 
 PROGRESS, ANSWER = "@@ ", "@@= "
@@ -67,7 +61,7 @@ def process_facts(keys: list[str], dask_worker=None) -> dict:
     """What this process really runs with: its libucp, GPU, allocator, UCX options, and the variant's keys."""
     import dask
 
-    out = {"pid": os.getpid(), "libucp": mapped_libucp(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    out = {"pid": os.getpid(), **ucx_loaded(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
     if dask_worker is not None:
         out["nthreads"] = dask_worker.state.nthreads
     for key in keys:
@@ -78,7 +72,6 @@ def process_facts(keys: list[str], dask_worker=None) -> dict:
         if dux.ucxx is not None:
             cfg = dux.ucxx.get_config()
             out["ucx"] = {k: cfg.get(k) for k in ("TLS", "RNDV_SCHEME", "RNDV_THRESH", "MAX_RNDV_RAILS") if k in cfg}
-            out["ucx_version"] = ".".join(map(str, dux.ucxx.get_ucx_version()))
             out["progress_mode"] = getattr(dux.ucxx.core._get_ctx(), "progress_mode", None)
     except Exception as e:  # a probe never fails the run
         out["ucx_probe"] = one_line(e)
@@ -191,11 +184,16 @@ def shutdown(client, cluster, timeout: float = 60.0) -> dict:
             "clean": bool(steps) and not any("failed" in s for s in steps)}
 
 
-def settle(client, timeout: float = SETTLE_S) -> None:
-    """Wait until the scheduler has forgotten every released key: nothing else runs during the next repetition."""
+def _held(keys: list | None, dask_scheduler=None) -> bool:
+    return any(k in dask_scheduler.tasks for k in keys) if keys is not None else bool(dask_scheduler.tasks)
+
+
+def settle(client, keys: list | None = None, timeout: float = SETTLE_S) -> None:
+    """Until the scheduler has forgotten `keys` (their futures dropped here; None: every key): nothing else runs
+    during the next repetition, and the same graph computed again runs anew instead of returning what it holds."""
     deadline = time.monotonic() + timeout
-    while client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) and time.monotonic() < deadline:
-        time.sleep(0.005)
+    while client.run_on_scheduler(_held, keys) and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 def pinned_array(client, workers: list[str], shape: tuple, chunks: tuple, seed: int, gpu: bool):
@@ -233,18 +231,6 @@ def timed_persist(client, outputs: list, gpu: bool) -> tuple[float, list, list[d
     wall = time.perf_counter() - t0
     transfers = [t for log in client.run(pop_transfer_log).values() for t in log]
     return wall, futures, transfers
-
-
-def _any_held(keys: list, dask_scheduler=None) -> bool:
-    return any(k in dask_scheduler.tasks for k in keys)
-
-
-def wait_released(client, keys: list, timeout: float = 10.0) -> None:
-    """Until the scheduler has forgotten `keys` (their futures dropped here): computing the same graph again then
-    runs it anew instead of returning the results it still holds."""
-    deadline = time.monotonic() + timeout
-    while client.run_on_scheduler(_any_held, keys) and time.monotonic() < deadline:
-        time.sleep(0.002)
 
 
 # --- serving the driver ---------------------------------------------------------------------------------------------

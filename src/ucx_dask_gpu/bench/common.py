@@ -1,14 +1,8 @@
-"""The runner every study shares (the model is dask-cuda's benchmarks/common.py): a study module (transpose.py, svd.py,
-transfer.py) is a Study (studies.py) handed to `main` or `cli_run`, and this runs it:
-  1. the command line (options.py) is checked before anything starts; the variants are grouped by the cluster they
-     need (config.Variant.cluster_id) and one cluster process per group starts (hosts.py, cluster.py), all at once;
-  2. `--warmup` untimed rounds, then timed rounds until every variant has `--runs` repetitions or `--budget` would run
-     out (rounds.py);
-  3. each variant's result is checked on its cluster, dask-cuda's local_cupy runs beside it (parity, peer:
-     reference.py), the clusters close;
-  4. the report (render.py): every sample, the ratio of medians to the baseline variant with a seeded bootstrap
-     interval and its verdict, bytes moved per repetition (flagged where variants differ), the provenance
-     (provenance.py).
+"""The runner every study shares (the model is dask-cuda's benchmarks/common.py): a Study (studies.py) handed to
+`main` or `cli_run`. The command line is checked before anything starts (options.py); one cluster process per group
+of variants that can share one starts, all at once (hosts.py, cluster.py); the variants take turns within --budget
+(rounds.py); each is checked on its cluster and dask-cuda's local_cupy runs beside it (reference.py); the report
+(render.py) carries every sample, bootstrap ratios against the baseline and the provenance (provenance.py).
 dask is imported where a run needs it: `ucx-dask-gpu --help` and bad arguments need none of it.
 """
 from __future__ import annotations

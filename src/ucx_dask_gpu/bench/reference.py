@@ -1,15 +1,11 @@
 """dask-cuda's own benchmark, `python -m dask_cuda.benchmarks.local_cupy`, beside ours: its command line, its runs
 (within what --budget leaves) and its output read into numbers.
 
-Two runs in the same invocation, once our rounds are done:
-  - parity: local_cupy with OUR config (the variant's dask config and environment) against that variant's running
-    cluster (`--scheduler-address`; it keeps an external cluster's memory setup): the same cluster, the same config,
+  - parity: local_cupy with OUR variant's config against that variant's running cluster (`--scheduler-address`):
     only the measuring loop differs, so median(local_cupy) / median(ours) should be 1.00;
-  - peer: local_cupy with its own defaults (an empty dask config): its own LocalCUDACluster with its default RMM pool
-    where it can start one (one worker per GPU, two GPUs or more); otherwise against the running cluster of a variant
-    with dask's and dask-cuda's defaults (`none`, no settings), or skipped with the reason.
-Its output is text (dask.utils.format_time / format_bytes); what it prints per worker pair are quartiles of
-per-transfer bandwidth, so its p2p median is the median of the per-pair medians, in GB/s (1e9 bytes/s).
+  - peer: local_cupy with its own defaults: its own LocalCUDACluster where it can start one (one worker per GPU, two
+    GPUs or more), else against a running variant with dask's and dask-cuda's defaults, or skipped with the reason.
+Its per-pair output is quartiles of per-transfer bandwidth: its p2p median is the median of the per-pair medians.
 """
 from __future__ import annotations
 

@@ -15,10 +15,6 @@ MIB = 1 << 20
 VERSIONS_SHOWN = ("dask", "distributed", "dask-cuda", "distributed-ucxx", "ucxx", "rmm", "cupy", "numpy", "python")
 
 
-def _ms(v, digits=3):
-    return None if v is None else round(v * 1e3, digits)
-
-
 def _mb(v):
     return None if v is None else round(v / 1e6, 2)
 
@@ -128,8 +124,8 @@ def result_rows(payload: dict) -> tuple[list[str], list[list]]:
     for r in payload["runs"]:
         for m, s in r["summary"].items():
             ratio = r["ratios"].get(m) or {}
-            rows.append([r["name"], m, r["status"], s["n"], _ms(s["median"]),
-                         f"{_ms(s['q25'], 2)}-{_ms(s['q75'], 2)}", ratio.get("median"),
+            rows.append([r["name"], m, r["status"], s["n"], stats.to_ms(s["median"]),
+                         f"{stats.to_ms(s['q25'], 2)}-{stats.to_ms(s['q75'], 2)}", ratio.get("median"),
                          "-" if not ratio.get("ci95") else f"{ratio['ci95'][0]}-{ratio['ci95'][1]}",
                          ratio.get("verdict", "baseline" if r["name"] == payload["baseline"] else "-"),
                          _mb(r["bytes_moved"]["median"])])
@@ -145,7 +141,7 @@ def reference_rows(payload: dict) -> tuple[list[str], list[list]]:
         ratio = r.get("ratio_to_ours") or {}
         walls = r.get("wall_s") or []
         rows.append([r["kind"], r.get("against", "-"), r.get("config", "-"), r.get("status"), len(walls),
-                     _ms(stats.median(walls)), ratio.get("median"),
+                     stats.to_ms(stats.median(walls)), ratio.get("median"),
                      "-" if not ratio else f"{ratio['ci95'][0]}-{ratio['ci95'][1]}",
                      _mb(r.get("bytes_moved_from_1MiB_per_repetition"))])
     return headers, rows

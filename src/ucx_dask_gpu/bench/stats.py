@@ -38,6 +38,10 @@ def _r(v, digits=6):
     return None if v is None else round(v, digits)
 
 
+def to_ms(seconds, digits=3):
+    return None if seconds is None else round(seconds * 1e3, digits)
+
+
 def summary(values: Sequence[float]) -> dict:
     return {"n": len(values), "median": _r(median(values)), "q25": _r(quantile(values, 0.25)),
             "q75": _r(quantile(values, 0.75)), "min": _r(min(values, default=None)),

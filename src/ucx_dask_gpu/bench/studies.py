@@ -138,7 +138,7 @@ class ArrayStudy(Study):
 
         keys = [f.key for f in futures_of(futures)]
         del futures
-        cluster.wait_released(client, keys)
+        cluster.settle(client, keys)
         steady, again, steady_transfers = cluster.timed_persist(client, self.build(x), ctx["gpu"])
         chunk = list(x.chunksize)
         del again, blocks, x

@@ -1,28 +1,24 @@
 """Where one worker-to-worker transfer's time goes (`bench transfer --trace N`): timestamps of every step, taken inside
-the two worker processes, in untimed rounds after the timed ones.
+the two worker processes, in untimed rounds after the timed ones (a wrapper costs about a microsecond per call).
 
-`install` (run on each worker) wraps, in that process only: the worker's gather_dep (fetching side), its get_data
-handler (sending side), execute, handle_stimulus and its connection pool's connect; the comms' read / write (TCP and,
-where loaded, distributed-ucxx's UCXX), the frame (de)serialisation they call, and for UCXX each Endpoint send / recv,
-the receive-buffer allocation and the device synchronisation before a send or recv. Each wrapper appends
-(time.perf_counter(), name, edge, ident, nbytes) to a per-process buffer that `pop_events` returns and clears.
-perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process of a host, the client's submit and result too.
-
-`phase_table` turns the events of each traced transfer into milestones along its causal chain (B starts gather_dep,
-writes the request on the comm its pool gave it; A reads it, runs get_data, writes the response; B reads it, writes
-"OK", ends gather_dep, runs the task) and reports the median of each segment, and how many UCX operations and
-buffer allocations one transfer needed. A wrapper costs about a microsecond per call: traced rounds are never timed.
-distributed is imported where a worker installs the tracer: the CLI imports this module without it.
+`install` (run on each worker) wraps, in that process only, each step of the transfer path: the worker's side
+(gather_dep, get_data, execute, stimuli, connect), the comms' read / write and framing, and UCXX's sends, receives,
+buffer allocations and device syncs. Each appends (time.perf_counter(), name, edge, ident, nbytes) to a per-process
+buffer; perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process of a host and the client.
+`phase_table` turns each traced transfer's events into milestones along its causal chain (SEGMENTS): the median of
+each segment, and how many UCX operations and buffer allocations one transfer needed. distributed is imported where a
+worker installs the tracer: the CLI imports this module without it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
 from collections import deque
 from typing import Sequence
 
-from .stats import median, quantile
+from .stats import median, quantile, to_ms
 
 EVENTS: deque = deque(maxlen=200_000)
 EP_OWNER: dict[int, int] = {}  # UCXX endpoint id -> the comm that uses it
@@ -60,26 +56,26 @@ def wrap(fn, name: str, ident=None, size=None):
     """`fn` (a coroutine function or a plain one) with a begin and an end event around each call."""
     import inspect
 
-    if inspect.iscoroutinefunction(fn):
-        @functools.wraps(fn)
-        async def traced(*args, **kwargs):
-            i = ident(args, kwargs) if ident else 0
-            record(name, "b", i, size(args, kwargs) if size else -1)
-            try:
-                return await fn(*args, **kwargs)
-            finally:
-                record(name, "e", i)
-    else:
-        @functools.wraps(fn)
-        def traced(*args, **kwargs):
-            i = ident(args, kwargs) if ident else 0
-            record(name, "b", i, size(args, kwargs) if size else -1)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                record(name, "e", i)
-    traced.__traced__ = True
-    return traced
+    @contextlib.contextmanager
+    def span(args, kwargs):
+        i = ident(args, kwargs) if ident else 0
+        record(name, "b", i, size(args, kwargs) if size else -1)
+        try:
+            yield
+        finally:
+            record(name, "e", i)
+
+    async def traced_async(*args, **kwargs):
+        with span(args, kwargs):
+            return await fn(*args, **kwargs)
+
+    def traced(*args, **kwargs):
+        with span(args, kwargs):
+            return fn(*args, **kwargs)
+
+    out = functools.wraps(fn)(traced_async if inspect.iscoroutinefunction(fn) else traced)
+    out.__traced__ = True
+    return out
 
 
 def _patch(owner, attr: str, name: str, ident=None, size=None) -> None:
@@ -237,17 +233,13 @@ def phase_table(samples: Sequence[dict], sizes: Sequence[int]) -> list[dict]:
     for n in sizes:
         mine = [s for s in samples if s["bytes"] == n]
         ms = [milestones(s) for s in mine]
-        segs = [{"what": what, "n": len(v), "ms_median": _ms(median(v)), "ms_q25": _ms(quantile(v, 0.25)),
-                 "ms_q75": _ms(quantile(v, 0.75))}
+        segs = [{"what": what, "n": len(v), "ms_median": to_ms(median(v), 4), "ms_q25": to_ms(quantile(v, 0.25), 4),
+                 "ms_q75": to_ms(quantile(v, 0.75), 4)}
                 for a, b, what in SEGMENTS for v in [[m[b] - m[a] for m in ms if a in m and b in m]] if v]
         ops = [op_counts(s, m) for s, m in zip(mine, ms)]
         rows.append({"bytes": n, "samples": len(ms), "segments": segs,
-                     "gather_ms_median": _ms(median([m["B.gather.e"] - m["B.gather.b"] for m in ms
-                                                     if "B.gather.e" in m and "B.gather.b" in m])),
-                     "e2e_ms_median": _ms(median([m["result"] - m["submit"] for m in ms])),
+                     "gather_ms_median": to_ms(median([m["B.gather.e"] - m["B.gather.b"] for m in ms
+                                                        if "B.gather.e" in m and "B.gather.b" in m]), 4),
+                     "e2e_ms_median": to_ms(median([m["result"] - m["submit"] for m in ms]), 4),
                      "ops_median": {k: median([o.get(k, 0) for o in ops]) for k in sorted({k for o in ops for k in o})}})
     return rows
-
-
-def _ms(v):
-    return None if v is None else round(v * 1e3, 4)
