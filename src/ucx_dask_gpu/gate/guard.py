@@ -13,13 +13,10 @@ How each role takes part (distributed 2026.7):
   answers a worker's question before it registers, and marks its "identity" answer so peers know it checks.
   Connections wait for the scheduler to finish starting (preloads included), so no peer gets in before the wrap.
   Each refusal is ONE line in the scheduler's log.
-- nanny: `dask_setup` makes sure a scheduler answers at the address (gate/peer.py's await_scheduler, under one
-  deadline: --death-timeout, else 30 s after the process started; what answers instead is named in one line and
-  ends the process with its exit code), then asks it ("admit"); a refused nanny logs the scheduler's one-line reason
-  and ends its process with exit code ENV_MISMATCH before it starts a worker process, so there is nothing to unwind
-  and no traceback. It also adds this module to the preloads the nanny gives its worker process, because launchers that
-  pass their own list (`dask cuda worker`, LocalCUDACluster) replace distributed.worker.preload. (`dask worker
-  --preload X` also replaces it, and that CLI ignores distributed.nanny.preload: add `--preload
+- nanny: `dask_setup` makes sure a scheduler answers and asks it ("admit", `_admit_or_exit`) before it starts a
+  worker process: a refused nanny logs the scheduler's one-line reason and ends with ENV_MISMATCH, with nothing to
+  unwind and no traceback. It also adds this module to its worker's preloads (`add_worker_preloads`). (`dask worker
+  --preload X` replaces the configured list and that CLI ignores distributed.nanny.preload: add `--preload
   ucx_dask_gpu.gate.guard`.)
 - worker: `dask_setup` adds our identity to the worker's startup information, which the worker sends as `extra` in
   "register-worker"; a worker without a nanny asks "admit" first, as a nanny does. A worker refused at registration
@@ -204,10 +201,8 @@ def _label(server) -> str:
 async def _admit_or_exit(server) -> None:
     """Make sure a Dask scheduler answers, then ask it whether this worker may join; else one line and exit.
 
-    One deadline for both: `--death-timeout` when given, else START_WAIT_S after the process started. A scheduler
-    that is not there yet (its port closed, or silent) is waited for, with a line every 10 s; what answers instead
-    (an HTTP server, another Dask server) ends the start at once. The nanny's own connection comes after, to a
-    scheduler that answered.
+    One deadline for both (await_scheduler says what it waits out): `--death-timeout` when given, else START_WAIT_S
+    after the process started. The nanny's own connection comes after, to a scheduler that answered.
     Failures: the one line, then exit with its code (SCHEDULER_UNREACHABLE, NOT_A_SCHEDULER, TLS_REFUSED,
     ENV_MISMATCH). A scheduler that runs no guard is not asked.
     """

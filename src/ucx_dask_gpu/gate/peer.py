@@ -1,9 +1,7 @@
-"""Where a client or a worker connects: the address checked before anything starts, and what answers there, in one
-line.
+"""Where a client or a worker connects: the address checked before anything starts (`parse_address`: a typo ends
+with USAGE before dask is imported), and what answers there, in one line.
 
-- `parse_address`: scheme (tcp, tls, ucx, ucxx; none = tcp, as dask reads it), host (a name or an IP address,
-  IPv6 in brackets) and port (1-65535, required): a typo ends here with USAGE, before dask is imported.
-- `check_scheduler`: within one deadline (`--timeout`), in this order:
+`check_scheduler` (a client's), within one deadline (`--timeout`), in this order:
   1. a TCP connection to host:port (refused, unknown host, unreachable, no answer: SCHEDULER_UNREACHABLE);
   2. for tcp:// and tls://, a Dask handshake and the "identity" request, as Dask itself sends them; the answer must
      come from a Scheduler (a worker or nanny answers too: NOT_A_SCHEDULER). Dask's own connect waits forever for a
@@ -15,10 +13,9 @@ line.
      TLS_REFUSED.
   ucx:// and ucxx:// get step 1 only: UCX endpoints are created once per process by distributed-ucxx, on the
   loop of the Client that uses them, so a probe over UCX here would set UCX up on the wrong loop.
-- `await_scheduler`: a worker's start (the guard's pre-check in its nanny): the scheduler's identity asked through the
-  worker's own comm stack (any scheme), under one deadline; a port where nothing listens yet, or a server that is
-  silent, is waited out with a line every 10 s (the scheduler may still be starting); an HTTP, SSH or TLS server, or
-  a Dask server that is not a scheduler, ends it at once, named.
+
+`await_scheduler` is a worker's start (the guard's pre-check in its nanny): the same names, through the worker's own
+comm stack, waiting out a scheduler that is not up yet.
 
 The standard library only, except the Dask exchange (distributed, imported inside the function that needs it).
 """
