@@ -16,6 +16,11 @@ from ucx_dask_gpu.errors import OUTPUT_REFUSED, UserError
 
 
 _flat = daskconfig.flatten
+
+
+def load_installed(dest) -> dict:
+    """The config dask would read from `dest` alone (its YAML files merged)."""
+    return dask.config.collect(paths=[str(dest)], env={})
 FILES = sorted([daskconfig.COMMON, daskconfig.INSTALLED_TRANSPORTS, daskconfig.INSTALLED_TUNED])
 
 
@@ -23,7 +28,7 @@ FILES = sorted([daskconfig.COMMON, daskconfig.INSTALLED_TRANSPORTS, daskconfig.I
 def test_install_writes_every_file_with_guard_preloads(tmp_path, kind):
     written = daskconfig.install(tmp_path, kind)
     assert sorted(p.name for p in written) == FILES
-    cfg = daskconfig.load_installed(tmp_path)
+    cfg = load_installed(tmp_path)
     every = ["ucx_dask_gpu.gate.guard", "ucx_dask_gpu.ucx.startup", "ucx_dask_gpu.gate.quietclose"]
     for role in ("scheduler", "worker", "nanny"):
         assert cfg["distributed"][role]["preload"] == every
@@ -37,7 +42,7 @@ def test_install_writes_every_file_with_guard_preloads(tmp_path, kind):
 def test_no_tuned_installs_the_other_two_files(tmp_path, capsys):
     assert sorted(p.name for p in daskconfig.install(tmp_path, "auto", tuned=False)) == sorted(
         [daskconfig.COMMON, daskconfig.INSTALLED_TRANSPORTS])
-    config = dask.config.merge(_defaults(), daskconfig.load_installed(tmp_path))  # what a process has in force
+    config = dask.config.merge(_defaults(), load_installed(tmp_path))  # what a process has in force
     report = daskconfig.in_force(config, [str(tmp_path)], {})
     assert len(report.differ) == report.settings - sum(  # only the tuned settings that are distributed's defaults hold
         1 for k, v in daskconfig.shipped_settings().items() if _default(k) == v)
@@ -49,7 +54,7 @@ def test_the_default_is_automatic_and_never_turns_a_transport_off(tmp_path):
     from distributed_ucxx.ucxx import _prepare_ucx_config
 
     daskconfig.install(tmp_path)
-    cfg = daskconfig.load_installed(tmp_path)
+    cfg = load_installed(tmp_path)
     flags = ("tcp", "nvlink", "infiniband", "rdmacm", "cuda-copy", "create-cuda-context")
     assert all(cfg["distributed-ucxx"].get(f) is None for f in flags)
     with dask.config.set(cfg):
@@ -96,7 +101,7 @@ def _ours(key: str) -> bool:
 
 def test_every_key_is_known_to_dask_or_distributed_ucxx_or_ours(tmp_path):
     daskconfig.install(tmp_path, "gpu")
-    ours = daskconfig.load_installed(tmp_path)
+    ours = load_installed(tmp_path)
     known = dict(_flat(_defaults()))
     for key, _ in _flat(ours):
         # Free-form mappings (UCX environment, a worker's environment) have no defaults to compare against.
@@ -146,7 +151,7 @@ def test_transports_become_the_intended_ucx_tls(tmp_path, kind, tls):
     from distributed_ucxx.ucxx import _prepare_ucx_config
 
     daskconfig.install(tmp_path, kind)
-    with dask.config.set(daskconfig.load_installed(tmp_path)):
+    with dask.config.set(load_installed(tmp_path)):
         options, _ = _prepare_ucx_config()
     assert options.get("TLS") == tls
 

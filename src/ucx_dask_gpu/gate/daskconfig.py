@@ -1,18 +1,12 @@
 """The dask config the image and the conda package ship: guard preloads, timeouts, shutdown, the UCX transports and
 the measured settings; and which of it a process has in force.
 
-`ucx-dask-gpu config install --dest /etc/dask [--transports auto|cpu|gpu] [--no-tuned]` writes these files into a
-dask config directory, all or none:
-  ucx-dask-gpu.yaml             common to every host (src/ucx_dask_gpu/config/ucx-dask-gpu.yaml)
-  ucx-dask-gpu-transports.yaml  transports-auto.yaml (default), transports-cpu.yaml or transports-gpu.yaml
-  ucx-dask-gpu-tuned.yaml       tuned-gpu.yaml: the settings the benchmarks measured (each line says its evidence);
-                                harmless on hosts without GPUs; left out with --no-tuned
-`auto` leaves the transports to UCX on every host (GPU or not), so a process that reads only /etc/dask (Apptainer
-`exec`, a Kubernetes `command:`, a user's own DASK_CONFIG next to it) gets what the entrypoint would give it; `cpu`
-and `gpu` pin UCX_TLS and are opt-in.
-
-`in_force` says which YAML files a process's dask reads and how many of the shipped tuned settings its config holds
-(the worker's start-up line and `ucx-dask-gpu doctor` print it).
+`ucx-dask-gpu config install --dest DIR` writes them into a dask config directory, all or none: ucx-dask-gpu.yaml
+(every host), ucx-dask-gpu-transports.yaml (one of TRANSPORTS) and, unless --no-tuned, ucx-dask-gpu-tuned.yaml (the
+settings the benchmarks measured, each line saying its evidence; harmless on hosts without GPUs). `auto` leaves the
+transports to UCX on every host (GPU or not), so a process that reads only /etc/dask (Apptainer `exec`, a Kubernetes
+`command:`, a user's own DASK_CONFIG next to it) gets what the entrypoint would give it; `cpu` and `gpu` pin UCX_TLS
+and are opt-in.
 
 Only the standard library at import and in `install`: the conda package's build script runs `config install`.
 """
@@ -65,13 +59,6 @@ def install(dest: str | os.PathLike, transports: str = "auto", tuned: bool = Tru
     check_output_dir(dest)  # the CLI checked it; the conda package's build script calls this directly
     check_names_free(dest, files)
     return write_output_dir(dest, files, what="the dask config")
-
-
-def load_installed(dest: str | os.PathLike) -> dict:
-    """The config dask would read from `dest` alone (merged YAML files), for checks and `config show`."""
-    import dask.config  # heavy: only where the installed config is read back
-
-    return dask.config.collect(paths=[str(dest)], env={})
 
 
 def search_path_for(environ: Mapping[str, str]) -> list[str]:
