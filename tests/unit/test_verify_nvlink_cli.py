@@ -171,8 +171,8 @@ def test_nvml_discover_without_driver():
 @needs_pip_ucx
 def test_pip_prefix_resolves_to_the_wheel():
     inst = undertest.resolve_install("pip")
-    assert inst.prefix == PIP and inst.perftest == PIP / "bin" / "ucx_perftest" and inst.kind == "pip"
-    assert PIP / "lib" in inst.lib_dirs
+    assert inst.install.prefix == PIP and inst.install.perftest == PIP / "bin" / "ucx_perftest"
+    assert inst.install.kind == "pip" and PIP / "lib" in inst.install.lib_dirs
     env = undertest.child_env(inst, [], {"UCX_RNDV_SCHEME": "get_zcopy"})
     assert env["LD_LIBRARY_PATH"].split(":")[0] == str(PIP / "lib")
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and "CUDA_VISIBLE_DEVICES" not in env
@@ -201,7 +201,7 @@ def test_run_pair_host_memory_for_real(tmp_path):
     inst = undertest.resolve_install(OURS)
     env = {**undertest.child_env(inst, [], {}), **undertest.EVIDENCE_ENV["proto-selected"]}  # 1.20: selection tables
     size = 1 << 20
-    out = pt.run_pair(inst.perftest, ["-t", "tag_bw", "-m", "host", "-s", str(size), "-n", "200", "-w", "20"],
+    out = pt.run_pair(inst.install.perftest, ["-t", "tag_bw", "-m", "host", "-s", str(size), "-n", "200", "-w", "20"],
                       env, env, tmp_path, timeout=60)
     res = pt.result_or_raise(out, "host loopback")
     assert out.ok and res.iterations == 200 and res.gbps > 0
@@ -216,7 +216,7 @@ def test_run_pair_host_memory_for_real(tmp_path):
 def test_run_pair_cuda_without_gpu_fails_with_the_cause(tmp_path):
     inst = undertest.resolve_install(OURS)
     env = undertest.child_env(inst, [], {})
-    out = pt.run_pair(inst.perftest, ["-t", "tag_bw", "-m", "cuda", "-s", "1048576", "-n", "10", "-w", "1"],
+    out = pt.run_pair(inst.install.perftest, ["-t", "tag_bw", "-m", "cuda", "-s", "1048576", "-n", "10", "-w", "1"],
                       env, env, tmp_path, timeout=60)
     assert not out.ok
     with pytest.raises(UserError) as e:

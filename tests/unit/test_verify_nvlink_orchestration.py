@@ -173,8 +173,8 @@ def test_keep_going_reports_a_ucx_that_cannot_start(tmp_path, monkeypatch, capsy
     broken.symlink_to(OURS)
 
     def preflight(inst, env):
-        if inst.spec != OURS:
-            raise UserError(f"UCX at {inst.prefix} does not start (ucx_info -v exit 127): symbol lookup error",
+        if inst.install.spec != OURS:
+            raise UserError(f"UCX at {inst.install.prefix} does not start (ucx_info -v exit 127): symbol lookup error",
                             PERFTEST_FAILED)
         inst.version, inst.proto_v2_default, inst.proto_used = "1.21.0", True, True
 

@@ -28,48 +28,20 @@ class UcxUnderTest:
     preflight_error: str | None = None  # --keep-going: this UCX could not start; its runs are reported as errors
 
     @property
-    def spec(self) -> str:
-        return self.install.spec
-
-    @property
-    def kind(self) -> str:
-        return self.install.kind
-
-    @property
-    def prefix(self) -> Path:
-        return self.install.prefix
-
-    @property
-    def perftest(self) -> Path:
-        return self.install.perftest
-
-    @property
-    def ucx_info(self) -> Path | None:
-        return self.install.ucx_info
-
-    @property
-    def lib_dirs(self) -> list[Path]:
-        return self.install.lib_dirs
-
-    @property
-    def build_info(self) -> dict | None:
-        return self.install.build_info
-
-    @property
     def label(self) -> str:
-        return f"{self.kind} {self.version or '?'}"
+        return f"{self.install.kind} {self.version or '?'}"
 
     def describe(self) -> dict:
-        src = {"pip": "pip wheel libucx (libucx-cu13)", "path": "ucx_perftest found on PATH"}.get(self.kind, "prefix")
-        if self.build_info:
-            s = self.build_info.get("source") or {}
+        kind, info = self.install.kind, self.install.build_info
+        src = {"pip": "pip wheel libucx (libucx-cu13)", "path": "ucx_perftest found on PATH"}.get(kind, "prefix")
+        if info:
+            s = info.get("source") or {}
             src = (f"built from source by ucx-dask-gpu: {s.get('archive', '?')} "
                    f"({'FALLBACK: ' + str(s.get('fallback_reason')) if s.get('fallback') else 'production pin'})")
-        return {"version": self.version, "source": src, "prefix": str(self.prefix), "kind": self.kind,
+        return {"version": self.version, "source": src, "prefix": str(self.install.prefix), "kind": kind,
                 "proto_info_used": self.proto_used, "proto_v2_default": self.proto_v2_default,
                 "transports": self.transports, "configure": self.configure_line,
-                "build_info": {k: self.build_info.get(k) for k in ("ucx_version", "source", "capabilities")}
-                if self.build_info else None}
+                "build_info": {k: info.get(k) for k in ("ucx_version", "source", "capabilities")} if info else None}
 
 
 def resolve_install(spec: str) -> UcxUnderTest:
@@ -112,7 +84,7 @@ def cuda_runtime_dirs(extra: list[str]) -> list[Path]:
 
 def child_env(inst: UcxUnderTest, cuda_dirs: list[Path], ucx_env: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    ld = [str(d) for d in inst.lib_dirs] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+    ld = [str(d) for d in inst.install.lib_dirs] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
     ld += [str(d) for d in cuda_dirs]
     seen: list[str] = []
     for p in ld:
@@ -131,28 +103,29 @@ def _run_tool(cmd: list[str], env: dict, timeout: float = 120) -> subprocess.Com
 def preflight(inst: UcxUnderTest, env: dict[str, str]) -> None:
     """Version, protocol-info capability and transports of one UCX, through its own ucx_info, under the environment
     perftest will get. A UCX that cannot start or has no CUDA transport ends the run here (PERFTEST_FAILED)."""
-    if inst.ucx_info is None:
+    exe, prefix = inst.install.ucx_info, inst.install.prefix
+    if exe is None:
         return
-    r = _run_tool([str(inst.ucx_info), "-v"], env)
+    r = _run_tool([str(exe), "-v"], env)
     if r.returncode != 0:
-        raise UserError(f"UCX at {inst.prefix} does not start (ucx_info -v exit {r.returncode}): "
+        raise UserError(f"UCX at {prefix} does not start (ucx_info -v exit {r.returncode}): "
                         f"{pt.error_line(r.stdout + r.stderr) or 'no output'}", PERFTEST_FAILED)
     try:
         v = ucxinfo.parse_version(r.stdout)
         inst.version, inst.configure_line = v.version, v.configure_line
     except ValueError:
         inst.version = None
-    c = _run_tool([str(inst.ucx_info), "-c"], env)
+    c = _run_tool([str(exe), "-c"], env)
     inst.proto_v2_default = pt.truthy(pt.config_value(c.stdout, "PROTO_ENABLE"))
-    u = _run_tool([str(inst.ucx_info), "-c"], {**env, "UCX_PROTO_INFO": "used"})
+    u = _run_tool([str(exe), "-c"], {**env, "UCX_PROTO_INFO": "used"})
     inst.proto_used = pt.accepts_proto_info_used(u.stdout, inst.version)
-    d = _run_tool([str(inst.ucx_info), "-d"], env)
+    d = _run_tool([str(exe), "-d"], env)
     devs = ucxinfo.parse_devices(d.stdout)
     inst.transports = devs.transports
     if d.returncode != 0 or not any(t.startswith("cuda") for t in inst.transports):
         why = (pt.error_line(d.stderr) if d.stderr.strip() else None) or \
             "no CUDA driver/GPU visible to it, or its CUDA modules did not load"
-        raise UserError(f"UCX {inst.version or '?'} at {inst.prefix} lists no CUDA transport in `ucx_info -d` "
+        raise UserError(f"UCX {inst.version or '?'} at {prefix} lists no CUDA transport in `ucx_info -d` "
                         f"(transports: {', '.join(inst.transports) or 'none'}): {why}", PERFTEST_FAILED)
 
 
