@@ -89,7 +89,7 @@ def test_no_file_names_the_checkout_or_the_build_directories(prefix, info, st):
 def test_ucx_info_reports_the_selected_version(prefix, info):
     v = ucxinfo.version(ucxinfo.find_ucx_info(prefix), env=verify.clean_env())
     assert v.version == info["source"]["version"]
-    assert v.configured_with("--with-verbs") == "yes" and v.configured_with("--with-rdmacm") == "yes"
+    assert {"--with-verbs", "--with-rdmacm"} <= set(v.configure_args)
 
 
 def test_no_revision_of_this_repository_leaks_into_ucx(prefix):

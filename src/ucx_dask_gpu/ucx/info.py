@@ -33,15 +33,6 @@ class UcxVersion:
     library_path: str | None = None  # only printed by UCX >= 1.15
     revision: str | None = None
 
-    def configured_with(self, option: str) -> str | None:
-        """Value of `--option=value` (or "yes" for a bare `--option`) from the configure line; None if absent."""
-        for arg in self.configure_args:
-            if arg == option:
-                return "yes"
-            if arg.startswith(option + "="):
-                return arg[len(option) + 1:]
-        return None
-
 
 @dataclass(frozen=True)
 class Resource:
