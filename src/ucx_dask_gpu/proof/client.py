@@ -17,7 +17,7 @@ from ..cliutil import Progress
 from ..errors import (ALL_WORKERS_LOST, BINDING_NOT_LOADABLE, ENV_MISMATCH, NO_WORKERS, NOT_A_SCHEDULER,
                       SCHEDULER_LOST, SCHEDULER_UNREACHABLE, WORKLOAD_FAILED, UserError)
 from ..gate.daskconfig import QUIET_CLOSE, STARTUP
-from ..gate.identity import GUARD, REFUSAL_PREFIX
+from ..gate.identity import GUARD, REFUSAL_PREFIX, compare_versions
 from ..gate.peer import DIAGNOSIS_S, REPORT_EVERY_S, check_scheduler, parse_address, what_answers
 from ..ucx.transports import mapped_libucp
 from . import localworkers
@@ -204,6 +204,17 @@ def warm_up(client, modules: tuple[str, ...], watch: "Watch | None" = None) -> N
     # allow_other_workers: a worker killed during warm-up must not leave its pinned task waiting forever.
     watch.results([client.submit(_import_all, modules, workers=[a], allow_other_workers=True, pure=False)
                    for a in addresses])
+
+
+def start_run(client, what: str, modules: tuple[str, ...], timeout: float) -> tuple["Watch", dict]:
+    """A workload's Watch (`timeout`: how long it waits without any worker), once every role's versions are compared
+    and `modules` imported on every worker; the fields of the result every workload reports."""
+    watch = Watch(client, what, timeout)
+    versions = compare_versions(watch.call(client.get_versions, check=False))
+    warm_up(client, modules, watch)
+    return watch, {"protocol": scheme(client.scheduler.address), "scheduler": client.scheduler.address,
+                   "workers_start": watch.workers(), "versions_identical": versions["identical"],
+                   "version_differences": versions["differences"]}
 
 
 def _import_all(modules):

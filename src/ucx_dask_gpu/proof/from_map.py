@@ -12,8 +12,7 @@ from pathlib import Path
 
 from ..errors import DATA_INVALID, OUTPUT_REFUSED, USAGE, UserError
 from ..fsutil import OutputDir, atomic_path, check_names_free, check_output_dir, record_written
-from ..gate.identity import compare_versions
-from .client import LOST_AFTER_S, RTOL, Watch, scheme, warm_up
+from .client import LOST_AFTER_S, RTOL, Watch, start_run
 
 READ_TOPIC = "ucx-dask-gpu-read"
 FORMATS = {"parquet": ".parquet", "feather": ".feather"}
@@ -183,16 +182,13 @@ def run_from_map(client, paths: list[Path], fmt: str = "parquet", columns: list[
     columns = list(columns or ["a", "b"])
     template = dataset_table(0, 1, 0)
     all_columns = template.column_names
-    watch = Watch(client, "from-map", timeout)
-    versions = compare_versions(watch.call(client.get_versions, check=False))
+    watch, common = start_run(client, "from-map", ("pandas", "pyarrow.parquet", "pyarrow.feather", "dask.dataframe"),
+                              timeout)
     run = uuid.uuid4().hex
-    reader = ArrowFileReader(fmt, run)
-    df = dd.from_map(reader, [str(p) for p in paths], meta=_meta(template), label=f"read-{fmt}",
+    df = dd.from_map(ArrowFileReader(fmt, run), [str(p) for p in paths], meta=_meta(template), label=f"read-{fmt}",
                      enforce_metadata=False)
     query = df[columns].sum()
     projected = _find_projection(query)
-    warm_up(client, ("pandas", "pyarrow.parquet", "pyarrow.feather", "dask.dataframe"), watch)
-    workers_start = watch.workers()
     start = time.perf_counter()
     result = watch.result(watch.call(client.compute, query, retries=retries))
     wall = time.perf_counter() - start
@@ -212,13 +208,10 @@ def run_from_map(client, paths: list[Path], fmt: str = "parquet", columns: list[
                      and files_read == {p.name for p in paths})
     return {
         "workload": "from-map", "format": fmt, "directory": str(Path(paths[0]).parent), "files": len(paths),
-        "query": f"df[{columns!r}].sum()",
-        "protocol": scheme(client.scheduler.address), "scheduler": client.scheduler.address,
-        "workers_start": workers_start, "workers_end": watch.workers(),
+        "query": f"df[{columns!r}].sum()", **common, "workers_end": watch.workers(),
         "requested_columns": columns, "projected_columns": projected,
         "columns_read": [list(c) for c in read_sets], "all_columns": all_columns,
         "reads": len(events), "files_read": len(files_read),
         "value": value, "expected": expected, "values_ok": values_ok, "projection_ok": projection_ok,
         "ok": values_ok and projection_ok, "wall_s": round(wall, 4),
-        "versions_identical": versions["identical"], "version_differences": versions["differences"],
     }

@@ -11,8 +11,7 @@ from __future__ import annotations
 import time
 
 from ..errors import USAGE, UserError
-from ..gate.identity import compare_versions
-from .client import LOST_AFTER_S, RTOL, Watch, scheme, ucx_in_roles, warm_up
+from .client import LOST_AFTER_S, RTOL, start_run, ucx_in_roles
 
 
 def _random_block(seed: int, i: int, j: int, shape: tuple[int, int]):
@@ -90,10 +89,8 @@ def run_transpose(client, size: int = 4000, chunk: int = 1000, seed: int = 0, ba
     from distributed import futures_of
 
     check_transpose_args(size, chunk, backend)
-    watch = Watch(client, "transpose", timeout)
-    versions = compare_versions(watch.call(client.get_versions, check=False))
-    warm_up(client, ("numpy", "dask.array") + (("cupy",) if backend == "cupy" else ()), watch)
-    workers_start = watch.workers()
+    watch, run = start_run(client, "transpose", ("numpy", "dask.array") + (("cupy",) if backend == "cupy" else ()),
+                           timeout)
     sizes = tuple(_chunk_sizes(size, chunk))
     x = da.map_blocks(_generate_block, seed, backend, chunks=(sizes, sizes), dtype="float64",
                       meta=_client_meta(backend), name=f"random-{seed}-{size}-{chunk}-{backend}")
@@ -109,14 +106,10 @@ def run_transpose(client, size: int = 4000, chunk: int = 1000, seed: int = 0, ba
     del x, total
     expected = transpose_expected(size, chunk, seed)
     rel = abs(value - expected) / max(abs(expected), 1e-300)
-    protocol = scheme(client.scheduler.address)
     return {
         "workload": "transpose", "expression": "(x + x.T).sum()", "size": size, "chunk": chunk,
         "blocks": len(sizes) ** 2, "backend": backend, "block_type": block_type, "seed": seed,
-        "protocol": protocol, "scheduler": client.scheduler.address,
-        "workers_start": workers_start, "workers_end": watch.workers(),
+        **run, "workers_end": watch.workers(),
         "value": value, "expected": expected, "rel_error": rel, "ok": rel <= RTOL and block_type == backend,
-        "wall_s": round(wall, 4),
-        "versions_identical": versions["identical"], "version_differences": versions["differences"],
-        "ucx": ucx_in_roles(client, watch) if protocol == "ucx" else None,
+        "wall_s": round(wall, 4), "ucx": ucx_in_roles(client, watch) if run["protocol"] == "ucx" else None,
     }
