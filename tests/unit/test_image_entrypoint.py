@@ -22,7 +22,7 @@ from ucx_dask_gpu.errors import NO_GPU, NO_SUCH_COMMAND, TRANSPORT_CONFLICT, Use
     ["bash"],
 ])
 def test_known_roles_exec_unchanged(argv):
-    assert entrypoint.resolve(argv) == argv
+    assert list(entrypoint.classify(argv).argv) == argv
 
 
 @pytest.mark.parametrize("argv, kind, execd", [
@@ -67,7 +67,7 @@ def test_any_other_command_runs_as_it_is(argv):
 def test_no_command_is_refused():
     for argv in ([], [""]):
         with pytest.raises(UserError) as err:
-            entrypoint.resolve(argv)
+            entrypoint.classify(argv)
         assert err.value.exit_code == NO_SUCH_COMMAND and "dask scheduler" in str(err.value)
 
 

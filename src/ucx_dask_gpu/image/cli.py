@@ -251,8 +251,7 @@ def _cmd_normalise(args) -> int:
     st = _stack(args)
     tag = args.tag or args.image
     out = Path(args.out) if args.out else normalise.default_out_dir(default_cache(), tag)
-    wheels = normalise.build_wheels(st, default_cache())
-    wheels.update(normalise.wheels_from([Path(w) for w in args.wheels]))
+    wheels = normalise.build_wheels(st, default_cache(), args.wheels)
     r = normalise.normalise_image(st, args.image, out, tag=tag, keep_archive=args.keep_archive, wheels=wheels,
                                   with_sbom=not args.no_sbom, load=not args.no_load)
     print(f"image     {r.tag}")

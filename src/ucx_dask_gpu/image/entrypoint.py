@@ -89,11 +89,6 @@ def classify(argv: list[str]) -> Role:
     return Role("command", tuple(argv))
 
 
-def resolve(argv: list[str]) -> list[str]:
-    """The command to exec for `argv` (legacy spellings rewritten)."""
-    return list(classify(argv).argv)
-
-
 def check_transports(config: dict, environ: dict) -> None:
     """Refuse transport settings that contradict each other (one line, TRANSPORT_CONFLICT)."""
     conflicts = settings(config, environ).conflicts

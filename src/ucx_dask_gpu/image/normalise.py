@@ -241,11 +241,11 @@ def _previous(out_dir: Path) -> dict | None:
     return data if isinstance(data, dict) and fields <= set(data) else None
 
 
-def build_wheels(st: Stack, cache: Path) -> dict[str, tuple[str, str]]:
-    """The wheels an image build installs from: the verified wheelhouse of the lock, our UCXX wheels and our own
-    wheel."""
+def build_wheels(st: Stack, cache: Path, extra: list[Path] = ()) -> dict[str, tuple[str, str]]:
+    """The wheels an image build installs from: the verified wheelhouse of the lock, our UCXX wheels, our own wheel
+    and `extra` wheels or wheel directories (replacing the lock's version of their distribution)."""
     dirs = [d for d in (wheelhouse_dir(cache, st.lock_path()), default_ucxx_wheels(), cache / "pkg") if d.is_dir()]
-    return wheels_from(dirs)
+    return wheels_from(dirs + [Path(w) for w in extra])
 
 
 def finish_build(st: Stack, tag: str, cache: Path, extra_wheels: list[Path] = (),
@@ -256,10 +256,8 @@ def finish_build(st: Stack, tag: str, cache: Path, extra_wheels: list[Path] = ()
     layers.json and sbom.cdx.json to <cache>/image/<tag>/repro. A warm rebuild that gives the same docker build
     output costs one `docker image inspect`.
     """
-    wheels = build_wheels(st, cache)
-    if extra_wheels:
-        wheels.update(wheels_from([Path(w) for w in extra_wheels]))
-    return normalise_image(st, tag, default_out_dir(cache, tag), tag=tag, wheels=wheels, keep_archive=keep_archive)
+    return normalise_image(st, tag, default_out_dir(cache, tag), tag=tag, wheels=build_wheels(st, cache, extra_wheels),
+                           keep_archive=keep_archive)
 
 
 def wheels_from(paths: list[Path]) -> dict[str, tuple[str, str]]:
