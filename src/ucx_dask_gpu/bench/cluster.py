@@ -10,6 +10,7 @@ distributed and the GPU libraries are imported inside the functions that use the
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -107,17 +108,17 @@ async def quiesce(dask_worker=None, timeout: float = 5.0) -> int:
     return len(comms)
 
 
+def array_module(gpu: bool):
+    """numpy, or CuPy on a GPU worker (whose work is queued: sync_device before it counts as done)."""
+    return importlib.import_module("cupy" if gpu else "numpy")
+
+
 def make_block(seed: int, shape: tuple, gpu: bool):
     """A random float64 block from its own seed (CuPy on a GPU worker)."""
+    block = array_module(gpu).random.RandomState(seed).random_sample(shape)
     if gpu:
-        import cupy
-
-        block = cupy.random.RandomState(seed).random_sample(shape)
-        cupy.cuda.Device().synchronize()
-        return block
-    import numpy
-
-    return numpy.random.RandomState(seed).random_sample(shape)
+        sync_device()
+    return block
 
 
 # --- the cluster ----------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ only in them share one running cluster. Everything else (protocol, environment, 
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -108,25 +109,20 @@ def flatten(value, prefix: str) -> dict:
 
 # --- the defaults keys are checked against --------------------------------------------------------------------------
 
-_DEFAULTS: dict | None = None
-
-
+@functools.cache
 def defaults() -> dict:
     """dask + distributed + distributed-ucxx defaults, read from their YAML files (nothing imported)."""
-    global _DEFAULTS
-    if _DEFAULTS is None:
-        import dask.config
-        import yaml
+    import dask.config
+    import yaml
 
-        trees = []
-        for pkg, name in (("dask", "dask.yaml"), ("distributed", "distributed.yaml"),
-                          ("distributed_ucxx", "distributed-ucxx.yaml")):
-            spec = importlib.util.find_spec(pkg)
-            path = Path(list(spec.submodule_search_locations)[0]) / name if spec and spec.origin else None
-            if path is not None and path.is_file():
-                trees.append(yaml.safe_load(path.read_text()) or {})
-        _DEFAULTS = dask.config.merge(*trees)
-    return _DEFAULTS
+    trees = []
+    for pkg, name in (("dask", "dask.yaml"), ("distributed", "distributed.yaml"),
+                      ("distributed_ucxx", "distributed-ucxx.yaml")):
+        spec = importlib.util.find_spec(pkg)
+        path = Path(list(spec.submodule_search_locations)[0]) / name if spec and spec.origin else None
+        if path is not None and path.is_file():
+            trees.append(yaml.safe_load(path.read_text()) or {})
+    return dask.config.merge(*trees)
 
 
 def check_key(key: str, value, where: str) -> None:

@@ -22,15 +22,10 @@ SAMPLE_TIMEOUT_S = 30.0  # one transfer that takes longer is a hang, not a measu
 
 def make_bytes(nbytes: int, fill: int, gpu: bool):
     """A fresh block of `nbytes` bytes on this worker (device memory on a GPU worker)."""
+    block = cluster.array_module(gpu).full(nbytes, fill % 251, dtype="uint8")
     if gpu:
-        import cupy  # GPU workers only
-
-        block = cupy.full(nbytes, fill % 251, dtype="uint8")
-        cupy.cuda.Device().synchronize()
-        return block
-    import numpy
-
-    return numpy.full(nbytes, fill % 251, dtype="uint8")
+        cluster.sync_device()
+    return block
 
 
 def read_block(block) -> tuple[int, int]:
