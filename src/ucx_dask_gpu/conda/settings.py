@@ -1,16 +1,11 @@
-"""What the recipes take from stack.toml, validated, the recipe files generated from it (`conda regen`), and the
-recipes packed for a build or a feedstock (`conda pack`).
+"""The recipe files generated from stack.toml (`conda regen`), and the recipes packed for a build or a feedstock
+(`conda pack`).
 
 stack.toml is the only place a version, URL or sha256 is written. The recipes are self-contained (a feedstock copies
-one folder), so the values they need are written INTO them by `ucx-dask-gpu conda regen` (`make regen`):
-- each recipe.yaml's `context:` lines between the "Generated from stack.toml" and "End of generated lines" markers;
-- recipes/ucx/build.sh's configure flags and recipes/ucxx/build_*.sh's CMake options between the same markers;
-- recipes/ucx-dask-gpu/recipe.yaml's entry points: every command of pyproject.toml's [project.scripts];
-- the conda_build_config.yaml of the python recipes (ucxx, ucx-dask-gpu): python_min, the one key of conda-forge's
-  global pinning they override;
-- recipes/conda_build_config.yaml: the fallback for conda-forge's global pinning + migrators (variants.py), the keys
-  these recipes read, for rendering where conda-forge-pinning is absent.
-`conda regen --check` (and the recipe check of `conda lint|channel`) reports drift without writing.
+one folder), so the values they need are written INTO them by `ucx-dask-gpu conda regen` (`make regen`), between
+"Generated from stack.toml" and "End of generated lines" markers, and into the files that are generated whole
+(`generated_files` names every one); `conda regen --check` (and the recipe check of `conda lint|channel`) reports
+drift without writing.
 
 The patches the from-source build carries (ucx-src-build/patches/<UCX version>/, patches/ucxx-<UCXX version>/) are
 stored there once: `pack` copies every one of them into the packed recipe's patches/ and lists them where the recipe

@@ -1,12 +1,8 @@
 """Dask preload: the scheduler refuses any worker or client whose environment breaks the contract (identity.py).
 
 Since distributed 2023.4 the scheduler deserializes task graphs, so every role must share one environment; Dask
-itself only warns about mismatched versions. Load this module on every role through dask config:
-
-    distributed.scheduler.preload: [ucx_dask_gpu.gate.guard]
-    distributed.worker.preload:    [ucx_dask_gpu.gate.guard]
-    distributed.client.preload:    [ucx_dask_gpu.gate.guard]
-    distributed.nanny.preload:     [ucx_dask_gpu.gate.guard]
+itself only warns about mismatched versions. Load this module on every role through dask config
+(`distributed.{scheduler,worker,nanny,client}.preload`, as the shipped config does).
 
 How each role takes part (distributed 2026.7):
 - scheduler: `dask_setup` wraps the "register-worker" and "register-client" handlers, adds an "admit" handler that
