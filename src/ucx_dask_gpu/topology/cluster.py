@@ -11,13 +11,8 @@ all. `TopologyCUDACluster` keeps dask-cuda's worker (device/host spilling, RMM a
   distributed-ucxx lets the environment win over dask config;
 - `interface`: the nearest NIC's IP interface, when it has an IPv4 address.
 
-The scheduler listens on the first worker's interface (127.0.0.1 when that has no address), and the client/scheduler
-UCX config comes from dask-cuda's flags (tcp, nvlink when cuda_ipc is used, infiniband when rc is).
-
-From Python:
-
-    >>> cluster = topology_cluster(gpus="auto")                 # plan this machine, start the cluster
-    >>> cluster = TopologyCUDACluster(make_plan(from_machine()))
+The scheduler listens on the first worker's interface, and the client/scheduler UCX config comes from dask-cuda's
+flags (tcp, nvlink when cuda_ipc is used, infiniband when rc is). From Python: `topology_cluster(gpus="auto")`.
 
 dask-cuda loads CUDA libraries and UCX when it is imported, so the class is made on first use (`cluster_class`):
 `ucx-dask-gpu topology` and `cluster --dry-run` run where dask-cuda is not installed.

@@ -135,11 +135,17 @@ def discover_nics(root: Path = Path("/")) -> tuple[list[NicInfo], dict[str, PciL
     root = Path(root)
     nics: list[NicInfo] = []
     locs: dict[str, PciLocation] = {}
+
+    def found(nic: NicInfo, device: Path) -> None:
+        loc = pci_location(root, device)
+        if loc:
+            nic.pci_bus_id, nic.numa_node, locs[nic.name] = loc.bdf, _numa_node(root, loc), loc
+        nics.append(nic)
+
     rdma_netdevs: set[str] = set()
     ib_dir = root / "sys" / "class" / "infiniband"
     if ib_dir.is_dir():
         for dev in sorted(ib_dir.iterdir()):
-            loc = pci_location(root, dev / "device")
             ports = []
             ports_dir = dev / "ports"
             if ports_dir.is_dir():
@@ -151,23 +157,15 @@ def discover_nics(root: Path = Path("/")) -> tuple[list[NicInfo], dict[str, PciL
             net_dir = dev / "device" / "net"
             netdevs = sorted(os.listdir(net_dir)) if net_dir.is_dir() else []
             rdma_netdevs.update(netdevs)
-            nic = NicInfo(name=dev.name, kind="ib", netdev=netdevs[0] if netdevs else None, rdma_device=dev.name,
-                          port=port, port_state=state, link_layer=layer,
-                          pci_bus_id=loc.bdf if loc else None, numa_node=_numa_node(root, loc) if loc else None)
-            nics.append(nic)
-            if loc:
-                locs[nic.name] = loc
+            found(NicInfo(name=dev.name, kind="ib", netdev=netdevs[0] if netdevs else None, rdma_device=dev.name,
+                          port=port, port_state=state, link_layer=layer), dev / "device")
     for nd in sorted(_sysfs_dir(root / "sys" / "class" / "net").iterdir()):
         if nd.name in rdma_netdevs or not (nd / "device").exists():
             continue   # IPoIB interface of an RDMA device above, or virtual (lo, bridges, ifb, docker0)
-        loc = pci_location(root, nd / "device")
-        nic = NicInfo(name=nd.name, kind="eth", netdev=nd.name, pci_bus_id=loc.bdf if loc else None,
-                      numa_node=_numa_node(root, loc) if loc else None)
+        nic = NicInfo(name=nd.name, kind="eth", netdev=nd.name)
         if _read_optional(nd / "type") == ARPHRD_INFINIBAND:
             nic.link_layer = "InfiniBand"   # IPoIB without a visible RDMA device: TCP over it only
-        nics.append(nic)
-        if loc:
-            locs[nic.name] = loc
+        found(nic, nd / "device")
     return nics, locs
 
 
