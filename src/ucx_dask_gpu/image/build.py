@@ -35,7 +35,7 @@ from ..ucxbuild.ucxx import ucx_identity
 from . import bases, leftovers, wheelhouse
 from .docker import docker, docker_bin, engine_version, image_inspect
 from .labels import build_labels
-from .normalise import finish_build
+from .normalise import Timings, finish_build
 from .paths import UCX_SOURCES, image_ref, stage_ref, work_dir
 
 # Records in the image's /etc/ucx-dask-gpu of what was installed on top of the lock, by sha256.
@@ -342,16 +342,6 @@ def copy_build_info(st: Stack, stage_tag: str, dest: Path) -> dict:
     return info
 
 
-class _Timings(dict):
-    """step name -> seconds it took (the build's record)."""
-
-    def step(self, name: str, fn, *a, **kw):
-        t0 = time.monotonic()
-        value = fn(*a, **kw)
-        self[name] = round(time.monotonic() - t0, 1)
-        return value
-
-
 def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
                 extra_wheels: list[Path] | None = None, base_from: str | None = None,
                 normalise: bool = True, own_wheel: Path | None = None, no_cache: bool = False) -> BuildResult:
@@ -361,7 +351,7 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
     own_wheel = own_wheel_of(st, own_wheel) if own_wheel else None
     tag = tag or image_ref(st)
     cache = cache.resolve()
-    timings = _Timings()
+    timings = Timings()
     t_start = time.monotonic()
     say(f"Docker engine {timings.step('engine', engine_version)}")
     ucxx_dir = ucxx_dir.resolve()
@@ -436,7 +426,7 @@ def _ucx_stage_info(st: Stack, stage_tag: str, work: Path, ucxx_info: dict) -> d
     return info
 
 
-def _base(st: Stack, role: str, base_from: str | None, cache: Path, timings: _Timings) -> str:
+def _base(st: Stack, role: str, base_from: str | None, cache: Path, timings: Timings) -> str:
     """The `role` base image: derived from `base_from`, or debootstrapped (cached)."""
     if base_from:
         return timings.step(f"base_{role}", bases.base_from_image, st, role, base_from)
@@ -466,7 +456,7 @@ def _check_stack_id_inside(tag: str, stack_id: str) -> None:
 
 
 def _normalise_and_prune(st: Stack, tag: str, stage_tag: str, cache: Path, work: Path, sbom_wheels: list[Path],
-                         normalise: bool, timings: _Timings) -> None:
+                         normalise: bool, timings: Timings) -> None:
     """Normalise the image (when asked), then remove the images earlier builds of `tag` made and this one does not
     use."""
     made = [i for log in ("docker-build-ucx.log", "docker-build.log")

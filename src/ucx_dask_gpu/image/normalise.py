@@ -60,6 +60,16 @@ class ImageResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
+class Timings(dict):
+    """step name -> seconds it took (a build's and a normalisation's record)."""
+
+    def step(self, name: str, fn, *a, **kw):
+        t0 = time.monotonic()
+        value = fn(*a, **kw)
+        self[name] = round(time.monotonic() - t0, 1)
+        return value
+
+
 def default_out_dir(cache: Path, tag: str) -> Path:
     """<cache>/image/<tag>/repro: next to the build's own per-tag work directory."""
     return work_dir(cache, tag) / "repro"
@@ -85,21 +95,18 @@ def normalise_image(st: Stack, ref: str, out_dir: Path, *, tag: str | None = Non
         raise UserError(f"{ref} is a normalised image already (it has an SBOM layer) but {out_dir} does not record "
                         "it; normalise the image docker build made", BAD_ARCHIVE)
     out_dir.mkdir(parents=True, exist_ok=True)
-    secs: dict[str, float] = {}
-    t0 = time.monotonic()
+    secs = Timings()
     with tempfile.TemporaryDirectory(prefix=".normalise.", dir=out_dir) as tmp_s:
         tmp = Path(tmp_s)
         saved = tmp / "saved.tar"
         say(f"docker save {ref} ({source_id[:19]})")
-        docker(["save", "-o", str(saved), ref], code=BAD_ARCHIVE, what=f"docker save {ref}")
-        secs["save"] = round(time.monotonic() - t0, 1)
-        t0 = time.monotonic()
+        secs.step("save", docker, ["save", "-o", str(saved), ref], code=BAD_ARCHIVE, what=f"docker save {ref}")
         blobs = tmp / "blobs"
         blobs.mkdir()
-        results, paths, labels, config, sbom_bytes = _normalise_saved(st, ref, saved, blobs, with_sbom, wheels)
+        results, paths, labels, config, sbom_bytes = secs.step("normalise", _normalise_saved, st, ref, saved, blobs,
+                                                               with_sbom, wheels)
         config_bytes = canonical_json(config)
         saved.unlink()
-        secs["normalise"] = round(time.monotonic() - t0, 1)
         archive_tmp = tmp / ARCHIVE
         digests = _archive_and_load(st, config_bytes, paths, blobs, labels, archive_tmp, tag, keep_archive, load,
                                     secs)
@@ -180,7 +187,7 @@ def _normalise_saved(st: Stack, ref: str, saved: Path, blobs: Path, with_sbom: b
 
 def _archive_and_load(st: Stack, config_bytes: bytes, paths: list[tuple[str, Path]], blobs: Path,
                       labels: dict[str, str], archive_tmp: Path, tag: str, keep_archive: bool, load: bool,
-                      secs: dict[str, float]) -> dict:
+                      secs: Timings) -> dict:
     """Write (or only hash) the archive of the layers staged in `blobs` (removed then), `docker load` it unless
     Docker has that image already, tag it; the archive's digests."""
     epoch = st.source_date_epoch
@@ -200,10 +207,9 @@ def _archive_and_load(st: Stack, config_bytes: bytes, paths: list[tuple[str, Pat
     shutil.rmtree(blobs)
     secs["archive"] = round(time.monotonic() - t0, 1)
     if load and not present:
-        t0 = time.monotonic()
         say(f"docker load {digests['image_id'][:19]} ({archive_tmp.stat().st_size / 1e9:.2f} GB)")
-        docker(["load", "-q", "-i", str(archive_tmp)], code=BAD_ARCHIVE, what="docker load of the normalised image")
-        secs["load"] = round(time.monotonic() - t0, 1)
+        secs.step("load", docker, ["load", "-q", "-i", str(archive_tmp)], code=BAD_ARCHIVE,
+                  what="docker load of the normalised image")
     if load:
         loaded = image_inspect(digests["image_id"])
         if loaded is None or loaded.get("Id") != digests["image_id"]:
