@@ -88,34 +88,27 @@ class GpuSide:
 
     def probe_visible(self, cuda_visible: str) -> tuple[list[str] | None, str | None]:
         """UUIDs CUDA shows a process started with CUDA_VISIBLE_DEVICES=cuda_visible (cached per value)."""
-        if cuda_visible in self._probe_cache:
-            return self._probe_cache[cuda_visible]
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": cuda_visible, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-        try:
-            r = subprocess.run([self.python, "-m", PROBE_MODULE, "visible"], env=env, capture_output=True,
-                               text=True, timeout=120)
-        except subprocess.TimeoutExpired:
-            res = (None, "probe timed out")
-        else:
-            if r.returncode != 0:
-                res = (None, (r.stderr.strip().splitlines() or ["probe failed"])[-1])
-            else:
-                by_bus = {g.pci_bus_id: g.uuid for g in self.gpus}
-                devs = json.loads(r.stdout)["devices"]
-                res = ([d.get("uuid") or by_bus.get(d.get("pci_bus_id"), d.get("pci_bus_id")) for d in devs], None)
-        self._probe_cache[cuda_visible] = res
-        return res
+        if cuda_visible not in self._probe_cache:
+            out, err = self._probe(["visible"], cuda_visible, 120, "probe")
+            by_bus = {g.pci_bus_id: g.uuid for g in self.gpus}
+            self._probe_cache[cuda_visible] = (None, err) if out is None else (
+                [d.get("uuid") or by_bus.get(d.get("pci_bus_id"), d.get("pci_bus_id")) for d in out["devices"]], None)
+        return self._probe_cache[cuda_visible]
 
     def memcpy_peer(self, src, dst, sizes: list[int], samples: int, timeout: float) -> tuple[dict | None, str | None]:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": f"{src.uuid},{dst.uuid}", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-        cmd = [self.python, "-m", PROBE_MODULE, "memcpy-peer", "--sizes", ",".join(map(str, sizes)),
-               "--samples", str(samples)]
+        return self._probe(["memcpy-peer", "--sizes", ",".join(map(str, sizes)), "--samples", str(samples)],
+                           f"{src.uuid},{dst.uuid}", timeout, "cudaMemcpyPeer probe")
+
+    def _probe(self, args: list[str], cuda_visible: str, timeout: float, what: str) -> tuple[dict | None, str | None]:
+        """gpuprobe `args` in a child that sees `cuda_visible`: (its answer, None), or (None, why there is none)."""
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": cuda_visible, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         try:
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+            r = subprocess.run([self.python, "-m", PROBE_MODULE, *args], env=env, capture_output=True, text=True,
+                               timeout=timeout)
         except subprocess.TimeoutExpired:
-            return None, f"cudaMemcpyPeer probe did not finish in {timeout:.0f} s"
+            return None, f"{what} did not finish in {timeout:.0f} s"
         if r.returncode != 0:
-            return None, (r.stderr.strip().splitlines() or ["cudaMemcpyPeer probe failed"])[-1]
+            return None, (r.stderr.strip().splitlines() or [f"{what} failed"])[-1]
         return json.loads(r.stdout), None
 
 
