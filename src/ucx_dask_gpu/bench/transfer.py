@@ -1,12 +1,8 @@
 """`ucx-dask-gpu bench transfer` / `python -m ucx_dask_gpu.bench.transfer`: what ONE worker-to-worker transfer costs,
-per block size, over each variant (common.py runs it: interleaved rounds, bootstrap ratios, provenance).
-
-Two workers, A and B; one repetition takes every size in turn, one transfer at a time on an otherwise idle cluster:
-  1. a block of N bytes is made on A (numpy, or CuPy on a GPU worker) and waited for (untimed);
-  2. a task on B that reads it is submitted and its result fetched: `e2e_s@N` is the client's submit -> result;
-     `transfer_s@N` is B's transfer_incoming_log entry for the block, stop - start (distributed floors its `duration`
-     field at 1 ms, which would hide everything below it);
-  3. both are released and the scheduler has forgotten them before the next size. Every block has a fresh key.
+per block size, over each variant (common.py runs it). One repetition takes every size in turn, one transfer at a time
+on an otherwise idle cluster: a fresh block made on worker A (untimed), read by a task on worker B. `e2e_s@N` is the
+client's submit -> result; `transfer_s@N` is B's transfer_incoming_log stop - start for the block (distributed floors
+its `duration` field at 1 ms, which would hide everything below it).
 """
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
-"""What a container of the image needs on a GPU host, written once for `docker run` and for a compose file.
+"""What a container of the image needs on a GPU host, written once for `docker run` and for a compose file
+(docs/gpu-hosts.md).
 
-On one host, one worker container per GPU:
-- `--gpus device=N`: the NVIDIA container toolkit mounts that GPU (and the driver's libraries) only, so each worker
-  drives its own GPU (`--gpus all` in every container would put every worker on GPU 0 first);
-- shared IPC and PID namespaces between the GPU containers of a host: UCX selects cuda_ipc for every process with
-  the same boot id, and between containers with namespaces of their own it then fails or falls back to a slower
-  path. A small holder container per host owns them (`--ipc shareable`; it only sleeps, like a Kubernetes pod's
-  pause container) and every worker joins it (`--ipc container:HOLDER --pid container:HOLDER`), so stopping any
-  one worker leaves the others alone (the holder goes last: its PID namespace ends with it);
-- `--ulimit stack=67108864` on every GPU container: the 64 MiB stack RAPIDS' own `docker run` lines give;
-- InfiniBand, on hosts that have it: `--device /dev/infiniband`, `--cap-add IPC_LOCK`, `--ulimit memlock=-1` (RDMA
-  registers memory); cma (shared-memory copies between processes) needs `--cap-add SYS_PTRACE`;
-- `--shm-size`: UCX's posix shared memory transport lives in /dev/shm (Docker gives 64 MiB otherwise).
+One worker container per GPU (`--gpus device=N`: `--gpus all` everywhere would put every worker on GPU 0 first), all
+in the IPC and PID namespaces of a small holder container (`--ipc shareable`, like a pod's pause container): UCX
+selects cuda_ipc for every process with the same boot id, and between containers with namespaces of their own it
+fails or falls back to a slower path. RAPIDS' 64 MiB stack; on InfiniBand hosts the device, IPC_LOCK and unlimited
+memlock (RDMA registers memory); SYS_PTRACE for cma; `--shm-size` for UCX's posix transport (64 MiB otherwise).
 """
 from __future__ import annotations
 

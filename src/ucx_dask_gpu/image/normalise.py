@@ -254,16 +254,11 @@ def build_wheels(st: Stack, cache: Path, extra: list[Path] = ()) -> dict[str, tu
     return wheels_from(dirs + [Path(w) for w in extra])
 
 
-def finish_build(st: Stack, tag: str, cache: Path, extra_wheels: list[Path] = (),
-                 keep_archive: bool = False) -> ImageResult:
-    """The image build's last step: call it right after `docker build` produced `tag` (and the stack id check).
-
-    Normalises `tag` in place (the tag then names the reproducible image with its SBOM) and writes image.json,
-    layers.json and sbom.cdx.json to <cache>/image/<tag>/repro. A warm rebuild that gives the same docker build
-    output costs one `docker image inspect`.
-    """
-    return normalise_image(st, tag, default_out_dir(cache, tag), tag=tag, wheels=build_wheels(st, cache, extra_wheels),
-                           keep_archive=keep_archive)
+def finish_build(st: Stack, tag: str, cache: Path, extra_wheels: list[Path] = ()) -> ImageResult:
+    """The image build's last step, right after `docker build` produced `tag`: normalises `tag` in place, its records
+    in <cache>/image/<tag>/repro. A warm rebuild that gives the same docker build output costs one `docker image
+    inspect`."""
+    return normalise_image(st, tag, default_out_dir(cache, tag), tag=tag, wheels=build_wheels(st, cache, extra_wheels))
 
 
 def wheels_from(paths: list[Path]) -> dict[str, tuple[str, str]]:

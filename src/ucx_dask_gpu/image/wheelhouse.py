@@ -102,12 +102,9 @@ def _read_manifest(directory: Path) -> dict | None:
         return None
 
 
-def ensure_wheelhouse(st: Stack, cache: Path, lock_path: Path | None = None, find_links: Path | None = None,
-                      python: str | None = None) -> Path:
-    """A verified wheelhouse for `lock_path` (default: the stack's lock) under `cache`; downloads what is missing.
-
-    `find_links`: take wheels from this directory instead of PyPI (offline mirrors, tests).
-    """
+def ensure_wheelhouse(st: Stack, cache: Path, lock_path: Path | None = None, find_links: Path | None = None) -> Path:
+    """A verified wheelhouse for `lock_path` (default: the stack's lock) under `cache`; downloads what is missing
+    (`find_links`: from this directory instead of PyPI, e.g. an offline mirror)."""
     lock_path = Path(lock_path or st.lock_path())
     pins = load_lock(lock_path)
     dest = wheelhouse_dir(cache, lock_path)
@@ -124,7 +121,7 @@ def ensure_wheelhouse(st: Stack, cache: Path, lock_path: Path | None = None, fin
     platforms = pip_platforms(st.python.platform)
     with atomic_path(dest, replace_dir=True) as tmp:  # the cache's own wheelhouse (stale or failed verification)
         tmp.mkdir()
-        cmd = [python or sys.executable, "-m", "pip", "download", "--require-hashes", "--no-deps",
+        cmd = [sys.executable, "-m", "pip", "download", "--require-hashes", "--no-deps",
                "--only-binary=:all:", "--python-version", st.python.version, "--implementation", "cp",
                *[arg for p in platforms for arg in ("--platform", p)],
                "--disable-pip-version-check", "--progress-bar", "off", "--no-input", "-r", str(lock_path),

@@ -1,6 +1,6 @@
 """A Dask cluster of separate processes, started with the launchers users run (`dask scheduler`, `dask worker`,
 `dask cuda worker`), each process in a session of its own (what it spawns stops with it), its output in a log file:
-`bench idle`'s clusters, the per-task benchmark's, the integration tests'.
+`bench idle`'s clusters and the integration tests'.
 """
 from __future__ import annotations
 
