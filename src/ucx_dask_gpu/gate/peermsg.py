@@ -49,12 +49,12 @@ def _text(what: str, value: object, limit: int) -> str:
     return value
 
 
-def name(what: str, value: object) -> str:
+def name(what: str, value: object, limit: int = MAX_NAME_CHARS) -> str:
     """A worker name, address or client id: text (or a number, as dask allows for names) without control characters,
-    at most MAX_NAME_CHARS. Returned as text."""
+    at most `limit` characters. Returned as text."""
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    text = _text(what, value, MAX_NAME_CHARS)
+    text = _text(what, value, limit)
     if not text.isprintable():
         raise PeerMessageError(f"{what} contains control characters")
     return text
@@ -68,11 +68,8 @@ def mapping(what: str, value: object) -> dict | None:
 
 
 def label(value: object) -> str:
-    """How a worker that asks names itself ("NAME (ADDRESS)"): text without control characters."""
-    text = _text("its name", value, 2 * MAX_NAME_CHARS + 3)
-    if not text.isprintable():
-        raise PeerMessageError("its name contains control characters")
-    return text
+    """How a worker that asks names itself ("NAME (ADDRESS)")."""
+    return name("its name", value, 2 * MAX_NAME_CHARS + 3)
 
 
 def role(value: object) -> str:
