@@ -3,14 +3,9 @@
 `ucx-dask-gpu tls init DIR --host HOST ...` makes a certificate authority for ONE cluster and a key + certificate for
 each role (scheduler, worker, client), signed by it, with the given host names and addresses as subjectAltNames.
 Dask's TLS is mutual when every role has a certificate: each side of every connection requires the other's, signed
-by the CA in `distributed.comm.tls.ca-file` (distributed's Security sets CERT_REQUIRED both ways). A client without a
-certificate, or with one from another CA, fails the handshake before it can send anything; so does a plain-TCP
-client, and `distributed.comm.require-encryption` makes every role refuse unencrypted addresses itself.
-
-Hand out `client.pem`/`client.key` (and `ca.pem`) to who may use the cluster; keep `ca.key` off the cluster (it
-issues more certificates: `tls init DIR --client NAME` adds client certificates to an existing DIR). TLS runs over
-TCP (tls://): UCX connections have no encryption or authentication of their own, so a UCX cluster is protected by
-its network only.
+by the CA in `distributed.comm.tls.ca-file` (distributed's Security sets CERT_REQUIRED both ways), and
+`distributed.comm.require-encryption` makes every role refuse unencrypted addresses itself. UCX connections have no
+encryption or authentication of their own: a UCX cluster is protected by its network only (docs/environment-gate.md).
 
 The keys and certificates come from the `openssl` command (Debian's openssl package).
 """

@@ -1,15 +1,9 @@
 """The image's SBOM: CycloneDX 1.6 JSON, made with cyclonedx-python-lib, deterministic.
 
-Components:
-- every Debian package dpkg says is installed (name, version, architecture; purl pkg:deb/debian/NAME@VERSION
-  ?arch=ARCH&distro=debian-N; source package as a property) and the operating system itself;
-- every Python distribution installed outside Debian's own python3 directories (purl pkg:pypi/NAME@VERSION) with
-  the sha256 of the exact wheel it was installed from when known, else every hash the lock allows for the pin;
-- UCX, from the prefix's share/ucx-dask-gpu/build-info.json: version, source tag, commit and content tree, the
-  configure line, modules and patches; the CUDA wheels/debs the build compiled against are listed with scope
-  "excluded" (used to build, not shipped);
-- UCXX, from the venv's share/ucx-dask-gpu/ucxx-build-info.json: its wheels are built from source (tag, commit,
-  content tree, CMake options, the UCX they were built against) and are the PyPI-named components not in the lock.
+Components: every installed Debian package and the operating system; every Python distribution installed outside
+Debian's own python3 directories, with the sha256 of the exact wheel it came from when known, else every hash the
+lock allows for the pin (our UCXX wheels: the components not in the lock, with how they were built); UCX as its
+build info records it, and the CUDA wheels/debs it compiled against with scope "excluded" (used, not shipped).
 
 Deterministic: metadata.timestamp is SOURCE_DATE_EPOCH, and serialNumber is a UUID derived from the document's
 own content (the same inputs give the same bytes; different inputs a different serial).
