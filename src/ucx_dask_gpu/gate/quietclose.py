@@ -30,6 +30,7 @@ import asyncio
 import contextvars
 import logging
 import sys
+import traceback
 
 from distributed import Nanny, Worker, WorkerPlugin
 from distributed.comm.core import CommClosedError
@@ -159,11 +160,9 @@ def _handshake_timeout(exc: BaseException | None) -> bool:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        tb = exc.__traceback__ if isinstance(exc, (TimeoutError, asyncio.CancelledError)) else None
-        while tb is not None:
-            if tb.tb_frame.f_code.co_name == "exchange_peer_info":
-                return True
-            tb = tb.tb_next
+        if isinstance(exc, (TimeoutError, asyncio.CancelledError)) and any(
+                f.f_code.co_name == "exchange_peer_info" for f, _ in traceback.walk_tb(exc.__traceback__)):
+            return True
         exc = exc.__cause__ or exc.__context__
     return False
 
@@ -191,15 +190,10 @@ FOREIGN_PEER = ("a peer connected that does not speak Dask's protocol over this 
                 "worker or client given a tcp:// address); its connection is closed")
 
 
-def _frames(frame):
-    while frame is not None:
-        yield frame
-        frame = frame.f_back
-
-
-def _in_listener_handshake(frames) -> bool:
-    """A new connection's first read on a distributed listener (BaseTCPListener._handle_stream) is on the stack."""
-    return any(f.f_code.co_name == "_handle_stream" and "distributed" in f.f_code.co_filename for f in frames)
+def _in_listener_handshake(walk) -> bool:
+    """A new connection's first read on a distributed listener (BaseTCPListener._handle_stream) is on the stack
+    `walk` (traceback.walk_stack or walk_tb)."""
+    return any(f.f_code.co_name == "_handle_stream" and "distributed" in f.f_code.co_filename for f, _ in walk)
 
 
 class ForeignPeerFilter(logging.Filter):
@@ -209,19 +203,12 @@ class ForeignPeerFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == "distributed.protocol.core" and record.msg == "Failed to deserialize" and \
-                _in_listener_handshake(_frames(sys._getframe())):
+                _in_listener_handshake(traceback.walk_stack(sys._getframe())):
             record.msg, record.args, record.exc_info, record.exc_text = FOREIGN_PEER, (), None, None
             record.levelno, record.levelname = logging.WARNING, "WARNING"
         elif record.name == "tornado.application" and record.exc_info:
-            tb = record.exc_info[2]
-            return not _in_listener_handshake(t.tb_frame for t in _tracebacks(tb))
+            return not _in_listener_handshake(traceback.walk_tb(record.exc_info[2]))
         return True
-
-
-def _tracebacks(tb):
-    while tb is not None:
-        yield tb
-        tb = tb.tb_next
 
 
 def quiet_foreign_peers() -> None:
