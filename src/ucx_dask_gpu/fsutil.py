@@ -321,12 +321,8 @@ def replace_own_dir(dest: str | os.PathLike, option: str = "", trees: bool = Fal
     except OSError as e:  # making the parent or the temporary directory, a full disk, the manifest, the rename
         if body_failed:
             raise
-        _cannot_write(dest, e, option)
-
-
-def _cannot_write(dest: str | os.PathLike, e: OSError, option: str = ""):
-    raise UserError(f"{_label(dest, option)}: cannot write ({e.strerror or e}); nothing of it was left there, "
-                    "nothing else touched", OUTPUT_REFUSED) from None
+        raise UserError(f"{_label(dest, option)}: cannot write ({e.strerror or e}); nothing of it was left there, "
+                        "nothing else touched", OUTPUT_REFUSED) from None
 
 
 def taken_names(directory: str | os.PathLike, files: Mapping[str, bytes | None]) -> list[str]:

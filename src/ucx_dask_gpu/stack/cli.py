@@ -24,10 +24,10 @@ def _cmd_get(args) -> int:
     return 0
 
 
-def _regen(args, path: str, render) -> int:
+def _cmd_env_yml(args) -> int:
     st = load(args.file)
-    target = st.root / path
-    text = render(st)
+    target = st.root / generate.ENVIRONMENT_YML
+    text = generate.render_environment_yml(st)
     if args.check:
         current = target.read_text() if target.exists() else ""
         if current != text:
@@ -38,10 +38,6 @@ def _regen(args, path: str, render) -> int:
     atomic_write_text(target, text)
     print(f"wrote {target}")
     return 0
-
-
-def _cmd_env_yml(args) -> int:
-    return _regen(args, generate.ENVIRONMENT_YML, generate.render_environment_yml)
 
 
 def _cmd_lock(args) -> int:

@@ -382,10 +382,6 @@ def _absolute_dir(t: dict, key: str, where: str) -> str:
     return value
 
 
-def _gpu_host(t: dict, where: str) -> GpuHostSpec:
-    return GpuHostSpec(parts_dir=_absolute_dir(t, "parts_dir", where), root=_absolute_dir(t, "root", where))
-
-
 def _http_url(t: dict, key: str, where: str) -> str:
     value = _get(t, key, where, str)
     parsed = urlparse(value)
@@ -534,6 +530,7 @@ def _parse(data: dict[str, Any], path: Path) -> Stack:
     ucx = _get(data, "ucx", w, dict)
     conf = _get(ucx, "configure", f"{w}.ucx", dict)
     cuda = _get(data, "cuda", w, dict)
+    gpu_host = _get(data, "gpu_host", w, dict)
 
     cuda_major = _get(st, "cuda_major", f"{w}.stack", int)
     if cuda_major not in (12, 13):
@@ -574,7 +571,7 @@ def _parse(data: dict[str, Any], path: Path) -> Stack:
                              for i, t in enumerate(_table_list(cuda, "link_debs", f"{w}.cuda"))),
         debian=_debian(_get(data, "debian", w, dict), f"{w}.debian"),
         image=_image(_get(data, "image", w, dict), f"{w}.image"),
-        gpu_host=_gpu_host(_get(data, "gpu_host", w, dict), f"{w}.gpu_host"),
+        gpu_host=GpuHostSpec(**{k: _absolute_dir(gpu_host, k, f"{w}.gpu_host") for k in ("parts_dir", "root")}),
         sbom=_sbom(_get(data, "sbom", w, dict), f"{w}.sbom"),
         python=_python(_get(data, "python", w, dict), f"{w}.python"),
         conda=_conda(_get(data, "conda", w, dict), f"{w}.conda"),
