@@ -140,13 +140,13 @@ def test_infiniband_present_but_not_mapped_and_memlock():
     assert any("leaves out InfiniBand (rc_mlx5, ud_mlx5)" in w for w in p.warnings)
 
 
-def test_host_facts_from_a_recorded_tree(tmp_path):
+def test_host_facts_from_a_recorded_tree(tmp_path, monkeypatch):
     (tmp_path / "proc/sys/kernel/random").mkdir(parents=True)
     (tmp_path / "proc/sys/kernel/random/boot_id").write_text("1234-abcd\n")
     (tmp_path / "sys/class/infiniband/mlx5_0").mkdir(parents=True)
     (tmp_path / "dev/infiniband").mkdir(parents=True)
     (tmp_path / "dev/infiniband/uverbs0").write_text("")
-    (tmp_path / "memlock").write_text("65536\n")
+    monkeypatch.setattr(t.resource, "getrlimit", lambda which: (65536, 65536))
     h = t.host_facts(tmp_path)
     assert h.boot_id == "1234-abcd" and h.ib_devices == ("mlx5_0",) and h.uverbs == ("uverbs0",)
     assert h.memlock == 65536 and h.ipc_ns is None and not h.private_ipc

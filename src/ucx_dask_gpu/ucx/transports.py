@@ -183,7 +183,7 @@ def _ns_inode(proc: Path, kind: str) -> int | None:
 
 
 def host_facts(root: str | os.PathLike = "/") -> HostFacts:
-    """What this process sees of its host; `root` lets tests point at a recorded tree."""
+    """What this process sees of its host (its files under `root`: a recorded tree in tests)."""
     root = Path(root)
     try:
         boot_id = (root / "proc/sys/kernel/random/boot_id").read_text().strip() or None
@@ -194,15 +194,8 @@ def host_facts(root: str | os.PathLike = "/") -> HostFacts:
     except OSError:
         ib = ()
     uverbs = tuple(sorted(p.name for p in (root / "dev/infiniband").glob("uverbs*")))
-    if str(root) == "/":
-        soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
-        memlock = None if soft == resource.RLIM_INFINITY else soft
-    else:  # a recorded tree: its limit, if recorded
-        try:
-            text = (root / "memlock").read_text().strip()
-            memlock = None if text == "unlimited" else int(text)
-        except (OSError, ValueError):
-            memlock = None
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]  # this process's, whatever the tree
+    memlock = None if soft == resource.RLIM_INFINITY else soft
     return HostFacts(boot_id=boot_id, ipc_ns=_ns_inode(root / "proc", "ipc"), pid_ns=_ns_inode(root / "proc", "pid"),
                      ib_devices=ib, uverbs=uverbs, memlock=memlock)
 
