@@ -196,11 +196,11 @@ def test_dask_worker_gets_the_configured_nanny_preloads(argv, n):
                                   ["dask-cuda-worker", "s"]])
 def test_a_malformed_worker_address_is_one_line_before_dask_starts(argv):
     with pytest.raises(UserError) as err:
-        entrypoint.check_worker_address(entrypoint.classify(argv))
+        entrypoint.check_worker_address(entrypoint.classify(argv), {})
     assert err.value.exit_code == 2 and argv[-1] in str(err.value)
     for fine in (["dask", "worker", "--nthreads", "2", "tcp://s:1"],  # options first: dask's own
                  ["dask", "worker", "ucx://scheduler:8786"], ["dask", "scheduler", "--port", "x"]):
-        entrypoint.check_worker_address(entrypoint.classify(fine))
+        entrypoint.check_worker_address(entrypoint.classify(fine), {})
 
 
 @pytest.mark.parametrize("argv", [["dask", "worker"], ["dask", "cuda", "worker", "--no-dashboard"], ["dask-worker"],
@@ -208,9 +208,9 @@ def test_a_malformed_worker_address_is_one_line_before_dask_starts(argv):
 def test_a_worker_without_a_scheduler_address_is_one_line(argv):
     """dask's own answer is a 26-line ValueError traceback."""
     with pytest.raises(UserError) as err:
-        entrypoint.check_worker_has_address(entrypoint.classify(argv), {})
+        entrypoint.check_worker_address(entrypoint.classify(argv), {})
     assert err.value.exit_code == 2 and "no scheduler address" in str(err.value)
     for fine, config in ((argv + ["tcp://s:1"], {}), (argv + ["--scheduler-file", "f.json"], {}),
                          (argv + ["--help"], {}), (argv, {"scheduler-address": "tcp://s:1"}),
                          (["dask", "scheduler"], {})):
-        entrypoint.check_worker_has_address(entrypoint.classify(fine), config)
+        entrypoint.check_worker_address(entrypoint.classify(fine), config)

@@ -197,11 +197,17 @@ def expected_stack_id(st: Stack, ucxx_info: dict, wheels: list[Path]) -> str:
     return identity.contract_id(identity.contract(versions, st.python.version))
 
 
-def own_wheel_of(st: Stack, path: Path) -> Path:
-    """A wheel given for our own package (`--own-wheel`): it must be one, of this package."""
+def wheel_file(path: Path, option: str) -> Path:
+    """A wheel given on the command line (`option`), resolved; it must be one."""
     path = Path(path).resolve()
     if not path.is_file() or not path.name.endswith(".whl"):
-        raise UserError(f"--own-wheel {path}: not a wheel file", BUILD_FAILED)
+        raise UserError(f"{option} {path}: not a wheel file", BUILD_FAILED)
+    return path
+
+
+def own_wheel_of(st: Stack, path: Path) -> Path:
+    """A wheel given for our own package (`--own-wheel`): it must be one, of this package."""
+    path = wheel_file(path, "--own-wheel")
     if wheelhouse.parse_wheel_name(path.name)[0] != canonical(st.name):
         raise UserError(f"--own-wheel {path.name}: not a wheel of {st.name}", BUILD_FAILED)
     return path
@@ -347,7 +353,7 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
                 normalise: bool = True, own_wheel: Path | None = None, no_cache: bool = False) -> BuildResult:
     """Build `tag` (the arguments are `image build`'s options); with `normalise`, `tag` then names the reproducible
     image with its SBOM, whose id depends on the inputs only."""
-    extra_wheels = _extra_wheels(extra_wheels or [])
+    extra_wheels = [wheel_file(w, "--extra-wheel") for w in extra_wheels or []]
     own_wheel = own_wheel_of(st, own_wheel) if own_wheel else None
     tag = tag or image_ref(st)
     cache = cache.resolve()
@@ -396,15 +402,6 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
     record = {**result.__dict__, "created_by": "ucx-dask-gpu image build"}
     atomic_write_text(work / "last-build.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
     return result
-
-
-def _extra_wheels(paths: list[Path]) -> list[Path]:
-    """--extra-wheel files, resolved; each must be a wheel."""
-    extra_wheels = [Path(w).resolve() for w in paths]
-    for w in extra_wheels:
-        if not w.is_file() or not w.name.endswith(".whl"):
-            raise UserError(f"--extra-wheel {w}: not a wheel file", BUILD_FAILED)
-    return extra_wheels
 
 
 def _fresh_context(st: Stack, ctx: Path, stage, *args) -> None:
@@ -462,8 +459,6 @@ def _normalise_and_prune(st: Stack, tag: str, stage_tag: str, cache: Path, work:
     made = [i for log in ("docker-build-ucx.log", "docker-build.log")
             for i in leftovers.step_ids((work / "logs" / log).read_text(errors="replace"))]
     if normalise:
-        # Reproducible image + SBOM: sorted/clamped layers, config at SOURCE_DATE_EPOCH, SBOM layer; image.json,
-        # layers.json and sbom.cdx.json land in <cache>/image/<tag>/repro (docs/reproducibility.md).
         norm = timings.step("normalise", finish_build, st, tag, cache, sbom_wheels)
         say(f"normalised {tag}: {norm.image_id} (docker build gave {norm.source_image_id[:19]})")
         made.append(norm.image_id)

@@ -6,6 +6,7 @@ import argparse
 import hashlib
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 from ..errors import NOT_REPRODUCIBLE, SBOM_INVALID, SBOM_MISMATCH, USAGE, VERDICT_FAILED, UserError
@@ -352,10 +353,8 @@ def _cmd_sbom_check(args) -> int:
         print(p)
     if problems:
         raise UserError(f"SBOM disagrees with its sources: {problems[0]} ({len(problems)} problem(s))", SBOM_MISMATCH)
-    kinds = {}
-    for c in doc.get("components", []):
-        t = (c.get("purl") or "pkg:other/").split(":", 1)[1].split("/", 1)[0]
-        kinds[t] = kinds.get(t, 0) + 1
+    kinds = Counter((c.get("purl") or "pkg:other/").split(":", 1)[1].split("/", 1)[0]
+                    for c in doc.get("components", []))
     print(f"SBOM valid (CycloneDX {doc.get('specVersion')}) and consistent: " +
           ", ".join(f"{n} {t}" for t, n in sorted(kinds.items())))
     return 0

@@ -125,22 +125,19 @@ def check_gpu(role: Role, environ: dict) -> None:
         raise UserError(f"{' '.join(role.argv[:3])} needs a GPU: {why}", NO_GPU)
 
 
-def check_worker_address(role: Role) -> None:
-    """A worker's ADDRESS right after the role's words: malformed, it is one line (USAGE) here instead of dask's
-    traceback (only there, as documented: after options it is dask's to read)."""
-    n = role.words
-    if role.kind in ("worker", "cuda-worker") and len(role.argv) > n and not role.argv[n].startswith("-"):
-        parse_address(role.argv[n], "the scheduler address")
-
-
-def check_worker_has_address(role: Role, config: dict) -> None:
-    """A worker given options only, or nothing (`docker run IMAGE dask worker`), and no scheduler-address in its dask
-    config: one line (USAGE) instead of dask's 26-line ValueError traceback."""
-    rest = role.argv[role.words:]
-    if role.kind in ("worker", "cuda-worker") and all(w.startswith("-") for w in rest) and "--help" not in rest \
+def check_worker_address(role: Role, config: dict) -> None:
+    """A worker's scheduler address as one line (USAGE) instead of dask's traceback: malformed right after the role's
+    words (after options it is dask's to read, as documented), or none at all (`docker run IMAGE dask worker`, options
+    only) and no scheduler-address in its dask config either (dask's answer: a 26-line ValueError traceback)."""
+    words, rest = " ".join(role.argv[:role.words]), role.argv[role.words:]
+    if role.kind not in ("worker", "cuda-worker"):
+        return
+    if rest and not rest[0].startswith("-"):
+        parse_address(rest[0], "the scheduler address")
+    elif all(w.startswith("-") for w in rest) and "--help" not in rest \
             and not (config.get("scheduler-address") or config.get("scheduler_address")):
-        raise UserError(f"{' '.join(role.argv[:role.words])}: no scheduler address: give one, e.g. "
-                        f"`{' '.join(role.argv[:role.words])} tcp://scheduler:8786`, or --scheduler-file FILE", USAGE)
+        raise UserError(f"{words}: no scheduler address: give one, e.g. `{words} tcp://scheduler:8786`, or "
+                        "--scheduler-file FILE", USAGE)
 
 
 def nanny_preload_args(role: Role, config: dict) -> Role:
@@ -162,9 +159,8 @@ def run(argv: list[str]) -> int:
         role = classify(argv)
         env = dict(os.environ)
         if role.kind in DASK_KINDS:
-            check_worker_address(role)
             config = collect_for(env)
-            check_worker_has_address(role, config)
+            check_worker_address(role, config)
             role = nanny_preload_args(role, config)
             check_transports(config, env)
             check_gpu(role, env)

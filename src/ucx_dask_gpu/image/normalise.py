@@ -232,8 +232,7 @@ def _write_records(out_dir: Path, result: ImageResult, config: dict, results: li
     if sbom_bytes is not None:
         files[SBOM_JSON] = sbom_bytes.decode()
     files[IMAGE_JSON] = json.dumps(result.__dict__, indent=2, sort_keys=True) + "\n"
-    # an image.json of an earlier run (one written before directories carried the tool's record) proves the
-    # records there its own: the build cache of every existing checkout holds one
+    # a directory holding an image.json of an earlier run is this command's own to overwrite
     write_output_dir(out_dir, files, what="the normalised image's records",
                      overwrite=_previous(out_dir) is not None)
 

@@ -170,9 +170,8 @@ def _ucx_client(Client, addr, timeout: float):
                         NOT_A_SCHEDULER) from None
 
 
-def wait_for_workers(client, wanted: int, timeout: float, report: Callable[[str], None] = say,
-                     every: float = REPORT_EVERY_S) -> int:
-    """Wait until `wanted` workers have joined, saying so every `every` seconds; NO_WORKERS after `timeout`."""
+def wait_for_workers(client, wanted: int, timeout: float) -> int:
+    """Wait until `wanted` workers have joined, saying so every REPORT_EVERY_S; NO_WORKERS after `timeout`."""
     start = time.monotonic()
     last = None
     watch = Watch(client, "wait for workers", timeout)
@@ -181,16 +180,16 @@ def wait_for_workers(client, wanted: int, timeout: float, report: Callable[[str]
         waited = time.monotonic() - start
         if have >= wanted:
             if last is not None:
-                report(f"{have} worker(s) joined after {waited:.0f} s")
+                say(f"{have} worker(s) joined after {waited:.0f} s")
             return have
         if waited >= timeout:
             raise UserError(f"{have} of {wanted} worker(s) joined the scheduler at {client.scheduler.address} within "
                             f"{timeout:.0f} s (--wait-workers): start workers with `dask worker "
                             f"{client.scheduler.address}`, or check their logs", NO_WORKERS)
-        if last is None or time.monotonic() - last >= every:
+        if last is None or time.monotonic() - last >= REPORT_EVERY_S:
             last = time.monotonic()
-            report(f"waiting for workers at {client.scheduler.address}: {have} of {wanted} joined "
-                   f"({waited:.0f} s of {timeout:.0f} s)")
+            say(f"waiting for workers at {client.scheduler.address}: {have} of {wanted} joined "
+                f"({waited:.0f} s of {timeout:.0f} s)")
         time.sleep(0.25)
 
 
@@ -249,9 +248,8 @@ class Watch:
     A computation that still has workers may take as long as it takes: it is not a hang, and it says so.
     """
 
-    def __init__(self, client, what: str, timeout: float, report: Callable[[str], None] = say,
-                 every: float = REPORT_EVERY_S):
-        self.client, self.what, self.timeout, self.report, self.every = client, what, timeout, report, every
+    def __init__(self, client, what: str, timeout: float):
+        self.client, self.what, self.timeout = client, what, timeout
         self.start = time.monotonic()
         self._reported = self.start
         self._no_workers_since: float | None = None
@@ -294,14 +292,13 @@ class Watch:
             raise UserError(f"all workers lost: the scheduler at {self.client.scheduler.address} has had no worker "
                             f"for {now - self._no_workers_since:.0f} s (--timeout {self.timeout:g} s) during the "
                             f"{self.what}", ALL_WORKERS_LOST)
-        if now - self._reported >= self.every:
+        if now - self._reported >= REPORT_EVERY_S:
             self._reported = now
             if have:
-                self.report(f"{self.what}: still running after {now - self.start:.0f} s on {have} worker(s)")
+                say(f"{self.what}: still running after {now - self.start:.0f} s on {have} worker(s)")
             else:
-                self.report(f"{self.what}: no worker left at {self.client.scheduler.address} for "
-                            f"{now - self._no_workers_since:.0f} s; waiting up to {self.timeout:g} s (--timeout) "
-                            "for one to join")
+                say(f"{self.what}: no worker left at {self.client.scheduler.address} for "
+                    f"{now - self._no_workers_since:.0f} s; waiting up to {self.timeout:g} s (--timeout) for one to join")
 
     def call(self, fn: Callable, *args, **kwargs):
         """fn(*args, **kwargs), a request to the scheduler: not sent once the scheduler is lost (dask would retry
