@@ -298,7 +298,8 @@ class Watch:
                 say(f"{self.what}: still running after {now - self.start:.0f} s on {have} worker(s)")
             else:
                 say(f"{self.what}: no worker left at {self.client.scheduler.address} for "
-                    f"{now - self._no_workers_since:.0f} s; waiting up to {self.timeout:g} s (--timeout) for one to join")
+                    f"{now - self._no_workers_since:.0f} s; waiting up to {self.timeout:g} s (--timeout) for one to "
+                    "join")
 
     def call(self, fn: Callable, *args, **kwargs):
         """fn(*args, **kwargs), a request to the scheduler: not sent once the scheduler is lost (dask would retry
