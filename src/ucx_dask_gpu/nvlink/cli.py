@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 
 from .. import nvml
-from ..cliutil import SIZE_HELP, add_output, parse_bytes, size_type, standalone_main
+from ..cliutil import SIZE_HELP, add_output, number_type, parse_bytes, size_type, standalone_main
 from ..errors import PERFTEST_FAILED, USAGE, UserError
 from ..report import command_line, format_table, write_report
 from . import verify
@@ -46,7 +46,8 @@ def register(subparsers) -> None:
     p.add_argument("--goals", default=DEFAULT_GOALS, help=f"benchmark goals SIZE=RATIO (default {DEFAULT_GOALS})")
     p.add_argument("--target-bytes", type=size_type(), default=parse_bytes("128GiB"),
                    help="bytes per perftest run, sets the iterations (default 128GiB)")
-    p.add_argument("--iters", type=int, help="fixed iterations per run instead of --target-bytes")
+    p.add_argument("--iters", type=number_type(int, 10, "iterations"),
+                   help="fixed iterations per run instead of --target-bytes")
     p.add_argument("--memcpy-samples", type=int, default=21, help="cudaMemcpyPeer samples per size (median)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per perftest run")
     p.add_argument("--cuda-lib", action="append", default=[], metavar="DIR",
@@ -125,8 +126,6 @@ def _check_options(args) -> list[int] | None:
     for name in ("min_ratio", "counter_fraction", "ablation_factor"):
         if not 0 < getattr(args, name) <= 10:
             raise UserError(f"--{name.replace('_', '-')}: out of range", USAGE)
-    if args.iters is not None and args.iters < 10:
-        raise UserError("--iters: at least 10", USAGE)
     return only
 
 

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..cliutil import WORK_DIR_HELP, Parser, add_output, run_parsed
+from ..cliutil import WORK_DIR_HELP, Parser, add_output, number_type, run_parsed
 from ..errors import USAGE, VERDICT_FAILED, UserError
 from ..stack import load
 from ..ucx.install import BUILD_INFO
@@ -20,6 +20,7 @@ from .ucxx import UcxxOptions, build_ucxx, install_ucxx
 from .verify import verify_prefix
 
 
+JOBS = number_type(int, 1, "a number of parallel jobs")
 STAMP_HELP = ("write the build's input key to FILE, only when it changed (a make prerequisite whose time changes "
               "exactly when the output does)")
 
@@ -115,13 +116,6 @@ def _cmd_prefix_map(args) -> int:
     return 0
 
 
-def _jobs(text: str) -> int:
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return n
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     add_actions(sub.add_parser("ucx", help="fetch, build and verify UCX from pinned, verified source"))
 
@@ -176,7 +170,7 @@ def _add_build(s) -> None:
                         "pinned wheels + .debs")
     b.add_argument("--cuda-link-dir", metavar="DIR", help="directory with libcuda.so and libnvidia-ml.so to link with")
     b.add_argument("--gdrcopy", metavar="DIR", help="gdrcopy install prefix (adds --with-gdrcopy=DIR)")
-    b.add_argument("--jobs", "-j", type=_jobs, default=0, help="parallel make jobs (default: CPUs + 1)")
+    b.add_argument("--jobs", "-j", type=JOBS, default=0, help="parallel make jobs (default: CPUs + 1)")
     b.add_argument("--require", metavar="CAPS", help="comma list of ib,cuda,gdrcopy that must be built, else fail")
     b.add_argument("--keep-debug", action="store_true", help="do not strip debug info")
     add_output(b, "--stamp", metavar="FILE", help=STAMP_HELP)
@@ -196,7 +190,7 @@ def _add_ucxx(s) -> None:
     x.add_argument("--find-links", action="append", default=[], metavar="DIR",
                    help="wheels for the build venv (its lock's); with --offline the only place they come from")
     x.add_argument("--offline", action="store_true", help="no network for fetching either")
-    x.add_argument("--jobs", "-j", type=_jobs, default=0, help="parallel compile jobs (default: CPUs + 1)")
+    x.add_argument("--jobs", "-j", type=JOBS, default=0, help="parallel compile jobs (default: CPUs + 1)")
     add_output(x, "--stamp", metavar="FILE", help=STAMP_HELP)
     x.set_defaults(func=_cmd_ucxx)
 
