@@ -95,11 +95,6 @@ class UcxInstall:
     def perftest(self) -> Path | None:
         return self.tool("ucx_perftest")
 
-    @property
-    def version(self) -> str | None:
-        """The version our build recorded (None for a UCX we did not build: ask its ucx_info)."""
-        return (self.build_info or {}).get("ucx_version")
-
 
 def at(prefix: str | os.PathLike, kind: str = "prefix", spec: str | None = None) -> UcxInstall:
     """The UCX installed under `prefix` (kind `source` when our build-info.json is there, unless it is the wheel)."""

@@ -157,7 +157,8 @@ def safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
 
 
 def _link_dir_from_debs(stack: Stack, work: Path, fetch_kw: dict, setup: CudaSetup) -> Path:
-    """Unpack the pinned driver .debs; return a private dir with libcuda.so / libnvidia-ml.so link names."""
+    """Unpack the pinned driver .debs; return a private dir with libcuda.so / libnvidia-ml.so link names (recorded as
+    `setup`'s link source)."""
     root = work / "cuda-debs"
     shutil.rmtree(root, ignore_errors=True)
     found: dict[str, Path] = {}
@@ -177,6 +178,7 @@ def _link_dir_from_debs(stack: Stack, work: Path, fetch_kw: dict, setup: CudaSet
     link.mkdir(parents=True)
     for lib, target in found.items():
         (link / lib).symlink_to(target)
+    setup.link_source = "pinned Debian .debs (" + ", ".join(a.name for a in stack.cuda_link_debs) + ")"
     return link
 
 
@@ -206,7 +208,6 @@ def _from_wheels(stack: Stack, work: Path, fetch_kw: dict, note: str) -> CudaSet
         raise UserError("the pinned [[cuda.header_wheels]] lack lib/libcudart.so.*", MISSING_CAPABILITY)
     (link / "libcudart.so").symlink_to(cudart[0].resolve())
     setup.link_dirs = [link]
-    setup.link_source = "pinned Debian .debs (" + ", ".join(a.name for a in stack.cuda_link_debs) + ")"
     return setup
 
 
@@ -231,7 +232,6 @@ def _from_toolkit(home: Path, stack: Stack, work: Path, fetch_kw: dict, link_dir
         else:
             say(f"CUDA: {home} has no libcuda.so/libnvidia-ml.so to link against; using the pinned driver .debs")
             setup.link_dirs = [_link_dir_from_debs(stack, work, fetch_kw, setup)]
-            setup.link_source = "pinned Debian .debs (" + ", ".join(a.name for a in stack.cuda_link_debs) + ")"
     return setup
 
 
