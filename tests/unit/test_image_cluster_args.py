@@ -75,8 +75,9 @@ def test_cpu_clusters_take_no_gpu_host_settings():
     assert gpu_workers(["0", "1"], "h")[1] == HostFlags(gpu="1", ipc="container:h", pid="container:h")
     assert parse_gpus(" 0, 2 ") == ["0", "2"]
     for bad in ("", "0,0", ","):
-        with pytest.raises(ValueError):
+        with pytest.raises(UserError) as err:
             parse_gpus(bad)
+        assert err.value.exit_code == USAGE
 
 
 def test_compose_file_is_the_cluster_as_services():

@@ -84,11 +84,7 @@ def _host_settings(args) -> dict:
         if args.infiniband or args.cma:
             raise UserError("--infiniband and --cma are GPU-host settings: give --gpus too", USAGE)
         return {}
-    try:
-        gpus = parse_gpus(args.gpus)
-    except ValueError as e:
-        raise UserError(str(e), USAGE) from None
-    return {"gpu": True, "gpus": tuple(gpus), "infiniband": args.infiniband, "cma": args.cma}
+    return {"gpu": True, "gpus": tuple(parse_gpus(args.gpus)), "infiniband": args.infiniband, "cma": args.cma}
 
 
 def _add_host_settings(p: argparse.ArgumentParser) -> None:
@@ -122,11 +118,7 @@ def _cmd_compose(args) -> int:
     words += [w for w, on in (("--infiniband", args.infiniband), ("--cma", args.cma)) if on]
     text = compose.render(cluster, " ".join(words))
     if args.check:
-        try:
-            current = Path(args.check).read_text()
-        except OSError as e:
-            raise UserError(f"cannot read {args.check}: {e.strerror}", USAGE) from None
-        if current != text:
+        if _read(args.check, "the compose file") != text:
             raise UserError(f"{args.check} is not what `ucx-dask-gpu image compose {' '.join(words)}` writes: "
                             "regenerate it", VERDICT_FAILED)
         print(f"{args.check}: up to date")

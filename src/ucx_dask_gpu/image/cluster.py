@@ -110,15 +110,12 @@ class Cluster:
             return HostFlags()
         return gpu_workers([self.gpus[i]], holder or self.holder_name, self.infiniband, self.cma)[0]
 
-    def _env(self) -> list[str]:
-        env = {}
+    def _env(self, extra: dict | None = None) -> list[str]:
+        env = dict(extra or {})
         if self.protocol == "tls":  # every container gets each role's certificate; it uses its own role's
             for role in tls.ROLES:
                 env.update(tls.dask_env(TLS_MOUNT, role))
-        out = []
-        for k, v in sorted(env.items()):
-            out += ["-e", f"{k}={v}"]
-        return out
+        return [a for k, v in sorted(env.items()) for a in ("-e", f"{k}={v}")]
 
     def _mounts(self, data: bool = True) -> list[str]:
         out = []
@@ -228,9 +225,7 @@ class Cluster:
                 "--label", f"{CLUSTER_LABEL}={self.name}"]
         if interactive:
             args.append("-i")
-        for k, v in sorted((env or {}).items()):
-            args += ["-e", f"{k}={v}"]
-        return args + self._env() + self._mounts(True) + [image or self.image]
+        return args + self._env(env) + self._mounts(True) + [image or self.image]
 
     def run_client(self, argv: list[str], image: str | None = None, env: dict | None = None,
                    input: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import USAGE, UserError
+
 SHM_SIZE = "1g"
 STACK_BYTES = 64 << 20               # RAPIDS' `--ulimit stack=67108864`
 
@@ -77,5 +79,5 @@ def parse_gpus(text: str) -> list[str]:
     """'0,1,2' -> ['0', '1', '2'] (indices or GPU UUIDs, as `--gpus device=` takes them)."""
     gpus = [g.strip() for g in text.split(",") if g.strip()]
     if not gpus or len(set(gpus)) != len(gpus):
-        raise ValueError(f"--gpus {text!r}: give distinct GPU indices or UUIDs, comma-separated")
+        raise UserError(f"--gpus {text!r}: give distinct GPU indices or UUIDs, comma-separated", USAGE)
     return gpus
