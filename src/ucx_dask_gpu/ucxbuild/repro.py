@@ -8,10 +8,8 @@ conda recipes' build scripts through `build.sh prefix-map`).
   info). Compiler and recorded text then say the same thing about the build.
 - Environment: umask 022, C locale, UTC, SOURCE_DATE_EPOCH from stack.toml, whatever the caller's are (what Debian's
   reprotest varies: a build must not see it).
-- Leaks: `paths_in` lists which build directories are still in a tree or wheel, byte for byte; the builds record
-  what they find and the tests require none.
-- Cache keys: `tool_versions` names the tools that write the bytes (compilers, linker, patchelf, autotools), so a
-  cached build is reused only where a new one would give the same bytes.
+- Proof: `paths_in` finds any build directory still in the output (recorded per build; the tests require none), and
+  a cached build is reused only where a new one would give the same bytes (`tool_versions`, `key_of`).
 """
 from __future__ import annotations
 
