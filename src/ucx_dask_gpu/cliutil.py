@@ -60,19 +60,13 @@ def parse_bytes(s: float | str) -> int:
     return int(n * multiplier)
 
 
-def format_bytes(n: float | None, binary: bool = True) -> str:
-    """The other way round from parse_bytes: 3.5 GiB, 512 KiB, 100 B (binary, 3 significant digits), or with
-    binary=False 1.23 GB, 45.00 MB, 800 B; 'n/a' for None."""
+def format_bytes(n: float | None) -> str:
+    """The other way round from parse_bytes: 3.5 GiB, 512 KiB, 100 B (3 significant digits); 'n/a' for None."""
     if n is None:
         return "n/a"
-    if binary:
-        for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-            if abs(n) >= div:
-                return f"{n / div:.3g} {unit}"
-        return f"{n:.0f} B"
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(n) >= div:
-            return f"{n / div:.2f} {unit}"
+            return f"{n / div:.3g} {unit}"
     return f"{n:.0f} B"
 
 
