@@ -110,12 +110,9 @@ class Host:
             ans = {"op": "error", "error": f"cluster did not start: {e}"}
         if ans and ans.get("op") == "ready":
             self.facts = ans
-        else:
-            self.fail((ans or {}).get("error") or f"exited with {self.child.proc.poll()} before it was up")
-
-    def fail(self, why: str) -> None:
-        self.error = self.error or why
-        if self.child.proc.poll() is None and self.facts is None:
+            return
+        self.error = (ans or {}).get("error") or f"exited with {self.child.proc.poll()} before it was up"
+        if self.child.proc.poll() is None:
             self.child.kill()
 
     def request(self, req: dict, timeout: float) -> dict:

@@ -335,19 +335,6 @@ def verify_ucx_stage(st: Stack, stage_tag: str) -> None:
         raise UserError(f"UCX in the image failed verification: {failed[0]}", BUILD_FAILED)
 
 
-def copy_build_info(st: Stack, stage_tag: str, dest: Path) -> dict:
-    """Copy the ucx stage's build-info.json to `dest` byte for byte (the stack id hashes those bytes)."""
-    path = f"{st.image.ucx_prefix}/{BUILD_INFO}"
-    proc = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", stage_tag, path], code=BUILD_FAILED,
-                  what=f"reading {path} from the ucx stage")
-    try:
-        info = json.loads(proc.stdout)
-    except ValueError:
-        raise UserError(f"{path} in the ucx stage is not JSON", BUILD_FAILED) from None
-    atomic_write_text(dest, proc.stdout)
-    return info
-
-
 def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
                 extra_wheels: list[Path] | None = None, base_from: str | None = None,
                 normalise: bool = True, own_wheel: Path | None = None, no_cache: bool = False) -> BuildResult:
@@ -412,11 +399,17 @@ def _fresh_context(st: Stack, ctx: Path, stage, *args) -> None:
 
 
 def _ucx_stage_info(st: Stack, stage_tag: str, work: Path, ucxx_info: dict) -> dict:
-    """The ucx stage's build info (with the sha256 of its bytes), checked against the UCX the UCXX wheels were
-    built against."""
-    info_path = work / BUILD_INFO.name
-    info = copy_build_info(st, stage_tag, info_path)
-    info["_sha256"] = sha256_file(info_path)
+    """The ucx stage's build info, copied into `work` byte for byte (the stack id hashes those bytes) and with their
+    sha256, checked against the UCX the UCXX wheels were built against."""
+    path = f"{st.image.ucx_prefix}/{BUILD_INFO}"
+    proc = docker(["run", "--rm", "--network", "none", "--entrypoint", "cat", stage_tag, path], code=BUILD_FAILED,
+                  what=f"reading {path} from the ucx stage")
+    try:
+        info = json.loads(proc.stdout)
+    except ValueError:
+        raise UserError(f"{path} in the ucx stage is not JSON", BUILD_FAILED) from None
+    atomic_write_text(work / BUILD_INFO.name, proc.stdout)
+    info["_sha256"] = sha256_file(work / BUILD_INFO.name)
     check_ucxx_matches_ucx(ucxx_info, info)
     say(f"UCX {info.get('ucx_version', '0')} + UCXX {ucxx_info['ucxx_version']} wheels built against the same UCX "
         "source and flags")
