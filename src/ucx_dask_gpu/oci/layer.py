@@ -132,8 +132,7 @@ class LayerResult:
     rewritten: list[str]
 
 
-def normalise_layer(src: tarfile.TarFile, out, epoch: int, overlay: Overlay, where: str,
-                    drop_litter: bool = True) -> LayerResult:
+def normalise_layer(src: tarfile.TarFile, out, epoch: int, overlay: Overlay, where: str) -> LayerResult:
     members = {tarnorm.clean_name(m.name): m for m in src.getmembers()}
     # Whiteouts act on the lower layers, before this layer's own files are added.
     for name in sorted(members, key=tarnorm.sort_key):
@@ -164,7 +163,7 @@ def normalise_layer(src: tarfile.TarFile, out, epoch: int, overlay: Overlay, whe
 
     def fix(ti: tarfile.TarInfo, read: Callable[[], bytes]):
         name = ti.name
-        if drop_litter and is_litter(ti):
+        if is_litter(ti):
             return "drop"
         if ti.type != tarfile.REGTYPE:
             return None

@@ -144,8 +144,7 @@ def _open_members(src: tarfile.TarFile, where: str) -> dict[str, tarfile.TarInfo
 
 
 def normalise_tar(src: tarfile.TarFile, out: BinaryIO, epoch: int, *, where: str = "archive",
-                  fix: Fix | None = None, extra: Iterable[tuple[tarfile.TarInfo, bytes]] = (),
-                  hash_files: bool = True) -> NormaliseResult:
+                  fix: Fix | None = None, extra: Iterable[tuple[tarfile.TarInfo, bytes]] = ()) -> NormaliseResult:
     """Write the normalised form of `src` (a random-access TarFile) to `out`; see the module docstring.
 
     `extra` entries (TarInfo with a clean name, bytes) are merged in as if they were part of `src`.
@@ -170,9 +169,9 @@ def normalise_tar(src: tarfile.TarFile, out: BinaryIO, epoch: int, *, where: str
         for name in sorted(set(kept) | set(extras), key=sort_key):
             if name in extras:
                 ti, data = extras[name]
-                _write(dst, _cleaned(ti, name, epoch), data, entries, hash_files)
+                _write(dst, _cleaned(ti, name, epoch), data, entries)
             else:
-                _write_kept(dst, src, name, kept, replaced, anchor_of, content_of, epoch, entries, hash_files)
+                _write_kept(dst, src, name, kept, replaced, anchor_of, content_of, epoch, entries)
         dst.close()
         buffered.flush()
     except (tarfile.TarError, EOFError) as e:
@@ -233,13 +232,13 @@ def _hardlink_anchors(kept: dict[str, tarfile.TarInfo]) -> tuple[dict[str, str],
 
 def _write_kept(dst: tarfile.TarFile, src: tarfile.TarFile, name: str, kept: dict[str, tarfile.TarInfo],
                 replaced: dict[str, bytes], anchor_of: dict[str, str], content_of: dict[str, str], epoch: int,
-                entries: list[Entry], hash_files: bool) -> None:
+                entries: list[Entry]) -> None:
     """One member of `src` in its normal form: a link to its anchor, the anchor with the group's data, or itself."""
     m = kept[name]
     ti = _cleaned(m, name, epoch)
     if name in anchor_of:
         ti.type, ti.linkname, ti.size = tarfile.LNKTYPE, anchor_of[name], 0
-        _write(dst, ti, None, entries, hash_files)
+        _write(dst, ti, None, entries)
         return
     data_member = kept[content_of[name]] if name in content_of else m
     if name in content_of:
@@ -248,15 +247,15 @@ def _write_kept(dst: tarfile.TarFile, src: tarfile.TarFile, name: str, kept: dic
         ti.type, ti.linkname = tarfile.REGTYPE, ""
     if ti.type not in _REGULAR:
         ti.size = 0
-        _write(dst, ti, None, entries, hash_files)
+        _write(dst, ti, None, entries)
         return
     ti.type = tarfile.REGTYPE
     data = replaced.get(name) if name in replaced else replaced.get(content_of.get(name, ""))
     if data is not None:
-        _write(dst, ti, data, entries, hash_files)
+        _write(dst, ti, data, entries)
     else:
         ti.size = data_member.size
-        _write_stream(dst, ti, src.extractfile(data_member), entries, hash_files)
+        _write_stream(dst, ti, src.extractfile(data_member), entries)
 
 
 def _cleaned(m: tarfile.TarInfo, name: str, epoch: int | None = None) -> tarfile.TarInfo:
@@ -286,24 +285,20 @@ def _entry(ti: tarfile.TarInfo, sha: str) -> Entry:
                  xattrs={k[len(_KEEP_PAX_PREFIX):]: v for k, v in ti.pax_headers.items()})
 
 
-def _write(dst: tarfile.TarFile, ti: tarfile.TarInfo, data: bytes | None, entries: list[Entry], hash_files: bool):
+def _write(dst: tarfile.TarFile, ti: tarfile.TarInfo, data: bytes | None, entries: list[Entry]):
     if data is None:
         dst.addfile(ti)
         entries.append(_entry(ti, ""))
         return
     ti.size = len(data)
     dst.addfile(ti, io.BytesIO(data))
-    entries.append(_entry(ti, hashlib.sha256(data).hexdigest() if hash_files else ""))
+    entries.append(_entry(ti, hashlib.sha256(data).hexdigest()))
 
 
-def _write_stream(dst: tarfile.TarFile, ti: tarfile.TarInfo, f, entries: list[Entry], hash_files: bool):
-    if hash_files:
-        reader = _HashingReader(f)
-        dst.addfile(ti, io.BufferedReader(reader, buffer_size=1 << 20))
-        entries.append(_entry(ti, reader.h.hexdigest()))
-    else:
-        dst.addfile(ti, f)
-        entries.append(_entry(ti, ""))
+def _write_stream(dst: tarfile.TarFile, ti: tarfile.TarInfo, f, entries: list[Entry]):
+    reader = _HashingReader(f)
+    dst.addfile(ti, io.BufferedReader(reader, buffer_size=1 << 20))
+    entries.append(_entry(ti, reader.h.hexdigest()))
 
 
 def _owned_by_root(ti: tarfile.TarInfo) -> tarfile.TarInfo:
