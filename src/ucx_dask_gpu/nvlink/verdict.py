@@ -105,15 +105,10 @@ def transport_from_tables(server_tables: list[ProtoTable], client_tables: list[P
                           mem: str = "cuda") -> TransportEvidence:
     """Name the transport from UCX_PROTO_INFO tables: the sender's (client) `ucp_tag_send` table and the receiver's
     (server) `rendezvous data fetch` table for `mem` memory, row covering `msg_bytes` -- plus the sender's
-    `rendezvous data send` table where the data goes that way. With `used` tables only rows that were used
-    (count > 0) count.
-
-    Only these directions: in real runs each side also prints the opposite tables, for perftest's control messages
-    from server to client (recorded 1.21 on 2xH200: 583 sends client->server, 7 server->client). A table printed
-    twice (1.13 protocol v2 reprints after an endpoint reconfiguration) is read once. Selection tables (no counts)
-    list every possibility: there the `rendezvous data send` table counts only when the selected tag-send row names
-    no transport of its own (1.13 v2 with cuda memory: `(?) rendezvous no data fetch`, empty cell -- the receiver
-    asked for a put, and the send table's `pipeline cuda_copy, write to remote | cma/memory` is the data path)."""
+    `rendezvous data send` table where the data goes that way (ucx/perftest.py says what real runs print). With
+    `used` tables only rows that were used (count > 0) count; a table printed twice is read once. Selection tables
+    (no counts) list every possibility: there the `rendezvous data send` table counts only when the selected
+    tag-send row names no transport of its own (the receiver asked for a put)."""
     def pick(tables, role, want):
         seen, out = set(), []
         for t in tables:
