@@ -75,22 +75,12 @@ def runpath_of(path: Path) -> str:
     return _run(["patchelf", "--print-rpath", str(path)]).strip()
 
 
-def rewrite_pkgconfig(root: Path) -> list[Path]:
+def _rewrite(files: list[Path], pattern: str, replacement: str) -> list[Path]:
+    """Every file whose text `pattern` changes, rewritten."""
     changed = []
-    for pc in sorted((root / "lib" / "pkgconfig").glob("*.pc")):
-        text = pc.read_text()
-        new = re.sub(r"(?m)^prefix\s*=.*$", f"prefix={PC_PREFIX}", text)
-        if new != text:
-            pc.write_text(new)
-            changed.append(pc)
-    return changed
-
-
-def rewrite_cmake(root: Path) -> list[Path]:
-    changed = []
-    for f in sorted((root / "lib" / "cmake").rglob("*.cmake")):
+    for f in files:
         text = f.read_text()
-        new = re.sub(r'(?m)^set\(prefix "[^"]*"\)$', CMAKE_PREFIX, text)
+        new = re.sub(pattern, replacement, text)
         if new != text:
             f.write_text(new)
             changed.append(f)
@@ -128,8 +118,8 @@ def make_relocatable(root: Path, build_prefix: str) -> dict:
         raise UserError("patchelf not found (Debian: apt-get install patchelf)", BUILD_FAILED)
     dropped = drop_libtool_archives(root)
     runpaths = set_runpaths(root, build_prefix)
-    pcs = rewrite_pkgconfig(root)
-    cmakes = rewrite_cmake(root)
+    pcs = _rewrite(sorted((root / "lib" / "pkgconfig").glob("*.pc")), r"(?m)^prefix\s*=.*$", f"prefix={PC_PREFIX}")
+    cmakes = _rewrite(sorted((root / "lib" / "cmake").rglob("*.cmake")), r'(?m)^set\(prefix "[^"]*"\)$', CMAKE_PREFIX)
     return {
         "runpaths": dict(sorted(runpaths.items())),
         "pkgconfig_rewritten": [str(p.relative_to(root)) for p in pcs],
