@@ -65,9 +65,7 @@ def clean(cache: Path) -> tuple[int, list[str]]:
     removed, tags = 0, []
     for rec in sorted((cache / "image").glob(f"*/{RECORD}")):
         data = read_record(rec.parent)
-        for tag in data.get("tags", []):
-            if subprocess.run([docker_bin(), "rmi", tag], capture_output=True).returncode == 0:
-                tags.append(tag)
+        tags += [tag for tag in data.get("tags", []) if remove([tag])]
         # The last step first: an image goes only once the images made on top of it are gone.
         removed += remove(list(reversed(data.get("images", []))))
         rec.unlink()
