@@ -132,14 +132,6 @@ def header_available(header: str, cppflags: list[str]) -> bool:
     return proc.returncode == 0
 
 
-def compiler_version() -> str:
-    try:
-        out = subprocess.run(compiler() + ["--version"], capture_output=True, text=True).stdout
-    except OSError:
-        return "unknown"
-    return (out.splitlines() or ["unknown"])[0]
-
-
 def check_tools(need_patch: bool) -> None:
     tools = ["make", "patchelf", compiler()[0], "autoreconf", "libtoolize", "automake"]
     tools += ["patch"] if need_patch else []
@@ -542,7 +534,7 @@ def _build_info(stack: Stack, opts: BuildOptions, key: str, fetched: FetchedSour
         "relocatable": reloc,
         "stripped": not opts.keep_debug,
         "source_date_epoch": stack.source_date_epoch,
-        "compiler": compiler_version(),
+        "compiler": repro.tool_versions("cc")["cc"],
         "stack": {"name": stack.name, "version": stack.version, "stack_toml_sha256": sha256_file(stack.path)},
         "build_prefix": stack.image.ucx_prefix,  # configured and compiled in; --prefix is a relocated copy of it
     }

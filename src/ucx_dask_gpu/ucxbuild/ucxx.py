@@ -31,8 +31,7 @@ from ..stack import Stack
 from ..ucx.install import (BUILD_INFO, INSTALLED_UCXX_BUILD_INFO, PRELOAD_PTH, UCXX_BUILD_INFO, read_build_info,
                            read_ucxx_build_info)
 from . import repro
-from .build import (_fmt_s, _print_tail, apply_patches, build_work_dir, compiler_version, fresh_logs, patches_for,
-                    run_logged, unpack_tree)
+from .build import _fmt_s, _print_tail, apply_patches, build_work_dir, fresh_logs, patches_for, run_logged, unpack_tree
 from .fetch import default_cache_dir, fetch_sources, say
 
 # What the build makes in a --work-dir (its own, replaced on every run: claim_work_dir refuses a directory with more).
@@ -368,7 +367,7 @@ def _build(stack: Stack, opts: UcxxOptions, work: Path, prefix: Path, ucx_info: 
         "build_lock": {"path": str(u.lock), "sha256": sha256_file(stack.root / u.lock)},
         "ucx": ucx_identity(ucx_info),
         "python": python_tag(),
-        "compiler": compiler_version(),
+        "compiler": repro.tool_versions("cc")["cc"],
         "network_isolation": " ".join(isolate[:-1]) or "only loopback",
         "packages": packages,
         "build_paths_found": leaks,
