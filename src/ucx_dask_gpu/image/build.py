@@ -351,7 +351,6 @@ def build_image(st: Stack, cache: Path, ucxx_dir: Path, tag: str | None = None,
     ucxx_wheels, ucxx_info = read_ucxx_wheels(st, ucxx_dir)
     ucx_sources = timings.step("ucx_sources", fetch_ucx_sources, st, cache / UCX_SOURCES)
     builder = _base(st, "builder", base_from, cache, timings)
-    # Per tag, so building another tag (a test's variant image) never touches this one's context.
     work = work_dir(cache, tag)
     full_ctx = work / "context"
     stage_tag = stage_ref(st, tag)

@@ -1,7 +1,7 @@
 """A Dask cluster of containers from the ONE image: scheduler + workers + client, on an internal Docker network.
 
-Plain `docker run`, driven from here (Debian has no compose v2; this also lets tests kill one worker, add a worker
-from another image, and read every log):
+Plain `docker run`, driven from here, needs no compose and lets a caller kill one worker, add one from another image
+and read every log:
 
     network   udg-<id>         `docker network create --internal` (no route out)
     scheduler udg-<id>-scheduler, alias `scheduler`: dask scheduler --protocol tcp|ucx|tls --port 8786

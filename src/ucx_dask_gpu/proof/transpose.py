@@ -1,9 +1,5 @@
-"""`ucx-dask-gpu workload transpose`: (x + x.T).sum() on the cluster, checked against numpy on the client.
-
-The input is generated block by block by pure tasks (each block its own generator stream), so a worker that dies
-takes its blocks with it and the scheduler regenerates them; the client computes the same expression from the same
-seed, block pair by block pair (memory: two blocks).
-
+"""`ucx-dask-gpu workload transpose`: (x + x.T).sum() on the cluster, its input generated block by block by pure
+tasks (each block its own generator stream), checked against the same expression computed with numpy on the client.
 numpy, cupy and dask are imported inside functions: the CLI imports this module and starts without them.
 """
 from __future__ import annotations
