@@ -20,6 +20,7 @@ import uuid
 from datetime import datetime, timezone
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from types import SimpleNamespace
 
 from ..errors import SBOM_GENERATOR, SBOM_MISMATCH, UserError
@@ -106,10 +107,6 @@ def dists_from_files(files: dict[str, bytes]) -> dict[str, dict]:
 
 # --- building --------------------------------------------------------------------------------------------------------
 
-def _iso(epoch: int) -> datetime:
-    return datetime.fromtimestamp(epoch, timezone.utc)
-
-
 @cache
 def _cdx() -> SimpleNamespace:
     """cyclonedx-python-lib's classes (and packageurl's, which comes with it)."""
@@ -154,7 +151,7 @@ def build_sbom(*, name: str, version: str, epoch: int, dpkg_status: str | None =
 
     def render(serial: uuid.UUID) -> str:
         bom = cdx.Bom(components=components, serial_number=serial,
-                      metadata=cdx.BomMetaData(component=root, timestamp=_iso(epoch), tools=cdx.ToolRepository(
+                      metadata=cdx.BomMetaData(component=root, timestamp=datetime.fromtimestamp(epoch, timezone.utc), tools=cdx.ToolRepository(
                           components=[cdx.Component(type=cdx.ComponentType.APPLICATION, name=n, version=v,
                                                     bom_ref=f"tool:{n}") for n, v in sorted((tools or {}).items())]),
                           properties=_props({"source-date-epoch": epoch})))
@@ -266,20 +263,8 @@ def sbom_from_overlay(st: Stack, files: dict[str, bytes], labels: dict[str, str]
                       wheels: dict[str, tuple[str, str]] | None = None) -> bytes:
     """The SBOM of an image from the files the normaliser collected out of its layers (`layer.Overlay`)."""
     gen, gen_version = generator(st)
-    info_paths = sorted(p for p in files if p.endswith(f"/{BUILD_INFO}"))
-    info = info_sha = None
-    if info_paths:
-        raw = files[info_paths[0]]
-        try:
-            info = json.loads(raw)
-        except ValueError:
-            raise UserError(f"/{info_paths[0]} in the image is not JSON", SBOM_MISMATCH) from None
-        info_sha = hashlib.sha256(raw).hexdigest()
-    ucxx_paths = sorted(p for p in files if p.endswith(f"/{INSTALLED_UCXX_BUILD_INFO}"))
-    try:
-        ucxx_info = json.loads(files[ucxx_paths[0]]) if ucxx_paths else None
-    except ValueError:
-        raise UserError(f"/{ucxx_paths[0]} in the image is not JSON", SBOM_MISMATCH) from None
+    info, raw = _record_in_image(files, BUILD_INFO)
+    ucxx_info, _ = _record_in_image(files, INSTALLED_UCXX_BUILD_INFO)
     keep = {"revision": "org.opencontainers.image.revision", "source": "org.opencontainers.image.source",
             "stack-id": LABEL_PREFIX + "stack-id"}
     return build_sbom(
@@ -287,9 +272,20 @@ def sbom_from_overlay(st: Stack, files: dict[str, bytes], labels: dict[str, str]
         dpkg_status=files.get("var/lib/dpkg/status", b"").decode("utf-8", "replace"),
         os_release=files.get("usr/lib/os-release", b"").decode("utf-8", "replace"),
         dists=dists_from_files(files), pins=load_lock(st.lock_path()), wheels=wheels, build_info=info,
-        build_info_sha256=info_sha, ucxx_info=ucxx_info, ucx_repository=st.conda.about.ucx_dev_url,
+        build_info_sha256=hashlib.sha256(raw).hexdigest() if raw else None, ucxx_info=ucxx_info, ucx_repository=st.conda.about.ucx_dev_url,
         tools={gen: gen_version, st.name: st.version},
         properties={short: labels[long] for short, long in keep.items() if labels.get(long)})
+
+
+def _record_in_image(files: dict[str, bytes], record: Path) -> tuple[dict | None, bytes | None]:
+    """One of our build infos (`.../<record>`) as the image holds it: (parsed, its bytes), (None, None) if absent."""
+    paths = sorted(p for p in files if p.endswith(f"/{record}"))
+    if not paths:
+        return None, None
+    try:
+        return json.loads(files[paths[0]]), files[paths[0]]
+    except ValueError:
+        raise UserError(f"/{paths[0]} in the image is not JSON", SBOM_MISMATCH) from None
 
 
 # --- checking --------------------------------------------------------------------------------------------------------
