@@ -86,11 +86,7 @@ def child_env(inst: UcxUnderTest, cuda_dirs: list[Path], ucx_env: dict[str, str]
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     ld = [str(d) for d in inst.install.lib_dirs] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
     ld += [str(d) for d in cuda_dirs]
-    seen: list[str] = []
-    for p in ld:
-        if p not in seen:
-            seen.append(p)
-    env["LD_LIBRARY_PATH"] = ":".join(seen)
+    env["LD_LIBRARY_PATH"] = ":".join(dict.fromkeys(ld))
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env.update(ucx_env)
     return env

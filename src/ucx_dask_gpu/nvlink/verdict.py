@@ -159,12 +159,7 @@ def transport_from_lanes(lanes: list[dict], default_gbps: float | None, ablation
     """UCX without protocol tables for its active protocol layer (1.13: v1 by default): cuda_ipc must be among the
     endpoint's tag lanes (UCX_LOG_LEVEL=info) AND removing it (UCX_TLS without cuda_ipc) must cut the bandwidth below
     `factor` x the default run's. A UCX that prints no lanes line at all is judged by the ablation alone (and says so)."""
-    tls: list[str] = []
-    for entry in lanes:
-        for lane in entry.get("tag", []):
-            tl = lane.split("/", 1)[0]
-            if tl not in tls:
-                tls.append(tl)
+    tls = list(dict.fromkeys(lane.split("/", 1)[0] for entry in lanes for lane in entry.get("tag", [])))
     printed = bool(lanes)
     method = "lanes+ablation" if printed else "ablation"
     detail = [f"tag lanes (UCX_LOG_LEVEL=info): {' '.join(tls) or 'none'}" if printed

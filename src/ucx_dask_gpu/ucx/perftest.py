@@ -155,11 +155,7 @@ class ProtoTable:
 
 def transports_in(config: str) -> tuple[str, ...]:
     """Transport names in a protocol config / lanes string: 'cuda_ipc/cuda 50% on rc_mlx5/mlx5_0:1' -> both."""
-    seen: list[str] = []
-    for tl in _TL_RE.findall(config):
-        if tl not in seen:
-            seen.append(tl)
-    return tuple(seen)
+    return tuple(dict.fromkeys(_TL_RE.findall(config)))
 
 
 def parse_memunits(s: str) -> int | None:

@@ -99,11 +99,8 @@ def toolkit_problems(home: Path) -> list[str]:
 
 
 def _auto_candidates() -> list[Path]:
-    out = []
-    for c in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if c and Path(c) not in out:
-            out.append(Path(c))
-    return out
+    named = (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda")
+    return list(dict.fromkeys(Path(c) for c in named if c))
 
 
 def _auto_choice() -> tuple[Path | None, list[str]]:
