@@ -154,13 +154,7 @@ def _link_speed_gbps(n, handle, link: int = 0) -> float | None:
 
 def unpack_mask(words) -> list[int]:
     """NVML affinity bitmask (array of 64-bit words, word 0 = ids 0..63) -> sorted ids."""
-    out = []
-    for w, word in enumerate(words):
-        word = int(word)
-        for bit in range(64):
-            if word >> bit & 1:
-                out.append(w * 64 + bit)
-    return out
+    return [w * 64 + bit for w, word in enumerate(words) for bit in range(64) if int(word) >> bit & 1]
 
 
 NVML_AFFINITY_SCOPE_NODE = 0  # nvmlAffinityScope_t: NUMA node scope

@@ -96,12 +96,9 @@ def drop_libtool_archives(root: Path) -> list[Path]:
 
 def text_files_mentioning(root: Path, needle: str) -> list[str]:
     """Non-ELF files that still name `needle` (the build-time prefix): what relocation did not cover."""
-    hits = []
     raw = needle.encode()
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and not p.is_symlink() and not is_elf(p) and raw in p.read_bytes():
-            hits.append(str(p.relative_to(root)))
-    return hits
+    return [str(p.relative_to(root)) for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.is_symlink() and not is_elf(p) and raw in p.read_bytes()]
 
 
 def clamp_mtimes(root: Path, epoch: int) -> None:
