@@ -33,7 +33,7 @@ from ..stack.lock import canonical, load_lock
 from ..ucx.install import BUILD_INFO, UCXX_BUILD_INFO, read_ucxx_build_info
 from ..ucxbuild.ucxx import ucx_identity
 from . import bases, leftovers, wheelhouse
-from .docker import docker, docker_bin, engine_version, image_inspect
+from .docker import docker, docker_bin, engine_version, image_inspect, last_line
 from .labels import build_labels
 from .normalise import Timings, finish_build
 from .paths import UCX_SOURCES, image_ref, stage_ref, work_dir
@@ -113,9 +113,8 @@ def fetch_ucx_sources(st: Stack, dest: Path) -> Path:
                           stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHON": sys.executable})
     sys.stderr.write(proc.stderr)
     if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()] or ["(no output)"]
         # The script already said it in one line; carry its reason and its exit code (hash mismatch, unreachable).
-        raise UserError(lines[-1].split("error: ", 1)[-1], proc.returncode)
+        raise UserError(last_line(proc.stderr).split("error: ", 1)[-1], proc.returncode)
     return dest
 
 
@@ -330,8 +329,7 @@ def verify_ucx_stage(st: Stack, stage_tag: str) -> None:
     for line in proc.stdout.splitlines():
         sys.stderr.write(f"  ucx verify | {line}\n")
     if proc.returncode != 0:
-        failed = [ln.strip() for ln in proc.stdout.splitlines() if ln.startswith("FAIL")] or \
-            [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["(no output)"]
+        failed = [ln.strip() for ln in proc.stdout.splitlines() if ln.startswith("FAIL")] or [last_line(proc.stderr)]
         raise UserError(f"UCX in the image failed verification: {failed[0]}", BUILD_FAILED)
 
 

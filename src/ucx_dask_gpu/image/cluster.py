@@ -34,7 +34,7 @@ from ..cliutil import Progress, signals_deferred
 from ..errors import CLUSTER_FAILED, USAGE, UserError
 from ..gate import tls
 from ..oci.archive import LABEL_PREFIX
-from .docker import container_logs, container_state, docker, docker_bin, image_inspect, wait_until
+from .docker import container_logs, container_state, docker, docker_bin, image_inspect, last_line, wait_until
 from .gpuhost import HOLDER, HOLDER_ARGV, HostFlags, gpu_workers
 
 PROTOCOLS = ("tcp", "ucx", "tls")
@@ -193,9 +193,8 @@ class Cluster:
         for name in names:
             state = container_state(name) or {}
             if not state.get("Running"):
-                tail = [ln for ln in container_logs(name).splitlines() if ln.strip()][-1:] or ["(no log)"]
-                raise UserError(f"{name} exited with code {state.get('ExitCode')}: {tail[0].strip()[:300]}",
-                                CLUSTER_FAILED)
+                raise UserError(f"{name} exited with code {state.get('ExitCode')}: "
+                                f"{last_line(container_logs(name))[:300]}", CLUSTER_FAILED)
 
     def wait_for_scheduler(self, timeout: float) -> None:
         def ready():
@@ -240,8 +239,8 @@ class Cluster:
         proc = self.run_client(["ucx-dask-gpu", "workload", kind, "--scheduler", self.address, "--json", *args],
                                image=image, timeout=timeout)
         if proc.returncode not in (0, 1):
-            last = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["(no output)"]
-            raise UserError(f"workload {kind} failed (exit {proc.returncode}): {last[0].strip()}", CLUSTER_FAILED)
+            raise UserError(f"workload {kind} failed (exit {proc.returncode}): {last_line(proc.stderr)}",
+                            CLUSTER_FAILED)
         try:
             return parse_json_output(proc.stdout)
         except ValueError:
