@@ -35,10 +35,6 @@ class GpuInfo:
     numa_nodes: list[int] | None = None
     numa_source: str | None = None      # "nvml", "sysfs", "sysfs-cpus", "topo-text"
 
-    @property
-    def label(self) -> str:
-        return f"GPU{self.index}"
-
 
 @dataclass
 class NicInfo:
