@@ -103,10 +103,6 @@ def context_values(st: Stack, recipe: str) -> dict[str, str]:
     raise KeyError(recipe)
 
 
-def context_lines(st: Stack, recipe: str) -> list[str]:
-    return [f"  {k}: {_yaml_str(v)}" for k, v in context_values(st, recipe).items()]
-
-
 def configure_lines(st: Stack) -> list[str]:
     flags = " ".join(st.configure_flags)
     return [f"configure_flags=({flags})"] if len(flags) < 90 else \
@@ -193,7 +189,8 @@ def generated_files(st: Stack, recipes_dir: Path | None = None) -> dict[Path, by
             text = path.read_text()
         except OSError as e:
             raise UserError(f"cannot read {path}: {e.strerror}", RECIPE_INVALID) from None
-        text = replace_region(text, context_lines(st, recipe), str(path))
+        context = [f"  {k}: {_yaml_str(v)}" for k, v in context_values(st, recipe).items()]
+        text = replace_region(text, context, str(path))
         if recipe == st.name:
             text = replace_region(text, entry_point_lines(st), str(path), occurrence=1)
         out[path] = text.encode()

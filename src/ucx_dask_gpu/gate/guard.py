@@ -217,7 +217,8 @@ async def _admit_or_exit(server) -> None:
         wait = max(START_WAIT_S - _process_age(), MIN_WAIT_S)
         what = f"no --death-timeout given: until {START_WAIT_S:.0f} s after the start"
     try:
-        info = await await_scheduler(addr, server.scheduler.identity, wait, _progress, what)
+        info = await await_scheduler(addr, server.scheduler.identity, wait,
+                                     lambda line: logger.info("ucx-dask-gpu guard: %s", line), what)
         if not isinstance(info.get(identity.KEY), dict):
             return
         reply = await asyncio.wait_for(server.scheduler.ucx_dask_gpu_admit(
@@ -243,10 +244,6 @@ def _process_age() -> float:
             return max(float(f.read().split()[0]) - started, 0.0)
     except (OSError, ValueError, IndexError):
         return 0.0
-
-
-def _progress(line: str) -> None:
-    logger.info("ucx-dask-gpu guard: %s", line)
 
 
 def _exit(line: str, code: int) -> None:

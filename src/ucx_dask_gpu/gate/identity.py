@@ -72,11 +72,6 @@ def normal_version(version: str) -> str:
     return ".".join(str(int(p)) for p in m.group(1).split(".")) + m.group(2) if m else version.strip()
 
 
-def python_minor(version: str) -> str:
-    """'3.11.7' / '3.11.7.final.0' -> '3.11'."""
-    return ".".join(version.split(".")[:2])
-
-
 def contract(packages: dict[str, str | None], python: str) -> dict[str, str | None]:
     """The contract terms of an environment: python minor + the version of each CONTRACT distribution (None when
     not installed). Two distributions of one term (cupy-cuda12x and cupy-cuda13x) give both versions, joined."""
@@ -85,7 +80,7 @@ def contract(packages: dict[str, str | None], python: str) -> dict[str, str | No
         term = contract_name(name)
         if term in CONTRACT and version:
             found.setdefault(term, set()).add(normal_version(version))
-    terms: dict[str, str | None] = {PYTHON: python_minor(python)}
+    terms: dict[str, str | None] = {PYTHON: ".".join(python.split(".")[:2])}  # 3.11.7(.final.0) -> 3.11
     for term in CONTRACT:
         terms[term] = ",".join(sorted(found[term])) if term in found else None
     return terms
