@@ -9,9 +9,6 @@ either.
 A source archive is verified by its sha256 (the pinned archive file) or, failing that, by the git tree id of its
 content (gittree.py): GitHub's own tag archive and a mirror's `git archive` of the tag hold the same files, whatever
 their compression. Wheels and .debs are verified by sha256.
-
-Downloads go to a temp file next to the cache entry, are verified and renamed only when they match, so the cache
-never holds a partial or unverified file.
 """
 from __future__ import annotations
 
@@ -167,7 +164,8 @@ def source_verifier(src: SourceArchive) -> Verifier:
 # --- one file -----------------------------------------------------------------------------------------------------
 
 def _download(url: str, dest_dir: Path, filename: str, verify: Verifier) -> tuple[Path, str]:
-    """Stream `url` into a temporary file beside dest_dir/filename, verify it, rename it there."""
+    """Stream `url` into a temporary file beside dest_dir/filename, verify it, rename it there: the cache never holds
+    a partial or unverified file."""
     req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
     t0 = time.monotonic()
     try:
