@@ -210,14 +210,15 @@ class Verifier:
         seen, poll = self.side.pids_sampler()
         before = self.side.snapshot()
         wd = self.work / tag
-        out = pt.run_pair(run.inst.install.perftest, args, server_env, client_env, wd, timeout=self.a.timeout, poll=poll)
+        perftest = run.inst.install.perftest
+        out = pt.run_pair(perftest, args, server_env, client_env, wd, timeout=self.a.timeout, poll=poll)
         after = self.side.stable_snapshot()
         if self.raw:  # beside what the user keeps there: only these names, and only over an earlier run's
             write_output_dir(self.raw / tag, {
                 "server.txt": out.server_out, "client.txt": out.client_out,
                 "command.txt": f"server: CUDA_VISIBLE_DEVICES={sv} "
                                f"{' '.join(f'{k}={v}' for k, v in sorted(EVIDENCE_ENV[mode].items()))} "
-                               f"{run.inst.install.perftest} {' '.join(args)} -p PORT\nclient: CUDA_VISIBLE_DEVICES={cv} ... "
+                               f"{perftest} {' '.join(args)} -p PORT\nclient: CUDA_VISIBLE_DEVICES={cv} ... "
                                "127.0.0.1\n"}, what="the raw perftest output")
         res = pt.result_or_raise(out, f"{run.label}, GPU{src.index}->GPU{dst.index}, {size_label(size)}")
         cs = counter_deltas(before[src.uuid], after[src.uuid], _peer_links(src, dst), origin=self.side.origin)

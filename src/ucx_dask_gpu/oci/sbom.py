@@ -149,9 +149,11 @@ def build_sbom(*, name: str, version: str, epoch: int, dpkg_status: str | None =
     root = cdx.Component(type=cdx.ComponentType.CONTAINER, name=name, version=version, bom_ref=f"image:{name}",
                          properties=_props(properties or {}))
 
+    created = datetime.fromtimestamp(epoch, timezone.utc)
+
     def render(serial: uuid.UUID) -> str:
         bom = cdx.Bom(components=components, serial_number=serial,
-                      metadata=cdx.BomMetaData(component=root, timestamp=datetime.fromtimestamp(epoch, timezone.utc), tools=cdx.ToolRepository(
+                      metadata=cdx.BomMetaData(component=root, timestamp=created, tools=cdx.ToolRepository(
                           components=[cdx.Component(type=cdx.ComponentType.APPLICATION, name=n, version=v,
                                                     bom_ref=f"tool:{n}") for n, v in sorted((tools or {}).items())]),
                           properties=_props({"source-date-epoch": epoch})))
@@ -272,7 +274,8 @@ def sbom_from_overlay(st: Stack, files: dict[str, bytes], labels: dict[str, str]
         dpkg_status=files.get("var/lib/dpkg/status", b"").decode("utf-8", "replace"),
         os_release=files.get("usr/lib/os-release", b"").decode("utf-8", "replace"),
         dists=dists_from_files(files), pins=load_lock(st.lock_path()), wheels=wheels, build_info=info,
-        build_info_sha256=hashlib.sha256(raw).hexdigest() if raw else None, ucxx_info=ucxx_info, ucx_repository=st.conda.about.ucx_dev_url,
+        build_info_sha256=hashlib.sha256(raw).hexdigest() if raw else None, ucxx_info=ucxx_info,
+        ucx_repository=st.conda.about.ucx_dev_url,
         tools={gen: gen_version, st.name: st.version},
         properties={short: labels[long] for short, long in keep.items() if labels.get(long)})
 
