@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import json
 from pathlib import Path
 
 from ..report import format_table, markdown_table, write_report
@@ -286,9 +285,3 @@ def write(payload: dict, out: str | Path, name: str, command: str | None) -> lis
     return write_report(out, name, payload, markdown(payload), picture,
                         command=merged_command_txt(Path(out), command) if command else None)
 
-
-def rerender(path: Path) -> list[Path]:
-    """NAME.md and NAME.png again from NAME.json (e.g. where matplotlib is)."""
-    payload = json.loads(path.read_text())
-    payload["notes"] = [n for n in payload.get("notes", []) if not n.startswith("no PNG")]
-    return write(payload, path.parent, path.stem, None)
