@@ -121,10 +121,6 @@ class _HashingReader(io.RawIOBase):
         return n
 
 
-def _pax_keep(pax: dict[str, str]) -> dict[str, str]:
-    return {k: pax[k] for k in sorted(pax) if k.startswith(_KEEP_PAX_PREFIX)}
-
-
 def _open_members(src: tarfile.TarFile, where: str) -> dict[str, tarfile.TarInfo]:
     """Cleaned name -> last member with that name (the one an extractor would leave on disk)."""
     latest: dict[str, tarfile.TarInfo] = {}
@@ -273,7 +269,7 @@ def _cleaned(m: tarfile.TarInfo, name: str, epoch: int | None = None) -> tarfile
         ti.linkname = clean_name(m.linkname)
     if m.type in (tarfile.CHRTYPE, tarfile.BLKTYPE):
         ti.devmajor, ti.devminor = m.devmajor, m.devminor
-    ti.pax_headers = _pax_keep(m.pax_headers)
+    ti.pax_headers = {k: m.pax_headers[k] for k in sorted(m.pax_headers) if k.startswith(_KEEP_PAX_PREFIX)}
     return ti
 
 
