@@ -210,7 +210,11 @@ def test_a_worker_without_a_scheduler_address_is_one_line(argv):
     with pytest.raises(UserError) as err:
         entrypoint.check_worker_address(entrypoint.classify(argv), {})
     assert err.value.exit_code == 2 and "no scheduler address" in str(err.value)
+    with pytest.raises(UserError) as err:  # options that take values, still no address
+        entrypoint.check_worker_address(entrypoint.classify(argv + ["--nthreads", "2", "--name", "w"]), {})
+    assert err.value.exit_code == 2 and "no scheduler address" in str(err.value)
     for fine, config in ((argv + ["tcp://s:1"], {}), (argv + ["--scheduler-file", "f.json"], {}),
+                         (argv + ["--nthreads", "2", "tcp://s:1"], {}), (argv + ["--no-dashboard", "tcp://s:1"], {}),
                          (argv + ["--help"], {}), (argv, {"scheduler-address": "tcp://s:1"}),
                          (["dask", "scheduler"], {})):
         entrypoint.check_worker_address(entrypoint.classify(fine), config)

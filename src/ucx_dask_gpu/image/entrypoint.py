@@ -134,10 +134,25 @@ def check_worker_address(role: Role, config: dict) -> None:
         return
     if rest and not rest[0].startswith("-"):
         parse_address(rest[0], "the scheduler address")
-    elif all(w.startswith("-") for w in rest) and "--help" not in rest \
-            and not (config.get("scheduler-address") or config.get("scheduler_address")):
+    elif "--help" not in rest and not (config.get("scheduler-address") or config.get("scheduler_address")) \
+            and not (any(not w.startswith("-") for w in rest) and _address_among_options(role.kind, rest)):
         raise UserError(f"{words}: no scheduler address: give one, e.g. `{words} tcp://scheduler:8786`, or "
                         "--scheduler-file FILE", USAGE)
+
+
+def _address_among_options(kind: str, rest: tuple[str, ...]) -> bool:
+    """Whether the role's own command line parser finds an address or a scheduler file among `rest` (`--nthreads 2`
+    takes a value, `--no-nanny` does not: only dask's parser knows which). Imported here, only for such a command
+    line: every other role starts without loading dask's CLI first."""
+    if kind == "cuda-worker":
+        from dask_cuda.cli import worker as command
+    else:
+        from distributed.cli.dask_worker import main as command
+    try:
+        ctx = command.make_context(kind, list(rest), resilient_parsing=True)
+    except Exception:  # dask's parser, run for real next, says what is wrong with the options in its own words
+        return True
+    return bool(ctx.params.get("scheduler") or ctx.params.get("scheduler_file"))
 
 
 def nanny_preload_args(role: Role, config: dict) -> Role:
