@@ -39,6 +39,7 @@ APT_LOCKED = 19           # ci/install_prereqs.sh: another apt/dpkg process held
 SCHEDULER_UNREACHABLE = 20  # workload or a worker's start: nothing answered at the scheduler address (refused,
                             # unknown host, unreachable)
 DATA_INVALID = 21         # workload from-map: the data directory has no usable files
+TLS_INIT_FAILED = 22      # tls init: no openssl command, or openssl failed making a key or a certificate
 WORKLOAD_FAILED = 23      # workload: the computation raised on the cluster (e.g. no GPU on a cupy worker)
 NOT_A_SCHEDULER = 24      # workload or a worker's start: what answered at the scheduler address is not a Dask
                           # scheduler, or said nothing in time

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ucx_dask_gpu import report
-from ucx_dask_gpu.errors import OUTPUT_REFUSED, RESULT_KEPT, SCHEDULER_UNREACHABLE, USAGE, UserError
+from ucx_dask_gpu.errors import OUTPUT_REFUSED, RESULT_KEPT, SCHEDULER_UNREACHABLE, TLS_INIT_FAILED, USAGE, UserError
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_OPENSSL = shutil.which("openssl") is not None
@@ -211,7 +211,7 @@ def test_tls_init_failing_leaves_no_directory_behind(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     proc = udg("tls", "init", "relcerts", cwd=work, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
-    assert proc.returncode != 0 and one_line(proc) and "Unable to load CA certificate" in proc.stderr
+    assert proc.returncode == TLS_INIT_FAILED and one_line(proc) and "Unable to load CA certificate" in proc.stderr
     assert list(work.iterdir()) == []
 
 

@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import OUTPUT_REFUSED, USAGE, UserError
+from ..errors import OUTPUT_REFUSED, TLS_INIT_FAILED, USAGE, UserError
 from ..fsutil import check_names_free, record_written
 
 ROLES = ("scheduler", "worker", "client")
@@ -37,7 +37,7 @@ def _openssl(args: list[str], cwd: Path) -> None:
         if shutil.disk_usage(cwd).free < 1 << 16:  # openssl says only that it could not write: the disk is full
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         last = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or [f"exit {proc.returncode}"]
-        raise UserError(f"openssl {args[0]} failed: {last[0].strip()}", USAGE)
+        raise UserError(f"openssl {args[0]} failed: {last[0].strip()}", TLS_INIT_FAILED)
 
 
 def _san(hosts: list[str]) -> str:
@@ -58,7 +58,7 @@ def init(directory: Path, hosts: list[str], clients: list[str] = (), days: int =
     created is removed again), and no other file there is touched; a name to write that an earlier init did not
     write (fsutil's manifest) is refused before anything is made (exit 9)."""
     if not shutil.which("openssl"):
-        raise UserError("tls init needs the openssl command (apt-get install openssl)", USAGE)
+        raise UserError("tls init needs the openssl command (apt-get install openssl)", TLS_INIT_FAILED)
     if days < 1:
         raise UserError(f"--days must be at least 1 (got {days})", USAGE)
     directory = Path(directory).absolute()  # openssl runs in the scratch directory: a relative DIR is lost there
