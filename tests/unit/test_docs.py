@@ -11,6 +11,7 @@ import io
 import os
 import re
 import shlex
+import signal
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,13 @@ def test_the_cli_map_names_every_command_and_a_file_that_exists():
 def test_the_readme_stays_short():
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move details to a page under docs/"
+
+
+
+@pytest.mark.parametrize("sig, meaning", [(signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM"),
+                                          (signal.SIGPIPE, "the reader of its output went away")],
+                         ids=["SIGINT", "SIGTERM", "SIGPIPE"])
+def test_the_exit_codes_of_a_signal_are_documented_beside_the_table(sig, meaning):
+    """130, 143 and 141 come from the signal, not from errors.py: the page says them in its own words."""
+    text = (ROOT / "docs" / "exit-codes.md").read_text()
+    assert re.search(rf"^- {128 + sig}: .*{meaning}", text, re.M), f"{128 + sig} ({sig.name}) is not documented"
