@@ -3,6 +3,7 @@ dask config, column projection seen from the workers, and a worker killed mid-co
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +44,17 @@ def test_transpose_gives_the_numpy_answer(procs, protocol, shipped_config, tmp_p
     # the guard the shipped config loads on every role accepted every one of them.
     assert "Traceback" not in stderr and "refused" not in stderr, stderr[-4000:]
 
+
+
+def test_dasks_own_log_lines_show_only_with_debug(procs, shipped_config, tmp_path):
+    """A successful run prints its result and nothing of dask's logging; --debug lets dask's lines through."""
+    env = procs.env_for(tmp_path, shipped_config)
+    args = ("transpose", "--protocol", "tcp", "--size", "600", "--chunk", "300")
+    dask_line = re.compile(r" - distributed\.[\w.]+ - (DEBUG|INFO|WARNING|ERROR) - ", re.M)
+    _, quiet = workload(env, *args)
+    assert not dask_line.search(quiet), quiet[-2000:]
+    _, loud = workload(env, *args, "--debug")
+    assert dask_line.search(loud), loud[-2000:]
 
 def test_from_map_reads_only_the_projected_columns(procs, shipped_config, tmp_path):
     # Parquet over tcp here; Feather's projection is covered without a cluster in the unit tests.
