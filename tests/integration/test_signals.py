@@ -128,6 +128,24 @@ def test_ctrl_c_at_the_terminal_while_workers_start_is_one_line(procs, tmp_path,
     assert_ended(started)
 
 
+
+@pytest.mark.parametrize("sig, phase, group", [(signal.SIGTERM, 3.0, False), (signal.SIGINT, 15.0, True)],
+                         ids=["TERM-clusters-starting", "ctrl-c-measuring"])
+def test_a_benchmark_ends_on_a_signal(procs, tmp_path, sig, phase, group):
+    """bench says its rounds on stderr as they go: the line it ends with is the interrupted one, with no traceback
+    before it, and its clusters' processes are gone; nothing is written where the report would go."""
+    env = procs.env_for(tmp_path, None)
+    out = tmp_path / "report"
+    cmd = [sys.executable, "-m", "ucx_dask_gpu", "bench", "transpose", "--cpu", "--size", "4000", "--chunks", "500",
+           "--runs", "60", "--allow-few", "--warmup", "1", "--variant", "ucx@defaults:none", "--variant",
+           "tcp@defaults:none", "--budget", "300", "--out", str(out)]
+    rc, _, lines, started = interrupt(cmd, env, tmp_path, sig, phase, group=group)
+    assert rc == 128 + sig, lines[-20:]
+    assert lines[-1] == f"ucx-dask-gpu bench: interrupted by {signal.Signals(sig).name}; what it started has stopped"
+    assert not [ln for ln in lines if "Traceback" in ln or "Error" in ln], lines[-40:]
+    assert_ended(started)
+    assert not out.exists()
+
 def docker_names(cluster: str) -> list[str]:
     """This cluster's containers, networks and volumes, as `docker ps -a`, `network ls` and `volume ls` list them."""
     found = []
