@@ -19,8 +19,8 @@ from .errors import USAGE, UserError
 from .fsutil import OutputDir, OutputFile, check_output_dir, check_output_file
 
 FILE_HELP = "a file: an existing directory there is refused (exit 9), nothing in it touched"
-WORK_DIR_HELP = ("a directory, created when missing: the command's own folders in it (logs, sources, stages) are "
-                 "replaced on every run; one holding anything else is refused (exit 9)")
+WORK_DIR_HELP = ("new, empty, or one this command worked in before (its mark): its own folders in it (logs, sources, "
+                 "stages) are replaced on every run; one holding anything else is refused (exit 9)")
 DIR_HELP = ("a directory, created when missing: only the files named here are written in it, everything else in it "
             "is left alone; a file there is refused (exit 9)")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fnmatch
 import hashlib
 import json
 import os
@@ -201,14 +200,14 @@ def check_output_dir(path: str | os.PathLike) -> Path:
 WORK_MARK = ".ucx-dask-gpu-work"
 
 
-def claim_work_dir(path: str | os.PathLike, own: Iterable[str], option: str = "") -> Path:
-    """A work directory a command replaces its own folders in (logs, sources, stages): accepted when new, empty,
-    claimed by an earlier run (WORK_MARK), or holding only names matching the patterns `own`, and claimed then.
-    One holding anything else is refused (exit 9) before the work: `--work-dir ~` must not cost anyone ~/logs."""
+def claim_work_dir(path: str | os.PathLike, option: str = "") -> Path:
+    """A work directory a command replaces its own folders in (logs, sources, stages): accepted when new, empty or
+    claimed by an earlier run (WORK_MARK), and claimed then. One holding anything else, even only folders named as the
+    command's own (a user's ~/logs), is refused (exit 9) before the work: `--work-dir ~` must not cost anyone ~/logs."""
     d = Path(path)
     try:
         if d.is_dir() and not (d / WORK_MARK).is_file():
-            foreign = sorted(p.name for p in d.iterdir() if not any(fnmatch.fnmatch(p.name, o) for o in own))
+            foreign = sorted(p.name for p in d.iterdir())
             if foreign:
                 _refuse(path, f"holds what this command did not make ({first_of(foreign)}); give a new or empty "
                                "directory, or one it worked in before", option)

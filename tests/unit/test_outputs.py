@@ -299,19 +299,30 @@ def test_a_work_directory_holding_the_users_files_is_refused(tmp_path):
     mine = _users_files(work)
     (work / "logs").mkdir()
     with pytest.raises(UserError) as err:
-        fsutil.claim_work_dir(work, ("logs", "src"), "--work-dir")
-    assert err.value.exit_code == OUTPUT_REFUSED and "--work-dir" in str(err.value) and "notes.txt" in str(err.value)
+        fsutil.claim_work_dir(work, "--work-dir")
+    assert err.value.exit_code == OUTPUT_REFUSED and "--work-dir" in str(err.value)
+    assert "logs and 2 more" in str(err.value)
     assert _unchanged(work, mine) and not (work / fsutil.WORK_MARK).exists()
 
 
-def test_a_work_directory_of_the_commands_own_folders_is_claimed_and_stays_claimed(tmp_path):
-    work = tmp_path / "work"
+def test_a_users_folder_named_as_the_commands_own_is_still_the_users(tmp_path):
+    """`--work-dir ~` where ~ holds only logs/: the build would empty logs/ on every run."""
+    work = tmp_path / "home"
     (work / "logs").mkdir(parents=True)
-    (work / "info-pkg").mkdir()
-    fsutil.claim_work_dir(work, ("logs", "info-*"))
-    (work / "something-new").mkdir()  # made by a later version of the command, or by hand
-    assert fsutil.claim_work_dir(work, ("logs",)) == work
-    assert fsutil.claim_work_dir(tmp_path / "new" / "work", ()).is_dir()
+    (work / "logs" / "2026.txt").write_text("mine")
+    with pytest.raises(UserError) as err:
+        fsutil.claim_work_dir(work, "--work-dir")
+    assert err.value.exit_code == OUTPUT_REFUSED and "logs" in str(err.value)
+    assert (work / "logs" / "2026.txt").read_text() == "mine" and not (work / fsutil.WORK_MARK).exists()
+
+
+def test_a_work_directory_claimed_once_stays_claimed(tmp_path):
+    work = fsutil.claim_work_dir(tmp_path / "new" / "work")
+    assert work.is_dir() and (work / fsutil.WORK_MARK).is_file()
+    (work / "logs").mkdir()
+    (work / "something-new").mkdir()  # made by a later version of the command
+    assert fsutil.claim_work_dir(work) == work
+    assert fsutil.claim_work_dir(tmp_path / "empty") == tmp_path / "empty"
 
 
 def test_config_install_into_a_directory_with_other_files(tmp_path, capsys):

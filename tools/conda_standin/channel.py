@@ -50,10 +50,6 @@ from . import placeholders, standin
 SUBDIRS = (BUILD_PLATFORM, "noarch")
 # Loaded only where a GPU is: a CPU-only host has none of them; the recipe allows them absent.
 GPU_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1", "libcudart.so.12", "libcudart.so.13")
-# What the channel build and the install test make in a --work directory (their own, replaced on every run:
-# claim_work_dir refuses a directory holding more).
-WORK_NAMES = ("logs", "standin", "rattler-build", "recipes", "placeholders", "install-test", "install-check.json",
-              "empty-channel", "pkgs", "info-*", "tests-*", "env", "env-*", "test-*.sh")
 
 
 @dataclass
@@ -328,7 +324,7 @@ def install_test(st: Stack, channel: Path, *, work: Path, cuda: str, glibc: str 
     for sub in SUBDIRS:
         if not (channel / sub / "repodata.json").is_file():
             raise UserError(f"{channel} is not a channel: {sub}/repodata.json missing", INSTALL_FAILED)
-    claim_work_dir(work, WORK_NAMES, "--work")
+    claim_work_dir(work, "--work")
     made = placeholders.write(st, channel, work / "placeholders", cuda)
     channels = [channel, work / "placeholders"]
     vps = virtual_packages(glibc or standin.host_glibc(), cuda)
@@ -403,7 +399,7 @@ def build_channel(st: Stack, *, out: Path, recipes_dir: Path | None = None, mirr
     if out.exists() and not is_channel_or_empty(out):  # replaced whole at the end: only what this command made
         raise UserError(f"--out {out}: not empty and not a channel this command made; give a new or empty directory",
                         OUTPUT_REFUSED)
-    work = claim_work_dir((work or st.root / "build" / "conda-work").resolve(), WORK_NAMES, "--work")
+    work = claim_work_dir((work or st.root / "build" / "conda-work").resolve(), "--work")
     mirror = local_dirs(st, [p.resolve() for p in mirror or []])
     t0 = time.monotonic()
     problems, variants = recipes.check_all(st, recipes_dir, mode=mode, packed=work / "recipes")

@@ -39,8 +39,6 @@ CAPABILITY_MODULES = {"ib": ("libuct_ib.so", "libuct_rdmacm.so"), "cuda": ("libu
 HEADER_PROBES = {"verbs": "infiniband/verbs.h", "rdmacm": "rdma/rdma_cma.h", "numa": "numa.h"}
 CONFIG_LOG_TAIL = 40
 HEARTBEAT_S = 15.0
-# What the build makes in a --work-dir (its own, replaced on every run: claim_work_dir refuses a directory with more).
-WORK_FOLDERS = ("logs", "src", "stage", "cuda-debs", "cuda-link", "cuda-wheels")
 _COMPILE_LINE = re.compile(r"^\s+(CC|CXX|CCLD|CXXLD)\s+(\S+)")
 _SUMMARY_LINE = re.compile(r"^(?:configure:)?\s*(UCT modules|UCM modules|UCS modules|Perf modules|IB modules|CUDA modules|"
                            r"ROCM modules|Transport modules)\s*:\s*(.*)$")
@@ -411,19 +409,18 @@ def build(stack: Stack, opts: BuildOptions) -> dict:
         if foreign:  # replaced whole at the end, it would take the user's files with it: refused before the build
             raise UserError(f"--prefix {prefix}: an earlier build holding {first_of(foreign)}, which its build info "
                             "does not list; move it away, or give a new or empty prefix", OUTPUT_REFUSED)
-        with build_work_dir(opts.work_dir, WORK_FOLDERS, "ucx-build-") as work:
+        with build_work_dir(opts.work_dir, "ucx-build-") as work:
             info = _build(stack, opts, work, key, patches)
     repro.write_stamp(opts.stamp, key)
     return info
 
 
 @contextlib.contextmanager
-def build_work_dir(given: Path | None, folders: tuple[str, ...], temp_prefix: str,
-                   tell: Callable[[str], None] = warn) -> Iterator[Path]:
-    """--work-dir, claimed (it may hold only `folders`), or a new temporary directory: removed afterwards unless a
+def build_work_dir(given: Path | None, temp_prefix: str, tell: Callable[[str], None] = warn) -> Iterator[Path]:
+    """--work-dir, claimed (new, empty or claimed before), or a new temporary directory: removed afterwards unless a
     build step failed (then its logs are what the user needs, and the error names them)."""
     own = given is None
-    work = Path(tempfile.mkdtemp(prefix=temp_prefix)) if own else claim_work_dir(given.resolve(), folders, "--work-dir")
+    work = Path(tempfile.mkdtemp(prefix=temp_prefix)) if own else claim_work_dir(given.resolve(), "--work-dir")
     try:
         yield work
     except UserError as e:

@@ -34,8 +34,6 @@ from . import repro
 from .build import _fmt_s, _print_tail, apply_patches, build_work_dir, fresh_logs, patches_for, run_logged, unpack_tree
 from .fetch import default_cache_dir, fetch_sources, say
 
-# What the build makes in a --work-dir (its own, replaced on every run: claim_work_dir refuses a directory with more).
-WORK_FOLDERS = ("logs", "src", "venv", "cuda-toolkit", "dist", "wheels")
 
 
 @dataclass
@@ -289,7 +287,7 @@ def _build_or_reuse(stack: Stack, opts: UcxxOptions) -> dict:
         say(f"UCXX {stack.ucxx.source.version} wheels: cached build {key} (same inputs) -> {out}")
         return read_ucxx_build_info(out)
 
-    with build_work_dir(opts.work_dir, WORK_FOLDERS, "ucxx-build-", say) as work:
+    with build_work_dir(opts.work_dir, "ucxx-build-", say) as work:
         info = _build(stack, opts, work, prefix, ucx_info, cache, key, patches)
         with atomic_path(cached, replace_dir=True) as tmp:  # the build cache's own entry (incomplete, or none)
             shutil.copytree(work / "dist", tmp)
