@@ -169,6 +169,22 @@ def test_from_map_into_a_directory_nothing_can_be_written_in_is_exit_9(tmp_path)
     assert blocker.read_text() == "mine"
 
 
+def test_from_map_into_a_read_only_directory_is_exit_9(tmp_path):
+    """A read-only mount (root writes through permission bits, not through this)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "notes.txt").write_text("mine")
+    if os.geteuid() != 0 or subprocess.run(["mount", "--bind", "-o", "ro", str(data), str(data)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("a read-only bind mount needs root and mount")
+    try:
+        proc = udg("workload", "from-map", data, "--files", 1, "--rows", 10)
+        assert proc.returncode == OUTPUT_REFUSED and one_line(proc) and "Read-only" in proc.stderr, proc.stderr
+        assert sorted(p.name for p in data.iterdir()) == ["notes.txt"]
+    finally:
+        subprocess.run(["umount", str(data)], capture_output=True)
+
+
 def test_ucx_build_refuses_to_replace_an_earlier_build_holding_the_users_file(tmp_path):
     prefix = tmp_path / "prefix"
     (prefix / "share" / "ucx-dask-gpu").mkdir(parents=True)
