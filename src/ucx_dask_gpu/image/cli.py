@@ -29,10 +29,6 @@ from .paths import CACHE_ENV, default_cache, default_ucxx_wheels, image_ref
 from .wheelhouse import build_own_wheel, ensure_wheelhouse
 
 
-def _stack(args):
-    return load(args.stack_file)
-
-
 def _cache(args) -> Path:
     return Path(args.cache) if getattr(args, "cache", None) else default_cache()
 
@@ -40,7 +36,7 @@ def _cache(args) -> Path:
 # --- image ------------------------------------------------------------------------------------------------------------
 
 def _cmd_wheelhouse(args) -> int:
-    st = _stack(args)
+    st = load(args.stack_file)
     dest = ensure_wheelhouse(st, _cache(args), lock_path=args.lock,
                              find_links=Path(args.find_links) if args.find_links else None)
     print(dest)
@@ -50,7 +46,7 @@ def _cmd_wheelhouse(args) -> int:
 
 
 def _cmd_base(args) -> int:
-    st = _stack(args)
+    st = load(args.stack_file)
     engine_version()
     for kind in (KINDS if args.kind == "all" else (args.kind,)):
         if args.from_image:
@@ -61,7 +57,7 @@ def _cmd_base(args) -> int:
 
 
 def _cmd_build(args) -> int:
-    st = _stack(args)
+    st = load(args.stack_file)
     ucxx = Path(args.ucxx_wheels) if args.ucxx_wheels else default_ucxx_wheels()
     result = build_image(st, _cache(args), ucxx, tag=args.tag, extra_wheels=[Path(w) for w in args.extra_wheel],
                          base_from=args.base_from, normalise=not args.no_normalise,
@@ -97,7 +93,7 @@ def _add_host_settings(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_demo(args) -> int:
-    st = _stack(args)
+    st = load(args.stack_file)
     host = _host_settings(args)
     engine_version()
     rows = run_demo(args.image or image_ref(st), args.protocol or ["ucx", "tcp"], args.workers, **host)
@@ -111,7 +107,7 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_compose(args) -> int:
-    st = _stack(args)
+    st = load(args.stack_file)
     host = _host_settings(args)
     cluster = Cluster(args.image or image_ref(st), protocol=args.protocol, n_workers=args.workers, **host)
     words = [f"--protocol {args.protocol}"] + ([f"--gpus {args.gpus}"] if args.gpus else [f"--workers {args.workers}"])
@@ -241,7 +237,7 @@ def _register_image(sub: argparse._SubParsersAction) -> None:
 # --- repro ------------------------------------------------------------------------------------------------------------
 
 def _cmd_normalise(args) -> int:
-    st = _stack(args)
+    st = load(args.stack_file)
     tag = args.tag or args.image
     out = Path(args.out) if args.out else normalise.default_out_dir(default_cache(), tag)
     wheels = normalise.build_wheels(st, default_cache(), args.wheels)
@@ -256,7 +252,7 @@ def _cmd_normalise(args) -> int:
 
 
 def _cmd_rootfs(args) -> int:
-    st = _stack(args)
+    st = load(args.stack_file)
     res = normalise_rootfs_tar(Path(args.src), Path(args.dest), st.source_date_epoch)
     print(f"{args.dest}: {res.diff_id} ({len(res.entries)} entries, {len(res.dropped)} dropped, "
           f"{len(res.rewritten)} rewritten)")
@@ -320,7 +316,7 @@ def _from_image(image: str, path: str) -> str:
 
 
 def _cmd_sbom_check(args) -> int:
-    st = _stack(args)
+    st = load(args.stack_file)
     if args.image:
         text = _read(args.sbom, "SBOM") if args.sbom else _from_image(args.image, "/" + sbommod.SBOM_IN_IMAGE)
         status = _from_image(args.image, "/var/lib/dpkg/status")
@@ -353,7 +349,7 @@ def _cmd_sbom_check(args) -> int:
 
 
 def _cmd_sbom_generate(args) -> int:
-    st = _stack(args)
+    st = load(args.stack_file)
     gen, gen_version = sbommod.generator(st)
     files: dict[str, bytes] = {}
     for d in args.site_packages:

@@ -25,12 +25,8 @@ STAMP_HELP = ("write the build's input key to FILE, only when it changed (a make
               "exactly when the output does)")
 
 
-def _stack(args):
-    return load(args.stack_file)
-
-
 def _cmd_fetch(args) -> int:
-    st = _stack(args)
+    st = load(args.stack_file)
     dest = Path(args.dest).resolve() if args.dest else default_cache_dir(st).resolve()
     sources = st.source_archives() if args.all else (st.ucx,)
     m = fetch_all(st, dest, dirs=local_dirs(st, [Path(p) for p in args.sources]), offline=args.offline,
@@ -42,7 +38,7 @@ def _cmd_fetch(args) -> int:
 
 
 def _cmd_build(args) -> int:
-    st = _stack(args)
+    st = load(args.stack_file)
     opts = BuildOptions(
         prefix=Path(args.prefix),
         work_dir=Path(args.work_dir) if args.work_dir else None,
@@ -62,7 +58,7 @@ def _cmd_build(args) -> int:
 
 
 def _cmd_ucxx(args) -> int:
-    st = _stack(args)
+    st = load(args.stack_file)
     build_ucxx(st, UcxxOptions(
         ucx_prefix=Path(args.ucx_prefix),
         out=Path(args.out),
@@ -84,7 +80,7 @@ def _cmd_install_ucxx(args) -> int:
 
 
 def _cmd_verify(args) -> int:
-    st = _stack(args)
+    st = load(args.stack_file)
     modules = tuple(m for m in args.modules.split(",") if m) if args.modules is not None else None
     checks = verify_prefix(Path(args.prefix), st, modules=modules, perftest=not args.no_perftest,
                            keep_ld_library_path=args.keep_ld_library_path)
@@ -105,7 +101,7 @@ def _cmd_verify(args) -> int:
 def _cmd_prefix_map(args) -> int:
     """The compile flags every build of ours uses to keep its directories out of its output, for build scripts that
     run their own compilers (the conda recipes): `eval "$(build.sh prefix-map --map "$SRC_DIR=ucx")"`."""
-    st = _stack(args)
+    st = load(args.stack_file)
     mapping = {}
     for item in args.map:
         real, sep, name = item.partition("=")
