@@ -327,6 +327,7 @@ def test_counter_deltas_prefer_links_to_the_peer(h200):
     assert "per-link" in d["source"] and "0-17" in d["source"]
     only_half = counter_deltas(before, after, list(range(9)))
     assert only_half["data_tx"] == pytest.approx(9 << 30, rel=1e-4)  # traffic to other peers is not credited
+    assert counter_deltas(before, after, [0, 1, 2, 5, 7, 8])["source"].endswith("links 0-2,5,7-8")
     assert d["raw_tx"] is None  # NOT_SUPPORTED stays None, never 0
 
 

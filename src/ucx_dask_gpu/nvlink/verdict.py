@@ -14,6 +14,7 @@ A pair's verdict is
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -75,17 +76,9 @@ def _sub(a, b):
 
 
 def _ranges(xs: list[int]) -> str:
-    if not xs:
-        return "-"
-    out, start, prev = [], xs[0], xs[0]
-    for x in xs[1:] + [None]:
-        if x is not None and x == prev + 1:
-            prev = x
-            continue
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if x is not None:
-            start = prev = x
-    return ",".join(out)
+    """Sorted distinct link numbers as '0-5,8' (a run of consecutive numbers keeps one value of x - position)."""
+    runs = [[x for _, x in run] for _, run in itertools.groupby(enumerate(xs), lambda ix: ix[1] - ix[0])]
+    return ",".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "-"
 
 
 # --- transport -----------------------------------------------------------------------------------------------------

@@ -74,13 +74,11 @@ def parse_variant(text: str) -> dict[str, str]:
 def parse_goals(text: str) -> dict[int, float]:
     out = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
-        k, sep, v = item.partition("=")
+        k, _, v = item.partition("=")  # no '=': v is '', which float() refuses too
         try:
             out[parse_size(k, "--goals")] = float(v)
         except ValueError:
             raise UserError(f"--goals: expected SIZE=RATIO, got {item!r}", USAGE) from None
-        if not sep:
-            raise UserError(f"--goals: expected SIZE=RATIO, got {item!r}", USAGE)
     return out
 
 
