@@ -30,6 +30,14 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def read_json(path: str | os.PathLike, default=None):
+    """The JSON document at `path`; `default` where there is none or it is not JSON (a record not written yet)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return default
+
+
 def is_elf(path: str | os.PathLike) -> bool:
     """A regular file (not a symlink) that starts with the ELF magic."""
     path = Path(path)

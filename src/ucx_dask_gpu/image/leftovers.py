@@ -13,7 +13,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from ..fsutil import atomic_write_text
+from ..fsutil import atomic_write_text, read_json
 from .docker import docker_bin
 
 RECORD = "images.json"
@@ -35,10 +35,7 @@ def _short(image_id: str) -> str:
 
 
 def read_record(work: Path) -> dict:
-    try:
-        return json.loads((work / RECORD).read_text())
-    except (OSError, ValueError):
-        return {"tags": [], "images": []}
+    return read_json(work / RECORD, {"tags": [], "images": []})
 
 
 def remove(ids: list[str]) -> int:

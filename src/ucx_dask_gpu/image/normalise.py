@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..cliutil import Progress
 from ..errors import BAD_ARCHIVE, USAGE, UserError
-from ..fsutil import sha256_file, write_output_dir
+from ..fsutil import read_json, sha256_file, write_output_dir
 from ..oci import sbom as sbommod
 from ..oci.archive import LABEL_PREFIX, NullWriter, canonical_json, iso, normalise_config, write_archive
 from ..oci.compare import IMAGE_JSON, LAYERS_JSON
@@ -238,10 +238,7 @@ def _write_records(out_dir: Path, result: ImageResult, config: dict, results: li
 
 
 def _previous(out_dir: Path) -> dict | None:
-    try:
-        data = json.loads((out_dir / IMAGE_JSON).read_text())
-    except (OSError, ValueError):
-        return None
+    data = read_json(out_dir / IMAGE_JSON)
     fields = set(ImageResult.__dataclass_fields__)
     return data if isinstance(data, dict) and fields <= set(data) else None
 

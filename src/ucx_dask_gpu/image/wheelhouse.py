@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..cliutil import Progress
 from ..errors import BAD_STACK, BUILD_FAILED, HASH_MISMATCH, SOURCE_UNREACHABLE, UserError
-from ..fsutil import atomic_path, atomic_write_text, sha256_file
+from ..fsutil import atomic_path, atomic_write_text, read_json, sha256_file
 from ..stack.lock import Pin, canonical, load_lock
 from ..stack import Stack
 
@@ -95,20 +95,13 @@ def wheelhouse_dir(cache: Path, lock_path: Path) -> Path:
     return cache / "wheelhouse" / sha256_file(lock_path)[:16]
 
 
-def _read_manifest(directory: Path) -> dict | None:
-    try:
-        return json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def ensure_wheelhouse(st: Stack, cache: Path, lock_path: Path | None = None, find_links: Path | None = None) -> Path:
     """A verified wheelhouse for `lock_path` (default: the stack's lock) under `cache`; downloads what is missing
     (`find_links`: from this directory instead of PyPI, e.g. an offline mirror)."""
     lock_path = Path(lock_path or st.lock_path())
     pins = load_lock(lock_path)
     dest = wheelhouse_dir(cache, lock_path)
-    manifest = _read_manifest(dest)
+    manifest = read_json(dest / MANIFEST)
     if manifest is not None and manifest.get("lock_sha256") == sha256_file(lock_path):
         try:
             files = verify_wheels(dest, pins)

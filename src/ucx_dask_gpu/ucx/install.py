@@ -7,7 +7,6 @@ resolves it here. Standard library only: the UCX build imports it with a bare py
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UCX_NOT_FOUND, UserError
+from ..fsutil import read_json
 from ..stack import Stack
 
 # Our records below a prefix (a UCX prefix, a Python environment's).
@@ -32,22 +32,15 @@ PRELOAD_PTH = "ucx-dask-gpu-ucx.pth"
 LOADER = "loader search path"
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def read_build_info(prefix: str | os.PathLike | None) -> dict | None:
     """The UCX prefix's build-info.json; None when there is none (not our build) or it is not JSON."""
-    return None if prefix is None else _read_json(Path(prefix) / BUILD_INFO)
+    return None if prefix is None else read_json(Path(prefix) / BUILD_INFO)
 
 
 def read_ucxx_build_info(directory: str | os.PathLike) -> dict | None:
     """The ucxx-build-info.json in `directory` (UCXX wheels our build made, or an environment's SHARE); None when
     there is none or it is not JSON."""
-    return _read_json(Path(directory) / UCXX_BUILD_INFO)
+    return read_json(Path(directory) / UCXX_BUILD_INFO)
 
 
 def prefix_of_library(path: str | None) -> Path | None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..cliutil import Progress
 from ..errors import HASH_MISMATCH, SOURCE_UNREACHABLE, UserError
-from ..fsutil import atomic_path, atomic_write_text, sha256_file
+from ..fsutil import atomic_path, atomic_write_text, read_json, sha256_file
 from ..stack import Artifact, SourceArchive, Stack
 from .gittree import NotASourceArchive, content_tree
 
@@ -113,10 +113,7 @@ def local_dirs(stack: Stack, extra: list[Path] | None = None) -> list[Path]:
 
 
 def read_manifest(d: Path) -> dict:
-    try:
-        return json.loads((d / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json(d / MANIFEST, {})
 
 
 def _update_manifest(d: Path, filename: str, sha256: str, url: str | None) -> None:
