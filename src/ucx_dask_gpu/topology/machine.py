@@ -62,19 +62,13 @@ def pci_location(root: Path, link: Path) -> PciLocation | None:
     """
     devices = (root / "sys" / "devices").resolve()
     try:
-        real = Path(os.path.realpath(link, strict=True)).resolve()
-    except OSError:
-        return None
-    try:
-        parts = real.relative_to(devices).parts
-    except ValueError:
+        parts = Path(os.path.realpath(link, strict=True)).resolve().relative_to(devices).parts
+    except (OSError, ValueError):  # a dangling link, or a device outside sys/devices
         return None
     if not parts or not PCI_ROOT_RE.match(parts[0]):
         return None
-    chain = list(itertools.takewhile(BDF_RE.match, parts[1:]))
-    if not chain:
-        return None
-    return PciLocation(root=parts[0], chain=tuple(chain))
+    chain = tuple(itertools.takewhile(BDF_RE.match, parts[1:]))
+    return PciLocation(root=parts[0], chain=chain) if chain else None
 
 
 def pci_level(a: PciLocation | None, b: PciLocation | None, numa_a: int | None, numa_b: int | None,
@@ -91,11 +85,7 @@ def pci_level(a: PciLocation | None, b: PciLocation | None, numa_a: int | None, 
         if single_numa or (numa_a is not None and numa_a == numa_b):
             return "NODE"
         return "SYS"
-    common = 0
-    for x, y in zip(a.bridges, b.bridges):
-        if x != y:
-            break
-        common += 1
+    common = sum(1 for _ in itertools.takewhile(lambda xy: xy[0] == xy[1], zip(a.bridges, b.bridges)))
     if common == 0:
         return "PHB"
     hops = (len(a.bridges) - common) + (len(b.bridges) - common)
