@@ -1,6 +1,7 @@
 """`nvidia-smi topo -m` text -> Topology: for hosts without NVML access, plans for another host, and tests."""
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 
@@ -88,15 +89,7 @@ def _split_legend(lines: list[str]) -> tuple[dict[str, str], list[str]]:
 
 def _blocks(body: list[str]) -> list[list[str]]:
     """Blocks separated by blank lines; each starts with a header line (first cell empty, i.e. indented)."""
-    blocks: list[list[str]] = []
-    cur: list[str] = []
-    for ln in body + [""]:
-        if ln.strip():
-            cur.append(ln)
-        elif cur:
-            blocks.append(cur)
-            cur = []
-    return blocks
+    return [list(block) for text, block in itertools.groupby(body, key=lambda ln: bool(ln.strip())) if text]
 
 
 def _read_blocks(blocks: list[list[str]], bad):
