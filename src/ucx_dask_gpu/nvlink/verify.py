@@ -192,12 +192,6 @@ class Verifier:
             self.progress(f"cudaMemcpyPeer GPU{src.index}->GPU{dst.index}: FAILED: {err}")
         self.baseline[(src.uuid, dst.uuid)] = entry
 
-    def memcpy_gbps(self, src, dst, size: int) -> float | None:
-        for r in self.baseline.get((src.uuid, dst.uuid), {}).get("results", []) or []:
-            if r["msg_bytes"] == size:
-                return r["gbps"]
-        return None
-
     # one perftest run -----------------------------------------------------------------------------------------------
     def perftest_once(self, run: RunSpec, env: dict, mode: str, src, dst, size: int, n: int, w: int,
                       tag: str) -> dict:
@@ -268,11 +262,12 @@ class Verifier:
         sprobe, serr = self.side.probe_visible(first["server_vis"])
         cprobe, cerr = self.side.probe_visible(first["client_vis"])
         vis = {"server_cuda_visible_devices": first["server_vis"], "client_cuda_visible_devices": first["client_vis"],
-               "server_declared": self.declared(first["server_vis"]), "client_declared": self.declared(first["client_vis"]),
+               "server_declared": self.declared(first["server_vis"]),
+               "client_declared": self.declared(first["client_vis"]),
                "server_probed": sprobe, "client_probed": cprobe, "probe_errors": [e for e in (serr, cerr) if e]}
-        memcpy = {size: self.memcpy_gbps(src, dst, size) for size in self.sizes_for(run)}
-        return pair_record(src, dst, m["mode"], m["sizes"], m["ablation"], self.baseline.get((src.uuid, dst.uuid), {}),
-                           vis, memcpy, self.th, self.mem)
+        baseline = self.baseline.get((src.uuid, dst.uuid), {})
+        memcpy = {r["msg_bytes"]: r["gbps"] for r in baseline.get("results") or []}  # every size the baseline copied
+        return pair_record(src, dst, m["mode"], m["sizes"], m["ablation"], baseline, vis, memcpy, self.th, self.mem)
 
     def run(self) -> list[dict]:
         try:
@@ -328,11 +323,8 @@ def ucx_named_gpus(measured: list[tuple], vis: dict, role: str) -> list[str] | N
     configured list. None when no table names a GPU (lanes evidence, host memory). Recorded on 2xH200 with both GPUs
     visible: the client printed `cuda/GPU1` -- it sent from the destination GPU."""
     order = vis.get(f"{role}_probed") or vis.get(f"{role}_declared") or []
-    found: list[int] = []
-    for *_, r in measured:
-        for t in pt.parse_proto_tables(getattr(r["out"], f"{role}_out")):
-            if t.local_gpu is not None and t.local_gpu not in found:
-                found.append(t.local_gpu)
+    found = {t.local_gpu for *_, r in measured for t in pt.parse_proto_tables(getattr(r["out"], f"{role}_out"))
+             if t.local_gpu is not None}
     if not found:
         return None
     return sorted({order[i] if i < len(order) else f"CUDA device {i} (of {len(order)} visible)" for i in found})
