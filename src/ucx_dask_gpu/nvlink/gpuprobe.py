@@ -13,6 +13,7 @@ need not. Prints one JSON document on stdout; on error one line on stderr and ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -30,7 +31,7 @@ extern "C" __global__ void ucx_dask_gpu_spin(long long cycles) {
 def _uuid_str(raw) -> str | None:
     if raw is None:
         return None
-    b = bytes(raw) if not isinstance(raw, (bytes, bytearray)) else bytes(raw)
+    b = bytes(raw)
     if len(b) != 16:
         return None
     h = b.hex()
@@ -58,14 +59,10 @@ def memcpy_peer(sizes: list[int], samples: int, warmup: int, min_sample_bytes: i
     peer = bool(rt.deviceCanAccessPeer(0, 1))
     if peer:
         for dev, other in ((0, 1), (1, 0)):
-            with cp.cuda.Device(dev):
-                try:
-                    rt.deviceEnablePeerAccess(other)
-                except cp.cuda.runtime.CUDARuntimeError:  # already enabled
-                    pass
+            with cp.cuda.Device(dev), contextlib.suppress(cp.cuda.runtime.CUDARuntimeError):  # already enabled
+                rt.deviceEnablePeerAccess(other)
     # Submitting thousands of small copies from Python can be slower than the GPU runs them, which would time the
     # submission, not the link. A spin kernel ahead of the start event holds the stream while the copies queue up.
-    spin = None
     try:
         with cp.cuda.Device(0):
             spin = cp.RawKernel(SPIN_SRC, "ucx_dask_gpu_spin")
