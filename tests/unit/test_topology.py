@@ -182,6 +182,7 @@ def test_dgx1_plan_cores_and_nics_follow_the_listing():
         assert w.env["UCX_TLS"] == "rc,tcp,cuda_copy,cuda_ipc"
         assert w.env["CUDA_VISIBLE_DEVICES"].split(",")[0] == str(w.gpu)
         assert sorted(map(int, w.env["CUDA_VISIBLE_DEVICES"].split(","))) == list(range(8))
+    assert plan.uses("rc") and plan.uses("cuda_ipc") and not make_plan(topo, gpus="0").uses("cuda_ipc")
     assert {w.gpu: w.nic for w in plan.workers} == {0: "mlx5_0", 1: "mlx5_0", 2: "mlx5_1", 3: "mlx5_1",
                                                     4: "mlx5_2", 5: "mlx5_2", 6: "mlx5_3", 7: "mlx5_3"}
 
@@ -238,8 +239,9 @@ def test_h200_plan():
         assert w.cpus == list(range(32)) and w.numa_nodes == [0]
         assert w.env["UCX_TLS"] == "tcp,cuda_copy,cuda_ipc" and "UCX_NET_DEVICES" not in w.env
     assert [w.cuda_visible_devices for w in plan.workers] == ["0,1", "1,0"]
+    assert plan.uses("cuda_ipc") and not plan.uses("rc")  # the cluster's enable_nvlink / enable_infiniband
     tcp = make_plan(plan.topology, protocol="tcp")
-    assert all(not any(k.startswith("UCX_") for k in w.env) for w in tcp.workers)
+    assert all(not any(k.startswith("UCX_") for k in w.env) for w in tcp.workers) and not tcp.uses("cuda_ipc")
 
 
 def test_gpu_selection_errors():

@@ -51,8 +51,8 @@ def cluster_class() -> type:
             protocol = kwargs.pop("protocol", plan.protocol)
             if protocol in ("ucx", "ucxx"):
                 kwargs.setdefault("enable_tcp_over_ucx", True)
-                kwargs.setdefault("enable_nvlink", plan.uses_cuda_ipc)
-                kwargs.setdefault("enable_infiniband", plan.uses_infiniband)
+                kwargs.setdefault("enable_nvlink", plan.uses("cuda_ipc"))
+                kwargs.setdefault("enable_infiniband", plan.uses("rc"))
             if "interface" not in kwargs and "host" not in kwargs:
                 first = self.settings[plan.workers[0].name].interface
                 if first:

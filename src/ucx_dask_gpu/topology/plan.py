@@ -46,13 +46,9 @@ class Plan:
     workers: list[WorkerPlan]
     notes: list[str]
 
-    @property
-    def uses_infiniband(self) -> bool:
-        return any("rc" in w.env.get("UCX_TLS", "").split(",") for w in self.workers)
-
-    @property
-    def uses_cuda_ipc(self) -> bool:
-        return any("cuda_ipc" in w.env.get("UCX_TLS", "").split(",") for w in self.workers)
+    def uses(self, transport: str) -> bool:
+        """Whether a worker's UCX_TLS names `transport` (rc: InfiniBand, cuda_ipc: NVLink)."""
+        return any(transport in w.env.get("UCX_TLS", "").split(",") for w in self.workers)
 
     def to_dict(self) -> dict:
         return {
