@@ -77,13 +77,6 @@ def _probe(mode: str, target: str, env: dict | None = None) -> dict:
 
 # --- sections --------------------------------------------------------------------------------------------------
 
-def _stack() -> tuple[Stack | None, str | None]:
-    try:
-        return load(), None
-    except UserError as e:
-        return None, str(e)
-
-
 def stack_id() -> dict:
     """This environment's stack id, computed from its installed distributions as the guard computes it."""
     return {"id": identity.stack_id(), "source": "computed from this environment's installed distributions "
@@ -175,7 +168,7 @@ def ucxx_provenance(share: Path | None = None) -> dict:
             "built_against_ucx": (info.get("ucx") or {}).get("version")}
 
 
-def ucxx_section(ours: dict, st: Stack | None) -> dict:
+def ucxx_section(st: Stack | None) -> dict:
     ucxx = _dist("ucxx-cu13", "ucxx-cu12", "ucxx")
     dask_ucxx = _dist("distributed-ucxx-cu13", "distributed-ucxx-cu12", "distributed-ucxx")
     libucx = _dist("libucx-cu13", "libucx-cu12", "libucx")
@@ -298,9 +291,12 @@ def config_section() -> dict:
 
 
 def collect(prefix_arg: str | None) -> dict:
-    st = _stack()[0]
+    try:
+        st = load()
+    except UserError:  # no readable stack.toml: the sections report without its UCX prefix and minimum
+        st = None
     ucx = ucx_section(prefix_arg, st)
-    return {"host": socket.gethostname(), "stack": stack_id(), "ucx": ucx, "ucxx": ucxx_section(ucx, st),
+    return {"host": socket.gethostname(), "stack": stack_id(), "ucx": ucx, "ucxx": ucxx_section(st),
             "cuda": cuda_section(), "gpu": gpu_section(), "transports": transports_section(ucx),
             "config": config_section()}
 
