@@ -205,12 +205,9 @@ def pinned_array(client, workers: list[str], shape: tuple, chunks: tuple, seed: 
 
     norm = normalize_chunks(chunks, shape, dtype="float64")
     name = f"input-{seed}"
-    futures = []
-    for i, rows in enumerate(norm[0]):
-        for j, cols in enumerate(norm[1]):
-            futures.append(client.submit(make_block, seed * 100_003 + i * len(norm[1]) + j, (rows, cols), gpu,
-                                         key=(name, i, j), workers=[workers[i % len(workers)]],
-                                         allow_other_workers=False, pure=False))
+    futures = [client.submit(make_block, seed * 100_003 + i * len(norm[1]) + j, (rows, cols), gpu, key=(name, i, j),
+                             workers=[workers[i % len(workers)]], allow_other_workers=False, pure=False)
+               for i, rows in enumerate(norm[0]) for j, cols in enumerate(norm[1])]
     from distributed import wait
 
     wait(futures)
