@@ -149,10 +149,7 @@ def _their_python(ident: dict | None, versions: dict | None) -> str | None:
 
 def package_diff(ours: dict[str, str | None], theirs: dict[str, str | None],
                  only: set[str] | None = None) -> list[tuple[str, str | None, str | None]]:
-    """[(name, our version, their version)] where they differ (None = not installed), sorted by name.
-
-    `only` restricts the comparison to these names.
-    """
+    """[(name, our version, their version)] where they differ (None = not installed), sorted by name."""
     names = set(ours) | set(theirs) if only is None else only
     return [(n, ours.get(n), theirs.get(n)) for n in sorted(names) if ours.get(n) != theirs.get(n)]
 
