@@ -87,6 +87,22 @@ class BatchedSendIntervals(SchedulerPlugin):
             scheduler.loop.add_callback(lambda: _set(scheduler.client_comms.get(client), self.to_client))
 
 
+def set_intervals(seconds: dict[str, float], dask_worker=None, client=None) -> None:
+    """Set every stream a role has now, by our keys' names (seconds; a name left out is left alone): how a benchmark
+    measures interval variants in one running cluster (`client.run_on_scheduler(set_intervals, s)`,
+    `client.run(set_intervals, s)`, `set_intervals(s, client=client)`). distributed passes the server that runs it
+    as `dask_worker`, the scheduler included."""
+    if isinstance(dask_worker, Scheduler):
+        for stream in dask_worker.stream_comms.values():
+            _set(stream, seconds.get("scheduler-interval"))
+        for stream in dask_worker.client_comms.values():
+            _set(stream, seconds.get("scheduler-client-interval"))
+    elif isinstance(dask_worker, Worker):
+        _set(dask_worker.batched_stream, seconds.get("worker-interval"))
+    if client is not None:
+        _set(client.scheduler_comm, seconds.get("client-interval"))
+
+
 def intervals_in_force(dask_worker) -> dict[str, float]:
     """The interval (seconds) each BatchedSend of a role (client, worker or scheduler) uses now, by our key's name;
     also as `client.run(intervals_in_force)` / `client.run_on_scheduler(intervals_in_force)`."""
