@@ -31,7 +31,7 @@ def one_line(proc: subprocess.CompletedProcess) -> bool:
     return len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
-def _in_process(call) -> int:
+def in_process(call) -> int:
     try:
         call()
         return 0
@@ -54,7 +54,7 @@ COMMANDS = {
     "config install --dest": (lambda d, s: udg("config", "install", "--dest", d).returncode,
                               ["ucx-dask-gpu.yaml", "ucx-dask-gpu-tuned.yaml"]),
     "workload from-map PATH": (_from_map, ["part-00000.parquet", "part-00001.parquet"]),
-    "bench/verify-nvlink --out": (lambda d, s: _in_process(lambda: report.write_report(
+    "bench/verify-nvlink --out": (lambda d, s: in_process(lambda: report.write_report(
         d, "verify-nvlink", {"pairs": []}, "# report", b"\x89PNG", "ucx-dask-gpu verify-nvlink")),
                                   ["verify-nvlink.json", "command.txt"]),
 }
@@ -90,9 +90,10 @@ def intact(d: Path, files: dict[str, bytes]) -> bool:
     return all((d / rel).is_file() and (d / rel).read_bytes() == data for rel, data in files.items())
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_the_users_files_survive_every_run(command):
-    run, names = COMMANDS[command]
+def users_files_survive_two_runs(run, names: list[str]) -> None:
+    """The property every directory-writing command keeps: the user's files planted before the first run and between
+    the runs are all still there, whatever each run answers; with none planted, the second run replaces the first's
+    output."""
 
     # few examples, the same on every run (real processes, a few seconds each); no example database in the checkout
     @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
@@ -113,6 +114,11 @@ def test_the_users_files_survive_every_run(command):
                 assert first == second == 0, "a second run over its own output alone must replace it"
 
     property_()
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_the_users_files_survive_every_run(command):
+    users_files_survive_two_runs(*COMMANDS[command])
 
 
 # --- each case of issue 30, as a user meets it ----------------------------------------------------------------------

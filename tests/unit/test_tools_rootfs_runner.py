@@ -10,13 +10,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 
-from test_owned_dirs import ANSWERS, full_disk, intact, one_line, plant, plantable  # noqa: F401 (full_disk: fixture)
+from test_owned_dirs import (full_disk, in_process, one_line,  # noqa: F401 (full_disk: fixture)
+                             users_files_survive_two_runs)
 from tools.rootfs_runner import chroot, cli, rootfs
 from ucx_dask_gpu.cliutil import SIZE_HELP, parse_size
 from ucx_dask_gpu.errors import OUTPUT_REFUSED, ROOTFS_INVALID, USAGE, UserError
@@ -279,14 +278,6 @@ def small_export(scratch: Path) -> Path:
     return scratch / "export"
 
 
-def _in_process(call) -> int:
-    try:
-        call()
-        return 0
-    except UserError as e:
-        return e.exit_code
-
-
 def _export_once(scratch: Path) -> Path:
     return scratch / "export" if (scratch / "export").exists() else small_export(scratch)
 
@@ -300,34 +291,17 @@ def _receive(d: Path, scratch: Path) -> int:
 # Each writer of a directory: how it writes D (its exit code), and names it writes there.
 WRITERS = {
     "receive --parts": (_receive, ["manifest.json", "rootfs.tar.xz.000", "image-config.json"]),
-    "export DIR": (lambda d, s: _in_process(lambda: rootfs.pack(
+    "export DIR": (lambda d, s: in_process(lambda: rootfs.pack(
         ["tar", "-c", "-C", str(REPO / "docker"), "-f", "-", "."], d, {"image": "t"}, {}, part_size=MIB, level=1,
         compression="xz")), ["batch-01", "manifest.json", "batch-01/manifest.json"]),
-    "run --root": (lambda d, s: _in_process(lambda: rootfs.unpack(d, _export_once(s) / "batch-01")),
+    "run --root": (lambda d, s: in_process(lambda: rootfs.unpack(d, _export_once(s) / "batch-01")),
                    ["etc", "etc/hostname"]),
 }
 
 
 @pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_the_users_files_survive_every_run(writer):
-    run, names = WRITERS[writer]
-
-    @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
-    @given(before=plantable(names), between=plantable(names))
-    def property_(before, between):
-        with tempfile.TemporaryDirectory() as tmp:
-            scratch, d = Path(tmp) / "scratch", Path(tmp) / "d"
-            scratch.mkdir()
-            mine = plant(d, before) if before else {}
-            first = run(d, scratch)
-            assert first in ANSWERS and intact(d, mine), first
-            mine.update(plant(d, between) if d.is_dir() else {})
-            second = run(d, scratch)
-            assert second in ANSWERS and intact(d, mine), second
-            if not mine:
-                assert first == second == 0, "a second run over its own output alone must replace it"
-
-    property_()
+    users_files_survive_two_runs(*WRITERS[writer])
 
 
 def _outputs() -> dict[tuple[str, str], argparse.Action]:
