@@ -59,16 +59,19 @@ build/sources.stamp: stack.toml
 # The venv runs on our stack: the hashed lock (no UCXX, no libucx wheel), our UCXX wheels --no-deps on top with a
 # start-up preload of our UCX's libucp (ucx-src-build/build.sh install-ucxx: UCXX loads no other UCX), this package,
 # and the launchers the tests generate commands with (stack.toml [test_tools], hash-locked on the same versions).
+# In two steps: all but UCXX needs nothing built (`make test` installs it while UCX compiles), then our UCXX wheels.
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml stack.toml $(IMAGE_LOCK) $(TEST_TOOLS_LOCK) $(UCXX_WHEELS).stamp
+$(VENV)/.base: pyproject.toml stack.toml $(IMAGE_LOCK) $(TEST_TOOLS_LOCK)
 	$(PY) -m venv --clear $(VENV)
 	$(VPY) -m pip install -q --require-hashes -r $(IMAGE_LOCK)
-	ucx-src-build/build.sh install-ucxx --python $(VPY) --wheels $(UCXX_WHEELS) --ucx-prefix $(UCX_PREFIX)
 	$(VPY) -m pip install -q -e '.[test]'
 	$(VPY) -m pip install -q --require-hashes -r $(TEST_TOOLS_LOCK)
-	$(VPY) -m pip check
 	@# The SBOM generator at the version stack.toml [sbom] pins (its output is part of the image's bytes).
 	$(VPY) -m pip install -q "$$($(VPY) -m ucx_dask_gpu stack get sbom.generator)==$$($(VPY) -m ucx_dask_gpu stack get sbom.generator_version)"
+	touch $@
+$(VENV)/.installed: $(VENV)/.base $(UCXX_WHEELS).stamp
+	ucx-src-build/build.sh install-ucxx --python $(VPY) --wheels $(UCXX_WHEELS) --ucx-prefix $(UCX_PREFIX)
+	$(VPY) -m pip check
 	touch $@
 
 # UCX from verified source (ucx-src-build/README.md); downloads cached in .cache/sources. The integration tests use
@@ -131,5 +134,11 @@ channel: prereqs venv
 unit: venv
 	$(VPY) -m pytest -q tests/unit
 
-test: sources prereqs venv ucx ucxx
-	$(VPY) -m pytest tests --durations=30
+# Two pytest-xdist workers, handed groups of test modules longest first (the Docker engine's, the conda channel's, the
+# two-clone rebuild's, then each other module: tests/conftest.py). TEST_WORKERS=0: one process, in that order.
+TEST_WORKERS ?= 2
+test: sources prereqs
+	@# The venv's downloads and installs run while UCX compiles; UCXX needs that UCX, the venv its wheels.
+	$(MAKE) -j2 ucx $(VENV)/.base
+	$(MAKE) ucxx venv
+	$(VPY) -m pytest tests --durations=30 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)

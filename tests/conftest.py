@@ -3,6 +3,7 @@ wheel, a real distribution under another version; the image built the way a user
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -23,6 +24,38 @@ REPO = Path(__file__).resolve().parents[1]
 # print "Entering directory" lines and "make[1]:" prefixes that a user never sees.
 for _var in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
     os.environ.pop(_var, None)
+
+
+# `make test` runs the suite on two pytest-xdist workers (`--dist loadscope --no-loadscope-reorder`), a group of
+# tests at a time, longest first: the modules whose tests share the one Docker engine's containers (any test marked
+# docker) in order on one worker; the conda channel's module (its channel built once, a library rebuilt) on the other;
+# then the two-clone rebuild (its image builds, like every image build, under the run's docker lock:
+# tests/integration/conftest.py); every other module whole on a worker (its fixtures made once). The grouping is the
+# scheduler's own (below): xdist's `xdist_group` marks do not reach pytest 9.2's node ids.
+GROUP_RANKS = {"docker-engine": 0, "conda-channel": 1, "two-clone-rebuild": 2}
+MODULES_ALONE = {"test_conda_channel.py": "conda-channel", "test_reproducible_image.py": "two-clone-rebuild"}
+
+
+@functools.lru_cache(maxsize=None)
+def module_group(module: str) -> str:
+    """The worker group of a test module (its path from the repository, as in node ids)."""
+    if Path(module).name in MODULES_ALONE:
+        return MODULES_ALONE[Path(module).name]
+    return "docker-engine" if "mark.docker" in (REPO / module).read_text() else module
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: GROUP_RANKS.get(module_group(item.nodeid.split("::")[0]), len(GROUP_RANKS)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModuleGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return module_group(nodeid.split("::")[0])
+
+    return ByModuleGroup(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,9 @@ cannot leak in) and DASK_CONFIG at the config under test (usually the shipped on
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import os
 import subprocess
 import sys
@@ -72,16 +75,54 @@ def shipped_config(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def engine():
+def docker_lock(tmp_path_factory) -> Path:
+    """A lock file shared by every worker of this test run (`make test` runs two, tests/conftest.py says how), held
+    around what changes the one Docker engine for both: starting it, building an image, the Debian bases (also a
+    command's --docker-lock)."""
+    root = tmp_path_factory.getbasetemp()
+    return (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "docker.lock"
+
+
+@contextlib.contextmanager
+def one_worker_at_a_time(lock: Path):
+    """Holds `lock` (an flock): the other worker waits, then finds the engine started, the image built."""
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def docker_exclusive(docker_lock):
+    """`with docker_exclusive():` holds the run's docker lock (one_worker_at_a_time)."""
+    return functools.partial(one_worker_at_a_time, docker_lock)
+
+
+@pytest.fixture(scope="session")
+def engine(docker_exclusive):
     """A Docker engine that answers (started when none runs, as root)."""
     from tools.docker_engine import ensure_engine
 
-    return ensure_engine(allow_start=True)
+    with docker_exclusive():
+        return ensure_engine(allow_start=True)
 
 
 # A tag of its own for the image under test (a checkout that must not rebuild the image others test), e.g.
 # ucx-dask-gpu:my-branch; unset: the default tag ([image].name:[stack].version).
 IMAGE_TAG_ENV = "UCX_DASK_GPU_TEST_IMAGE_TAG"
+
+
+@pytest.fixture(scope="session")
+def build_image(build_image, docker_exclusive):
+    """tests/conftest.py's build_image under the run's docker lock: no image build overlaps another worker's, nor the
+    reproducibility check's (which bootstraps the Debian bases again, moving their tags)."""
+    def locked(*args: str, **kwargs) -> dict:
+        with docker_exclusive():
+            return build_image(*args, **kwargs)
+
+    return locked
 
 
 @pytest.fixture(scope="session")

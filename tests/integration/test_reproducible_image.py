@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.docker_engine import ensure_engine, install_host_packages
+from tools.docker_engine import install_host_packages
 from tools.repro_check import check as reprocheck
 from ucx_dask_gpu.image import bases, normalise
 from ucx_dask_gpu.image import labels as image_labels
@@ -86,10 +86,10 @@ def cache() -> Path:
 
 
 @pytest.fixture(scope="module")
-def base(st, cache) -> str:
+def base(st, cache, engine, docker_exclusive) -> str:
     """The debootstrapped runtime base (the image's own); $UCX_DASK_GPU_TEST_BASE names another existing image."""
-    ensure_engine(allow_start=True)
-    return os.environ.get("UCX_DASK_GPU_TEST_BASE") or bases.ensure_base(st, "runtime", cache)
+    with docker_exclusive():
+        return os.environ.get("UCX_DASK_GPU_TEST_BASE") or bases.ensure_base(st, "runtime", cache)
 
 
 # --- small images ------------------------------------------------------------------------------------------------
@@ -182,9 +182,10 @@ def test_docker_keeps_exactly_the_normalised_bytes(small, tmp_path):
     assert digests == a.diff_ids
 
 
-def test_the_archive_is_an_oci_layout_and_a_docker_archive_for_skopeo(small, tmp_path):
+def test_the_archive_is_an_oci_layout_and_a_docker_archive_for_skopeo(small, tmp_path, docker_exclusive):
     """An independent reader (skopeo, from Debian) takes the archive as OCI layout and as docker-archive."""
-    install_host_packages()                      # stack.toml [debian].image_host_packages, skopeo among them
+    with docker_exclusive():
+        install_host_packages()                  # stack.toml [debian].image_host_packages, skopeo among them
     skopeo = shutil.which("skopeo")
     assert skopeo, "skopeo is not installed (stack.toml [debian].image_host_packages)"
     a = small["outs"][0]
@@ -249,7 +250,7 @@ def image(st, cache, image) -> dict:
 
 
 @pytest.fixture(scope="module")
-def second_build_from_a_clone(image, st, tmp_path_factory) -> dict:
+def second_build_from_a_clone(image, st, tmp_path_factory, docker_lock) -> dict:
     """What CI runs (docs/reproducibility.md): a fresh clone of this checkout's commit at another, deeper path, under
     umask 077, another locale and time zone, builds the UCX prefix, the UCXX wheels and the image with nothing cached
     (its own build caches, docker build --no-cache, the Debian bases bootstrapped again); compared with this
@@ -258,7 +259,8 @@ def second_build_from_a_clone(image, st, tmp_path_factory) -> dict:
     clone = tmp / "some" / "deeper" / "path" / "than" / "the" / "checkout" / "ucx-dask-gpu"
     out = tmp / "check.json"
     proc = subprocess.run([str(ROOT / "scripts" / "check_reproducible.sh"), "--against-checkout",
-                           "--first", image["tag"], "--fresh-bases", "--clone-dir", str(clone), "--json", str(out)],
+                           "--first", image["tag"], "--fresh-bases", "--clone-dir", str(clone), "--json", str(out),
+                           "--docker-lock", str(docker_lock)],
                           cwd=ROOT, stdout=subprocess.PIPE, stderr=None, text=True, timeout=5400)
     print(proc.stdout)
     report = json.loads(out.read_text()) if out.is_file() else {}

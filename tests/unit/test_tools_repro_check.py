@@ -17,7 +17,6 @@ import pytest
 from tools.repro_check import check as reprocheck
 from tools.repro_check import cli
 from ucx_dask_gpu.errors import OUTPUT_REFUSED, USAGE
-from ucx_dask_gpu.oci.tarnorm import tar_tree
 from ucx_dask_gpu.stack import load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,10 +142,10 @@ def test_prefix_tar_keeps_modes_drops_owners_and_build_times(st, tmp_path):
         os.utime(t / "bin" / "ucx_info", (mtime, mtime))
         trees.append(t)
     os.chown(trees[1] / "bin" / "ucx_info", 4321, 4321)
-    ra, rb = (tar_tree(t, tmp_path / f"{t.name}.tar", e) for t in trees)
+    ra, rb = (reprocheck.tar_tree(t, tmp_path / f"{t.name}.tar", e) for t in trees)
     assert ra.sha256 == rb.sha256, "a later build time and another owner give the same tar"
     (trees[1] / "bin" / "ucx_info").chmod(0o700)
-    rc = tar_tree(trees[1], tmp_path / "c.tar", e)
+    rc = reprocheck.tar_tree(trees[1], tmp_path / "c.tar", e)
     assert rc.sha256 != ra.sha256
     assert reprocheck.first_tree_difference([x.as_list() for x in ra.entries],
                                             [x.as_list() for x in rc.entries])["path"] == "bin/ucx_info"

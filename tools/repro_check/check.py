@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zipfile
@@ -29,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ucx_dask_gpu.cliutil import Progress
-from ucx_dask_gpu.errors import BUILD_FAILED, OUTPUT_REFUSED, USAGE, UserError
-from ucx_dask_gpu.fsutil import sha256_file
+from ucx_dask_gpu.errors import BAD_ARCHIVE, BUILD_FAILED, OUTPUT_REFUSED, USAGE, UserError
+from ucx_dask_gpu.fsutil import atomic_path, sha256_file
 from ucx_dask_gpu.image import leftovers, normalise
 from ucx_dask_gpu.image.bases import KINDS
 from ucx_dask_gpu.image.build import link_or_copy
@@ -40,7 +41,7 @@ from ucx_dask_gpu.image.paths import (CACHE_ENV, UCX_SOURCES, UCXX_WHEELS_ENV, b
 from ucx_dask_gpu.image.wheelhouse import wheelhouse_dir
 from ucx_dask_gpu.oci.compare import compare as compare_images
 from ucx_dask_gpu.oci.compare import render_compare
-from ucx_dask_gpu.oci.tarnorm import sort_key, tar_tree
+from ucx_dask_gpu.oci.tarnorm import NormaliseResult, normalise_tar, sort_key
 from ucx_dask_gpu.stack import STACK_ENV, Stack
 from ucx_dask_gpu.ucx.install import BUILD_INFO, read_ucxx_build_info
 from ucx_dask_gpu.ucxbuild.fetch import CACHE_ENV as SOURCE_CACHE_ENV
@@ -264,6 +265,27 @@ def remove_images(st: Stack, b: Build, lock: Path | None) -> None:
 
 
 # --- what two builds made ------------------------------------------------------------------------------------------
+
+def _owned_by_root(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    return ti
+
+
+def tar_tree(root: str | os.PathLike, dest: str | os.PathLike, epoch: int) -> NormaliseResult:
+    """A directory (e.g. a UCX prefix) as a normal-form tar of its contents, owned by 0:0 (who built it must not
+    matter), written to `dest` whole or not at all. Two trees give the same bytes exactly when their paths, types,
+    permission bits, contents and link targets agree (mtimes are clamped to `epoch`)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"{root}: not a directory", BAD_ARCHIVE)
+    with tempfile.TemporaryFile() as raw, atomic_path(dest) as tmp:
+        with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as t:
+            t.add(root, arcname=".", filter=_owned_by_root)
+        raw.seek(0)
+        with tarfile.open(fileobj=raw, mode="r") as src, open(tmp, "wb") as out:
+            return normalise_tar(src, out, epoch, where=str(root))
+
 
 def record_outputs(st: Stack, b: Build, work: Path) -> None:
     """The prefix as a normal-form tar (its sha256 and entry list) and every wheel's sha256."""

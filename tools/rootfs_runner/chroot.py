@@ -270,16 +270,20 @@ class Runner:
             return self._stop()
 
     def _stop(self) -> dict:
-        for r in self.roles:
-            if r.proc and r.proc.poll() is None:
-                _signal_session(r.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for r in self.roles:
-            if r.proc:
-                try:
-                    r.proc.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
+        # The scheduler last, as the product's cluster stops its containers: workers told to close by a scheduler
+        # that is closing while their nannies take SIGTERM race each other's teardown.
+        last = [r for r in self.roles if r.name == "scheduler"]
+        for group in ([r for r in self.roles if r not in last], last):
+            deadline = time.monotonic() + STOP_GRACE_S
+            for r in group:
+                if r.proc and r.proc.poll() is None:
+                    _signal_session(r.proc.pid, signal.SIGTERM)
+            for r in group:
+                if r.proc:
+                    try:
+                        r.proc.wait(max(0.1, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        pass
         for r in self.roles:
             if r.proc:
                 _signal_session(r.proc.pid, signal.SIGKILL)
