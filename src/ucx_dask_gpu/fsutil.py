@@ -64,13 +64,10 @@ def mapped_library(name: str, pid: int | str = "self") -> str | None:
 
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike, replace_dir: bool = False) -> Iterator[Path]:
-    """Yield a temporary path next to `dest`; rename it over `dest` only if the block succeeds.
-
-    Works for files and directories (whatever the caller creates at the yielded path). A directory standing at `dest`
-    is replaced only with `replace_dir=True`, which is for directories the caller made itself (a cache entry, its own
-    earlier output, checked as such); otherwise the block's result is dropped, IsADirectoryError is raised and the
-    directory stays as it was.
-    """
+    """Yield a temporary path next to `dest`; rename it over `dest` only if the block succeeds. Works for files and
+    directories (whatever the caller creates at the yielded path). A directory standing at `dest` is replaced only with
+    `replace_dir=True`, which is for directories the caller made itself (a cache entry, its own earlier output, checked
+    as such); otherwise the block's result is dropped, IsADirectoryError is raised and the directory stays as it was."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))

@@ -111,11 +111,9 @@ def _p2p_nvlink_ok(n, ha, hb) -> bool:
 
 
 def attribute_unnamed_links(gpus: list[Gpu], nvlink_p2p_ok) -> None:
-    """Give links whose peer NVML could not name (a bus id that is no GPU here) to the peer P2P status points at.
-
-    Only when exactly one other GPU is reachable over NVLink is the answer unambiguous; otherwise the links keep the
-    unknown id (an NVSwitch, or a VM hiding several peers) and callers treat them as not attributable.
-    """
+    """Give links whose peer NVML could not name (a bus id that is no GPU here) to the peer P2P status points at. Only
+    when exactly one other GPU is reachable over NVLink is the answer unambiguous; otherwise the links keep the unknown
+    id (an NVSwitch, or a VM hiding several peers) and callers treat them as not attributable."""
     known = {g.pci_bus_id for g in gpus}
     for g in gpus:
         unnamed = [ln for ln, peer in g.links.items() if peer not in known]
@@ -136,11 +134,9 @@ def attribute_unnamed_links(gpus: list[Gpu], nvlink_p2p_ok) -> None:
 
 
 def _link_speed_gbps(n, handle, link: int = 0) -> float | None:
-    """Per-link, per-direction speed from NVML (MB/s -> GB/s); None when the driver does not say.
-
-    On H200 with driver 580 the "common" speed field (90) answers NOT_SUPPORTED while the per-link
-    NVLINK_GET_SPEED field (164, scopeId = link) works, so ask for that first.
-    """
+    """Per-link, per-direction speed from NVML (MB/s -> GB/s); None when the driver does not say. On H200 with driver
+    580 the "common" speed field (90) answers NOT_SUPPORTED while the per-link NVLINK_GET_SPEED field (164, scopeId =
+    link) works, so ask for that first."""
     for field_id, scope in ((FI_NVLINK_GET_SPEED, link), (FI_NVLINK_SPEED_MBPS_COMMON, 0)):
         try:
             (val,) = n.nvmlDeviceGetFieldValues(handle, [(field_id, scope)])
@@ -195,10 +191,8 @@ KIB = 1024  # the throughput fields count KiB
 
 @dataclass
 class NvlinkThroughput:
-    """Cumulative NVLink throughput counters of one GPU, in BYTES (NVML counts KiB; converted here).
-
-    `total` is the all-links aggregate (scopeId UINT_MAX), `links` the per-link values; a counter the driver does
-    not answer is None.
+    """Cumulative NVLink throughput counters of one GPU, in BYTES (NVML counts KiB; converted here). `total` is the
+    all-links aggregate (scopeId UINT_MAX), `links` the per-link values; a counter the driver does not answer is None.
     """
 
     uuid: str

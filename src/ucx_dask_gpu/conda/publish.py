@@ -1,11 +1,8 @@
-"""What may be published: the packages of the directories an upload reads, none of them built with stand-ins.
-
-A package `make channel` builds on a host without channel access had its compilers, sysroot, CUDA and libraries
-stood in for by that machine's (tools/conda_standin): it proves the recipes build, it is not a package for users. It
-says so twice, in about.json `extra.standin` and in a build string ending in `_standin`; either one makes check()
-refuse the whole upload before anything is sent (ci/conda_upload.sh, the conda workflow's upload job). Two files of
-one name in the directories given (the same noarch package from two build jobs) are refused too: no copy wins
-silently.
+"""What may be published: the packages of the directories an upload reads, none of them built with stand-ins
+(docs/conda.md says what is refused). A package `make channel` builds on a host without channel access had its
+compilers, sysroot, CUDA and libraries stood in for by that machine's (tools/conda_standin): it proves the recipes
+build, it is not a package for users. Two files of one name (the same noarch package from two build jobs) are refused
+too: no copy wins silently.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Render the v1 recipes with the real rattler-build (py-rattler-build), for every variant, and check them.
 
-The recipes are packed first (settings.pack: the patches of ucx-src-build copied in and listed), as a build or a
-feedstock takes them. rattler-build parses each recipe.yaml (its schema: unknown keys, wrong types and bad Jinja are
-errors), evaluates it for every combination of the variant config (variants.py) on linux-64 and linux-aarch64, and
-gives the rendered (stage1) recipe of every output.
+The recipes are packed first (settings.pack), as a build or a feedstock takes them; rattler-build refuses what breaks
+its schema (unknown keys, wrong types, bad Jinja) and renders every variant (variants.py) on PLATFORMS.
 What rattler-build does not check and conda-smithy's linter would (about, maintainers, tests, checksums, `stdlib`
 with compilers, CFEP-25 for noarch python, build strings) and what this project requires (no CPU-only variant, the
 rendered recipes agree with stack.toml and the lock, the generated lines are up to date) is checked here, on

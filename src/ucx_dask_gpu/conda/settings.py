@@ -1,15 +1,10 @@
 """The recipe files generated from stack.toml (`conda regen`), and the recipes packed for a build or a feedstock
-(`conda pack`).
+(`conda pack`); docs/conda.md says which lines and files are generated and what pack adds.
 
-stack.toml is the only place a version, URL or sha256 is written. The recipes are self-contained (a feedstock copies
-one folder), so the values they need are written INTO them by `ucx-dask-gpu conda regen` (`make regen`), between
-"Generated from stack.toml" and "End of generated lines" markers, and into the files that are generated whole
-(`generated_files` names every one); `conda regen --check` (and the recipe check of `conda lint|channel`) reports
-drift without writing.
-
-The patches the from-source build carries (ucx-src-build/patches/<UCX version>/, patches/ucxx-<UCXX version>/) are
-stored there once: `pack` copies every one of them into the packed recipe's patches/ and lists them where the recipe
-says (a `# <conda pack: patches>` line in its source), so a patch added to that folder is in the next package.
+stack.toml is the only place a version, URL or sha256 is written, yet a feedstock copies one recipe folder: so the
+values are written INTO the recipes, between "Generated from stack.toml" and "End of generated lines" markers, and
+into the files generated whole (`generated_files`). The carried patches stay in ucx-src-build/patches; `pack` copies
+them in.
 """
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
-"""The variant config a recipe renders with, stacked as conda-smithy stacks a feedstock's.
-
-On conda-forge a feedstock renders with the global pinning (conda-forge-pinning's conda_build_config.yaml), then the
-migrators it opted into, then its own recipe/conda_build_config.yaml, selectors evaluated for each platform with
-`CF_CUDA_ENABLED=True` (what CUDA feedstocks set). A migrator is not a plain variant file: its `__migrator` and
-`migrator_ts` keys are dropped and, for `operation: key_add`, its values are APPENDED to the pinning's lists (the cuda130
-migrator turns cuda_compiler_version [None, 12.9] into [None, 12.9, 13.0], with c_stdlib_version and the compiler
-versions zipped alongside). The feedstock's own file may then override keys, keeping zipped lists the same length:
-rattler-build refuses anything else (InvalidZipKeyLength), as conda-smithy does.
-
-conda-forge-pinning's recipe/ folder is looked for at $UCX_DASK_GPU_CONDA_PINNING, else at stack.toml
-[conda].pinning. Where it is absent, recipes/conda_build_config.yaml, generated from stack.toml, stands in for the
-pinning + migrators, and the recipe's own file applies on top of it the same way.
+"""The variant config a recipe renders with, stacked as conda-smithy stacks a feedstock's (docs/conda.md, "Variants"):
+the global pinning, the migrators the feedstocks opt into, then the recipe's own conda_build_config.yaml; where the
+pinning is absent, recipes/conda_build_config.yaml (generated from stack.toml) stands in for pinning + migrators. A
+migrator is not a plain variant file: for `operation: key_add` its values are APPENDED to the pinning's lists, and
+the recipe's own file may override keys only keeping zipped lists the same length: rattler-build refuses anything
+else (InvalidZipKeyLength), as conda-smithy does.
 """
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """The dask config the image and the conda package ship: guard preloads, timeouts, shutdown, the UCX transports and
 the measured settings; and which of it a process has in force.
 
-`ucx-dask-gpu config install --dest DIR` writes them into a dask config directory, all or none: ucx-dask-gpu.yaml
-(every host), ucx-dask-gpu-transports.yaml (one of TRANSPORTS) and, unless --no-tuned, ucx-dask-gpu-tuned.yaml (the
-settings the benchmarks measured, each line saying its evidence; harmless on hosts without GPUs). `auto` leaves the
-transports to UCX on every host (GPU or not), so a process that reads only /etc/dask (Apptainer `exec`, a Kubernetes
-`command:`, a user's own DASK_CONFIG next to it) gets what the entrypoint would give it; `cpu` and `gpu` pin UCX_TLS
-and are opt-in.
+`ucx-dask-gpu config install --dest DIR` writes them into a dask config directory, all or none (docs/environment-gate.md
+says what each file holds). `auto` leaves the transports to UCX on every host (GPU or not), so a process that reads
+only /etc/dask (Apptainer `exec`, a Kubernetes `command:`, a user's own DASK_CONFIG next to it) gets what the
+entrypoint would give it.
 
 Only the standard library at import and in `install`: the conda package's build script runs `config install`.
 """
@@ -151,11 +149,8 @@ def configured_worker_preloads() -> list[str]:
 
 def add_worker_preloads(nanny, modules: list[str]) -> None:
     """Make a nanny's worker process load `modules` too (in this order, after the launcher's own), even when the
-    launcher passed its own preload list.
-
-    `dask cuda worker` and LocalCUDACluster give the nanny preload=[..., "dask_cuda.initialize"], which replaces
-    distributed.worker.preload from config.
-    """
+    launcher passed its own preload list: `dask cuda worker` and LocalCUDACluster give the nanny
+    preload=[..., "dask_cuda.initialize"], which replaces distributed.worker.preload from config."""
     preload = [nanny.preload] if isinstance(nanny.preload, str) else list(nanny.preload or [])
     if not preload:
         # `dask worker` without --preload gives the nanny an empty list, and its worker then reads

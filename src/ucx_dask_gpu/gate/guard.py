@@ -11,9 +11,7 @@ How each role takes part (distributed 2026.7):
   Each refusal is ONE line in the scheduler's log.
 - nanny: `dask_setup` makes sure a scheduler answers and asks it ("admit", `_admit_or_exit`) before it starts a
   worker process: a refused nanny logs the scheduler's one-line reason and ends with ENV_MISMATCH, with nothing to
-  unwind and no traceback. It also adds this module to its worker's preloads (`add_worker_preloads`). (`dask worker
-  --preload X` replaces the configured list and that CLI ignores distributed.nanny.preload: add `--preload
-  ucx_dask_gpu.gate.guard`.)
+  unwind and no traceback. It also adds this module to its worker's preloads (`add_worker_preloads`).
 - worker: `dask_setup` adds our identity to the worker's startup information, which the worker sends as `extra` in
   "register-worker"; a worker without a nanny asks "admit" first, as a nanny does. A worker refused at registration
   (it skipped the question) gets status "error", so `Worker.start` raises and the process exits.
@@ -21,8 +19,6 @@ How each role takes part (distributed 2026.7):
   `Client.__init__`, before connecting. Importing it adds our identity to `distributed.versions.get_versions()`,
   which the client sends in "register-client"; a refusal comes back as the "stream-start" error that makes
   `Client(...)` raise ImportError with our message.
-A peer that did not load this module is refused too (it cannot show its environment); the message says how to load
-it.
 """
 from __future__ import annotations
 
@@ -195,13 +191,10 @@ def _label(server) -> str:
 
 
 async def _admit_or_exit(server) -> None:
-    """Make sure a Dask scheduler answers, then ask it whether this worker may join; else one line and exit.
-
-    One deadline for both (await_scheduler says what it waits out): `--death-timeout` when given, else START_WAIT_S
-    after the process started. The nanny's own connection comes after, to a scheduler that answered.
-    Failures: the one line, then exit with its code (SCHEDULER_UNREACHABLE, NOT_A_SCHEDULER, TLS_REFUSED,
-    ENV_MISMATCH). A scheduler that runs no guard is not asked.
-    """
+    """Make sure a Dask scheduler answers, then ask it whether this worker may join; else one line and exit with its
+    code. One deadline for both (await_scheduler says what it waits out): `--death-timeout` when given, else
+    START_WAIT_S after the process started. The nanny's own connection comes after, to a scheduler that answered; a
+    scheduler that runs no guard is not asked."""
     try:
         addr = parse_address(server.scheduler.addr, "the scheduler address")
     except UserError:  # an address form dask knows and we do not (inproc://, a file): dask's own start handles it

@@ -1,21 +1,10 @@
-"""Who this process is, environment-wise: the environment contract, the stack id derived from it, and how two
-identities differ.
+"""Who this process is, environment-wise: the environment contract (CONTRACT; docs/environment-gate.md says what
+it admits), the stack id derived from it, and how two identities differ.
 
-The contract is what must be the same for a peer (worker or client) to join a scheduler: the Python minor version
-and the versions of the distributions that carry serialised task graphs and data between processes, or run the
-cluster's code on both ends of a connection (CONTRACT). Nothing else counts: a notebook with pytest or a plotting
-library installed joins a cluster whose workers have neither.
-
-The stack id is a hash of exactly those terms, computed from the installed distributions (`importlib.metadata`), the
-same way wherever it runs: a host venv, the image, a conda environment. Distribution names are compared without
-their CUDA suffix (`cupy-cuda13x` from PyPI and `cupy` from conda-forge are the same contract term), so an
-environment made by `pip install` from the lock and one made by `conda install -c ourchannel ucx-dask-gpu` at the
-lock's versions have the same stack id. The image build predicts its id from the lock and checks the image computes
-the same (image/build.py).
-
-The scheduler never trusts a peer's own id: a peer sends its installed distributions and Python version, and the
-scheduler derives the contract from them. This protects against accidents (a stale venv, a mismatched pin), not
-against someone who lies on purpose: mutual TLS (gate/tls.py) is what keeps strangers out.
+The stack id hashes exactly the contract terms, computed from the installed distributions (`importlib.metadata`), so
+a host venv, the image and a conda environment at the lock's versions share it; the image build predicts it from the
+lock (image/build.py). The scheduler never trusts a peer's own id: it derives the terms from the distributions the
+peer sends (accidents, not liars: mutual TLS, gate/tls.py, keeps strangers out).
 
 Pure functions, no dask import: the preload (`ucx_dask_gpu.gate.guard`) and `ucx-dask-gpu guard` share them.
 """
@@ -94,10 +83,8 @@ def contract_id(terms: dict[str, str | None]) -> str:
 
 @functools.cache
 def installed_packages() -> dict[str, str]:
-    """Canonical name -> version of every installed distribution; the first on sys.path wins, as for imports.
-
-    Cached: a process's installed distributions do not change while it runs Dask.
-    """
+    """Canonical name -> version of every installed distribution; the first on sys.path wins, as for imports. Cached:
+    a process's installed distributions do not change while it runs Dask."""
     found: dict[str, str] = {}
     for dist in distributions():
         name = dist.metadata["Name"] if dist.metadata else None
@@ -172,12 +159,9 @@ def how_to_load_guard(role: str) -> str:
 
 
 def check_peer(ours: dict, role: str, peer: str, ident: dict | None, versions: dict | None) -> str | None:
-    """One-line refusal message when the peer breaks the contract; None when it may join.
-
-    The peer's terms come from the distributions it sent (the guard sends them all). A peer that did not load the
-    guard sent only the handful distributed reports itself: that is not enough to check the contract, so it is
-    refused, with what could be compared.
-    """
+    """One-line refusal message when the peer breaks the contract; None when it may join. The peer's terms come from
+    the distributions it sent; a peer without the guard sent only the handful distributed reports itself, too few to
+    check the contract: it is refused, with what could be compared."""
     our_terms = contract(decode_packages(ours["packages"]), ours["python"])
     python = _their_python(ident, versions)
     if ident and isinstance(ident.get("packages"), str):
@@ -207,11 +191,8 @@ def other_differences(ours: dict, ident: dict | None) -> list[tuple[str, str | N
 
 
 def compare_versions(versions: dict) -> dict:
-    """Do the client, the scheduler and every worker report the same packages (and python)?
-
-    `versions` is Client.get_versions(); returns {"identical": bool, "differences": [{package, client,
-    scheduler, workers}]} with one entry per package whose version is not the same everywhere.
-    """
+    """Do the client, the scheduler and every worker report the same packages (and python)? `versions` is
+    Client.get_versions(); one difference per package whose version is not the same everywhere."""
     def pkgs(v: dict | None) -> dict:
         return dict((v or {}).get("packages") or {})
 

@@ -275,13 +275,10 @@ def what_answers(addr: Address, budget: float) -> tuple[str, str]:
 # --- all steps -----------------------------------------------------------------------------------------------
 
 def check_scheduler(addr: Address, timeout: float, security=None) -> dict | None:
-    """Make sure a Dask scheduler answers at `addr` within `timeout` seconds; its identity (None for UCX).
-
-    A scheduler answers the Dask exchange within milliseconds unless it is very busy: the first try gets
-    FIRST_TRY_S; then what answers is found out (an HTTP server does not answer Dask's binary handshake at all);
-    only a server that is silent, or sends a Dask handshake, gets the rest of the time.
-    Failures are UserError with one line: SCHEDULER_UNREACHABLE, NOT_A_SCHEDULER or TLS_REFUSED.
-    """
+    """Make sure a Dask scheduler answers at `addr` within `timeout` seconds; its identity (None for UCX). A
+    scheduler answers the Dask exchange within milliseconds unless it is very busy: the first try gets FIRST_TRY_S;
+    then what answers is found out (an HTTP server does not answer Dask's binary handshake at all); only a server
+    that is silent, or sends a Dask handshake, gets the rest of the time."""
     start = time.monotonic()
     deadline = start + timeout
     if addr.scheme in ("ucx", "ucxx"):
@@ -361,12 +358,9 @@ async def _in_daemon_thread(fn, *args):
 async def await_scheduler(addr: Address, ask: Callable[[], Awaitable[dict]], wait: float,
                           report: Callable[[str], None], what: str = "--death-timeout") -> dict:
     """The identity of the Dask scheduler at `addr`, asked with `ask()` (the worker's own rpc: its scheme, its TLS
-    settings), within `wait` seconds; else UserError naming what answered: SCHEDULER_UNREACHABLE (nothing listens),
-    NOT_A_SCHEDULER (HTTP/SSH/TLS server, a Dask worker, silence) or TLS_REFUSED.
-
-    Nothing listening and silence are waited out until the deadline (a scheduler may start after its workers), with
-    `report` every REPORT_EVERY_S; anything else that answers ends the wait at once.
-    """
+    settings), within `wait` seconds; else UserError naming what answered, as check_scheduler's. Nothing listening
+    and silence are waited out until the deadline (a scheduler may start after its workers), with `report` every
+    REPORT_EVERY_S; anything else that answers ends the wait at once."""
     start = time.monotonic()
     deadline = start + wait
     state = ("refused", f"nothing listens on {addr.host}:{addr.port}")

@@ -18,9 +18,7 @@ Nanny: a worker that closes by itself (its scheduler told it to, or it was told 
 after 2 s and distributed logs "Worker process died unexpectedly" with a TypeError traceback. The nanny now sends
 that stop message as soon as it hears of the close, as its own close would: the thread ends with it, 2 s earlier.
 
-Every role: the records of expected closes lose their tracebacks (a peer's normal close of a batched stream, a UCX
-handshake a peer abandoned or that timed out, a peer speaking another protocol at a listener) or go (a UCX request
-that failed with its closed connection after its waiter was cancelled); each filter below says which and why.
+Every role: the records of expected closes lose their tracebacks or go; each filter below says which and why.
 
 Load it on every role (dask config `distributed.scheduler|worker|nanny.preload`, next to the guard).
 """

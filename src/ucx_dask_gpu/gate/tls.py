@@ -1,13 +1,7 @@
-"""Mutual TLS for a cluster: what keeps strangers out, where the guard (guard.py) only catches accidents.
-
-`ucx-dask-gpu tls init DIR --host HOST ...` makes a certificate authority for ONE cluster and a key + certificate for
-each role (scheduler, worker, client), signed by it, with the given host names and addresses as subjectAltNames.
-Dask's TLS is mutual when every role has a certificate: each side of every connection requires the other's, signed
-by the CA in `distributed.comm.tls.ca-file` (distributed's Security sets CERT_REQUIRED both ways), and
-`distributed.comm.require-encryption` makes every role refuse unencrypted addresses itself. UCX connections have no
-encryption or authentication of their own: a UCX cluster is protected by its network only (docs/environment-gate.md).
-
-The keys and certificates come from the `openssl` command (Debian's openssl package).
+"""Mutual TLS for a cluster (`ucx-dask-gpu tls init|env`; docs/environment-gate.md, "Mutual TLS"): what keeps
+strangers out, where the guard (guard.py) only catches accidents. distributed's Security requires the peer's
+certificate both ways once every role has one; UCX has no encryption of its own, so a UCX cluster is protected by its
+network only. The keys and certificates come from the `openssl` command (Debian's openssl package).
 """
 from __future__ import annotations
 
@@ -53,10 +47,9 @@ def _san(hosts: list[str]) -> str:
 def init(directory: Path, hosts: list[str], clients: list[str] = (), days: int = 365,
          cluster: str = "ucx-dask-gpu") -> list[Path]:
     """Create (or extend) DIR: the CA when missing, then a certificate for each role whose certificate or key is
-    missing there and each named client. Returns the files written. Keys are 0600, certificates 0644. Everything is
-    made in a temporary directory first and moved in at the end: a failure adds nothing to DIR (a DIR this run
-    created is removed again), and no other file there is touched; a name to write that an earlier init did not
-    write (fsutil's manifest) is refused before anything is made (exit 9)."""
+    missing there and each named client. Made in a temporary directory and moved in at the end: a failure adds
+    nothing to DIR (a DIR this run created is removed again); a name an earlier init did not write (fsutil's
+    manifest) is refused before anything is made (exit 9)."""
     if not shutil.which("openssl"):
         raise UserError("tls init needs the openssl command (apt-get install openssl)", TLS_INIT_FAILED)
     if days < 1:

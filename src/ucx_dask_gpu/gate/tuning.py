@@ -13,8 +13,7 @@ on the stream object after distributed made it is enough: no code of distributed
 RMM pool: distributed-ucxx receives each GPU frame into `rmm.DeviceBuffer(size=n)`, from RMM's current resource. A
 pool there spares every large receive a cudaMalloc, a fresh IPC handle opened by the sending peer and a
 device-synchronising cudaFree. Each dask-cuda worker gets it from dask-cuda's own RMMSetup plugin, made as `dask cuda
-worker --rmm-pool-size` makes it (`rmm_pool_plugin`): one bounded pool that CuPy allocates from too. A worker whose
-launcher configures RMM itself keeps its launcher's settings (`why_no_pool`); a plain `dask worker` gets no pool.
+worker --rmm-pool-size` makes it (`rmm_pool_plugin`; `why_no_pool`: which do not): one pool CuPy allocates from too.
 """
 from __future__ import annotations
 

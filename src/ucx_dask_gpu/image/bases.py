@@ -177,10 +177,8 @@ def ensure_base(st: Stack, kind: str, cache: Path, force: bool = False) -> str:
 
 
 def base_from_image(st: Stack, kind: str, debian_image: str) -> str:
-    """The base for `kind` built from a registry's Debian image (docker/base-from-registry.Dockerfile, with apt).
-
-    Tagged apart from the debootstrapped bases (`…-from-registry`), so neither replaces the other.
-    """
+    """The base for `kind` built from a registry's Debian image (docker/base-from-registry.Dockerfile, with apt). Tagged
+    apart from the debootstrapped bases (`…-from-registry`), so neither replaces the other."""
     tag = base_ref(st, kind) + "-from-registry"
     dockerfile = st.root / "docker" / "base-from-registry.Dockerfile"
     with tempfile.TemporaryDirectory(prefix="base-ctx.") as ctx:

@@ -1,12 +1,10 @@
 """Build the one image (docker/Dockerfile): fetch and verify every input, stage a context, `docker build --network none`.
 
-Each step fails with one line and its own exit code before anything later starts: a Docker engine, the UCX sources
-(`ucx-src-build/build.sh fetch`), the wheelhouse and our own wheel (wheelhouse.py), the Debian bases (bases.py); the
-context holds only those verified files, with stack.toml's mtimes and git's permission bits, so a checkout made under
-another umask gives the same layers. The `ucx` stage builds (in the background) and its build info must match the
-UCX the UCXX wheels were built against; the full build's stack id, predicted here from the lock and the wheels
-(gate/identity.py), must be the one the image computes from what it installed. Then the normalisation
-(normalise.py: reproducible, with its SBOM) and the removal of what earlier builds of the tag left (leftovers.py).
+Each step fails with one line and its own exit code before anything later starts; the context holds only verified
+files, with stack.toml's mtimes and git's permission bits, so a checkout made under another umask gives the same
+layers. The `ucx` stage builds in the background while the other inputs are fetched; its build info must match the
+UCX the UCXX wheels were built against, and the stack id predicted from the lock and the wheels (gate/identity.py)
+must be the one the image computes from what it installed.
 
 The classic builder (DOCKER_BUILDKIT=0) is used on purpose: it is what Debian's docker.io 20.10 ships, it honours
 `--network none` for every RUN, and the reproducible-image work builds on its layer format.

@@ -1,18 +1,10 @@
 """A Dask cluster of containers from the ONE image: scheduler + workers + client, on an internal Docker network.
 
 Plain `docker run`, driven from here, needs no compose and lets a caller kill one worker, add one from another image
-and read every log:
-
-    network   udg-<id>         `docker network create --internal` (no route out)
-    scheduler udg-<id>-scheduler, alias `scheduler`: dask scheduler --protocol tcp|ucx|tls --port 8786
-    workers   udg-<id>-worker-N: dask worker PROTO://scheduler:8786
-              (gpu=True: dask cuda worker, one per GPU with --gpus device=N, all in the IPC and PID namespaces of a
-              holder container udg-<id>-gpuhost so cuda_ipc works between them; gpuhost.py)
-    client    docker run --rm ... ucx-dask-gpu workload ... --scheduler PROTO://scheduler:8786
-    volume    udg-<id>-data at /data on workers and clients (from-map reads files the client wrote there)
-
-TLS: a throw-away CA (its key not kept) and a certificate per role (gate/tls.py), mounted read-only at /tls; every
-role requires mutual TLS, so a plain-TCP client, or one without a certificate of this cluster's CA, is refused.
+and read every log. The network is `--internal` (no route out); GPU workers share the IPC and PID namespaces of a
+holder container so cuda_ipc works between them (gpuhost.py); a volume at /data on workers and clients holds the
+files from-map's client writes. With TLS every role requires mutual TLS (make_tls_dir), so a plain-TCP client, or one
+without a certificate of this cluster's CA, is refused.
 
 Stop: workers, then the scheduler (then the namespace holder), with SIGTERM and a grace period. Workers are not
 retired through the scheduler first: that races their heartbeats and logs more errors, not fewer.

@@ -1,17 +1,12 @@
 """The image's entrypoint (after tini): know the role, check what it needs, then exec the command (docs/image.md,
-"Roles, and any other command").
+"Roles, and any other command", says what users see).
 
-A Dask role comes in every spelling launchers emit (DASK_ROLES, LEGACY, PYTHON_MODULES: the dask Helm chart and the
-dask-kubernetes operator run `dask-scheduler`/`dask-worker`/`dask-cuda-worker`, dask-jobqueue `python -m
-distributed.cli.dask_worker`). distributed no longer installs `dask-scheduler` and `dask-worker`, so they are exec'd as
-`dask scheduler`/`dask worker`; the image's own commands of those names (docker/Dockerfile writes them) come here
-through `legacy_main`, for launchers that bypass the entrypoint. Any other command is exec'd unchanged, as users of the
-Dask and RAPIDS images expect; one the image does not have is one line (NO_SUCH_COMMAND). Before a Dask role starts,
-contradicting transport settings, a GPU worker without a GPU and a malformed or missing scheduler address are one line
-and an exit code each instead of a traceback. `dask worker` (any spelling) ignores distributed.nanny.preload, so the
-configured nanny preloads (the guard first) are passed as --preload-nanny. A role started without this entrypoint
-comes here through the image's start-up hook (rolehook.py); the process exec'd carries ROLE_CHECKED_ENV = its pid, so
-it is checked once.
+A Dask role comes in every spelling launchers emit (DASK_ROLES, LEGACY, PYTHON_MODULES). distributed no longer
+installs `dask-scheduler` and `dask-worker`, so they are exec'd as `dask scheduler`/`dask worker`; the image's own
+commands of those names (docker/Dockerfile writes them) come here through `legacy_main`, for launchers that bypass
+the entrypoint. `dask worker` (any spelling) ignores distributed.nanny.preload, so the configured nanny preloads (the
+guard first) are passed as --preload-nanny. A role started without this entrypoint comes here through the image's
+start-up hook (rolehook.py); the process exec'd carries ROLE_CHECKED_ENV = its pid, so it is checked once.
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The images our builds leave behind, and removing them (docs/image.md, "Leftovers").
-
-Docker's classic builder keeps an image per build step (the cache of a warm rebuild), and every build with other
-inputs leaves the previous ones behind (about 8 GB after `make` and `make test`). Each build records the images it
-made or reused (<cache>/image/<tag>/images.json); after a successful build, those the previous build of the tag
-recorded and this one no longer uses are removed with `docker rmi`, never forced: an image still tagged, used by a
-container or the parent of another image stays.
+"""The images our builds leave behind, and removing them (docs/image.md, "Leftovers"): each build records the images
+it made or reused; after a successful build, those the previous build of the tag recorded and this one no longer uses
+go with `docker rmi`, never forced (an image still tagged, used by a container or the parent of another stays).
 """
 from __future__ import annotations
 

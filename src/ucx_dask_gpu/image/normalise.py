@@ -1,12 +1,7 @@
-"""Reproducible image: the same inputs give the same image id, byte for byte, on any build machine
-(docs/reproducibility.md).
-
-Docker 20.10's classic builder (no BuildKit `rewrite-timestamp`) writes build times into every layer, into the image
-config and into .pyc headers, so the image is made deterministic AFTER `docker build`: `docker save`, every layer tar
-in normal form (oci/layer.py), one more layer with the SBOM generated from the normalised layers (oci/sbom.py), the
-config rebuilt from an allow-list (oci/archive.py), ONE archive that is both an OCI image layout and a `docker load`
-archive, loaded. Beside it: image.json (ids and digests) and layers.json (every entry of every layer), from which
-`compare` names the first differing files.
+"""Reproducible image: the same inputs give the same image id, byte for byte, on any build machine. Docker 20.10's
+classic builder writes build times into layers, config and .pyc headers, so the image is made deterministic after
+`docker build` (docs/reproducibility.md says how): its layers by oci/layer.py, the SBOM layer by oci/sbom.py, the
+config and archive by oci/archive.py; image.json and layers.json beside it are what `compare` reads.
 """
 from __future__ import annotations
 
@@ -78,11 +73,9 @@ def default_out_dir(cache: Path, tag: str) -> Path:
 def normalise_image(st: Stack, ref: str, out_dir: Path, *, tag: str | None = None, keep_archive: bool = False,
                     wheels: dict[str, tuple[str, str]] | None = None, with_sbom: bool = True,
                     load: bool = True) -> ImageResult:
-    """docker save REF -> normalised layers + SBOM layer + config -> archive -> docker load -> tag.
-
-    `wheels`: canonical name -> (wheel file name, sha256) of the wheels the image was installed from (the SBOM
-    names the exact file and hash; without it, each pin is listed with all the hashes the lock allows).
-    """
+    """docker save REF -> normalised layers + SBOM layer + config -> archive -> docker load -> tag. `wheels`: canonical
+    name -> (wheel file name, sha256) of the wheels the image was installed from (the SBOM names the exact file and
+    hash; without it, each pin is listed with all the hashes the lock allows)."""
     tag = tag or ref
     meta = image_inspect(ref)
     if meta is None:

@@ -22,18 +22,12 @@ def repo_root() -> Path:
 
 def default_cache() -> Path:
     """$UCX_DASK_GPU_BUILD_CACHE, else <checkout>/build/cache (ignored by git; reused by warm rebuilds)."""
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    return repo_root() / "build" / "cache"
+    return Path(os.environ.get(CACHE_ENV) or repo_root() / "build" / "cache")
 
 
 def default_ucxx_wheels() -> Path:
     """$UCXX_WHEELS (the Makefile's), else <checkout>/build/ucxx-wheels: where `make ucxx` puts the UCXX wheels."""
-    env = os.environ.get(UCXX_WHEELS_ENV)
-    if env:
-        return Path(env)
-    return repo_root() / "build" / "ucxx-wheels"
+    return Path(os.environ.get(UCXX_WHEELS_ENV) or repo_root() / "build" / "ucxx-wheels")
 
 
 def work_dir(cache: Path, tag: str) -> Path:

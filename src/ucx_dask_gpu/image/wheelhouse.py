@@ -28,11 +28,9 @@ say = Progress("wheelhouse: ")
 
 
 def pip_platforms(platform: str) -> list[str]:
-    """`x86_64-manylinux_2_28` (uv's spelling in stack.toml) -> every pip platform tag a glibc-2.28 host accepts.
-
-    pip expands only the legacy manylinux2014/2010 aliases itself, so the PEP 600 tags are listed explicitly, newest
-    first: manylinux_2_28 .. manylinux_2_5, plus manylinux2014 / manylinux2010 / manylinux1.
-    """
+    """`x86_64-manylinux_2_28` (uv's spelling in stack.toml) -> every pip platform tag a glibc-2.28 host accepts. pip
+    expands only the legacy manylinux2014/2010 aliases itself, so the PEP 600 tags are listed explicitly, newest first:
+    manylinux_2_28 .. manylinux_2_5, plus manylinux2014 / manylinux2010 / manylinux1."""
     m = re.match(r"^(?P<arch>x86_64|aarch64)-manylinux_2_(?P<minor>\d+)$", platform)
     if not m:
         raise UserError(f"stack.toml python.platform: expected ARCH-manylinux_2_N, got {platform!r}", BAD_STACK)

@@ -1,14 +1,8 @@
 """CUDA-side helpers that verify-nvlink runs in a CHILD process, under the same CUDA_VISIBLE_DEVICES it gives
-ucx_perftest, so that what they see is what perftest sees (and the parent never holds a CUDA context):
-
-    python -m ucx_dask_gpu.nvlink.gpuprobe visible
-        -> {"devices": [{"uuid": "GPU-...", "pci_bus_id": "00000000:07:00.0"}, ...]}
-    python -m ucx_dask_gpu.nvlink.gpuprobe memcpy-peer --sizes 1048576,268435456 [--samples 21 --warmup 3]
-        -> cudaMemcpyPeer device 0 -> device 1 (CUDA_VISIBLE_DEVICES=<src>,<dst>), timed with CUDA events:
-           {"peer_access": true, "results": [{"msg_bytes", "reps", "gbps", "samples_gbps", "bytes_moved"}]}
-
-Uses CuPy (cupy-cuda13x, part of the image's lock), imported by each probe: it loads CUDA, which argument errors
-need not. Prints one JSON document on stdout; on error one line on stderr and exit 1.
+ucx_perftest, so that what they see is what perftest sees (and the parent never holds a CUDA context): `visible`
+(the devices CUDA shows) and `memcpy-peer` (cudaMemcpyPeer device 0 -> device 1, timed with CUDA events). CuPy
+(cupy-cuda13x, in the image's lock) is imported by each probe: it loads CUDA, which argument errors need not. One JSON
+document on stdout; on error one line on stderr and exit 1.
 """
 from __future__ import annotations
 

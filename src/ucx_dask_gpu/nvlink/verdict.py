@@ -36,13 +36,10 @@ class Thresholds:
 
 def counter_deltas(before, after, peer_links: list[int] | None = None, tolerance: float = 0.05,
                    origin: str = "NVML") -> dict:
-    """Bytes counted between two nvml.NvlinkThroughput snapshots of one GPU.
-
-    Prefers the per-link counters of the links to the peer (so traffic to other GPUs is not credited). Falls back to
-    the all-links aggregate when per-link values are missing, or when every link repeats the GPU-wide total (some
-    drivers answer each link with the aggregate; summing them would multiply the bytes by the link count).
-    Returns {counter: bytes | None, 'source': str, 'aggregate': {...}} (+ 'note' when the two disagree).
-    """
+    """Bytes counted between two nvml.NvlinkThroughput snapshots of one GPU: the per-link counters of the links to the
+    peer (so traffic to other GPUs is not credited), else the all-links aggregate when per-link values are missing or
+    every link repeats the GPU-wide total (some drivers answer each link with the aggregate; summing them would
+    multiply the bytes by the link count); a 'note' when the two disagree."""
     agg = {k: _sub(after.total.get(k), before.total.get(k)) for k in COUNTERS}
     links = sorted(set(before.links) & set(after.links))
     per_link = {ln: {k: _sub(after.links[ln].get(k), before.links[ln].get(k)) for k in COUNTERS} for ln in links}

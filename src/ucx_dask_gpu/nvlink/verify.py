@@ -1,19 +1,13 @@
 """`ucx-dask-gpu verify-nvlink`: prove, pair by pair, that NVLink delivers -- and cannot be fooled.
 
 For every ordered GPU pair with NVLink (all pairs with --all-pairs), for each UCX under test (--ucx-prefix, repeatable)
-and each settings variant (--variant):
-
-1. `ucx_perftest -t tag_bw -m cuda` with the server (receiver) seeing ONLY the destination GPU and the client (sender)
-   ONLY the source GPU (CUDA_VISIBLE_DEVICES=<uuid>, CUDA_DEVICE_ORDER=PCI_BUS_ID), on a free port;
-2. NVLink throughput counters (NVML fields 138-141) read before and after on every GPU; the bytes the source sent and
-   the destination received must account for what perftest moved ((iterations + warm-up) x size);
-3. the transport named by UCX itself: UCX_PROTO_INFO=used (UCX >= 1.17-ish), the protocol-v2 selection tables
-   (UCX_PROTO_INFO=y) when v2 is on but `used` is unknown, or -- for UCX whose active protocol layer prints nothing
-   (1.13: v1 by default) -- the endpoint's lanes (UCX_LOG_LEVEL=info) plus an ablation run without cuda_ipc;
-4. a cudaMemcpyPeer baseline for the same pair in the same invocation (CuPy, CUDA events, median of samples);
-5. the visibility each process really had: as configured, as CUDA shows a probe process with the same environment,
-   as NVML lists the perftest PIDs per GPU during the run, and -- where UCX prints protocol tables -- the GPU its
-   tables name (`from cuda/GPU1`).
+and each settings variant (--variant), what docs/verify-nvlink.md names: `ucx_perftest -t tag_bw -m cuda` with each
+process seeing ONLY its own GPU (CUDA_VISIBLE_DEVICES=<uuid>, CUDA_DEVICE_ORDER=PCI_BUS_ID); the NVLink counters of
+every GPU before and after, which must account for what perftest moved ((iterations + warm-up) x size); the transport
+UCX itself names (UCX_PROTO_INFO=used, else the protocol-v2 selection tables, else -- a UCX whose active protocol layer
+prints nothing, 1.13's v1 -- the endpoint's lanes plus an ablation run without cuda_ipc); a cudaMemcpyPeer baseline;
+and the visibility each process really had: as configured, as CUDA shows a probe process with the same environment,
+as NVML lists the perftest PIDs per GPU, and the GPU UCX's tables name (`from cuda/GPU1`).
 
 Decisions live in verdict.py (pure functions), the report in report.py; this module runs the measurements.
 """

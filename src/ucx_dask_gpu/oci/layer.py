@@ -1,13 +1,7 @@
-"""One image layer (or a root filesystem tar) in its normal form, and the fixes the normal form needs.
-
-Layers are rewritten by `tarnorm` (sorted, mtimes clamped to SOURCE_DATE_EPOCH, numeric owners, ...), with what
-clamping or a build leaves behind fixed on the way:
-- a timestamp-based .pyc whose source mtime is clamped would be stale: it becomes a checked-hash .pyc with the same
-  code (valid for the source as shipped, whatever its mtime);
-- "last password change" days in /etc/shadow later than SOURCE_DATE_EPOCH are clamped to it;
-- build litter (pip/apt caches, apt lists, logs, /tmp) is dropped from the layer, and each drop is reported.
-`Overlay` follows what the layers seen so far hold: the Python sources (for the .pyc fixes) and the files the SBOM is
-made from. Pure: tar files in, tar files out; no Docker.
+"""One image layer (or a root filesystem tar) in its normal form (`tarnorm`), and the fixes it needs on the way
+(docs/reproducibility.md lists them): a timestamp .pyc that the mtime clamp would make stale becomes a checked-hash
+.pyc with the same code, /etc/shadow days are clamped, build litter is dropped and reported. `Overlay` follows what
+the layers seen so far hold. Pure: tar files in, tar files out; no Docker.
 """
 from __future__ import annotations
 

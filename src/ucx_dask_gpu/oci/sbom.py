@@ -1,15 +1,8 @@
-"""The image's SBOM: CycloneDX 1.6 JSON, made with cyclonedx-python-lib, deterministic.
-
-Components: every installed Debian package and the operating system; every Python distribution installed outside
-Debian's own python3 directories, with the sha256 of the exact wheel it came from when known, else every hash the
-lock allows for the pin (our UCXX wheels: the components not in the lock, with how they were built); UCX as its
-build info records it, and the CUDA wheels/debs it compiled against with scope "excluded" (used, not shipped).
-
-Deterministic: metadata.timestamp is SOURCE_DATE_EPOCH, and serialNumber is a UUID derived from the document's
-own content (the same inputs give the same bytes; different inputs a different serial).
-
-`check_sbom` cross-checks a document against the hashed lock (every pin present with its version and an allowed
-hash), against a dpkg status file (exactly the installed packages, same versions) and against a UCX build info.
+"""The image's SBOM: CycloneDX 1.6 JSON, made with cyclonedx-python-lib, deterministic (docs/reproducibility.md says
+what it lists): metadata.timestamp is SOURCE_DATE_EPOCH, and serialNumber is a UUID derived from the document's own
+content. A Python distribution gets the sha256 of the exact wheel it came from when known, else every hash the lock
+allows for the pin. `check_sbom` cross-checks a document against the hashed lock, a dpkg status file and a UCX build
+info.
 """
 from __future__ import annotations
 

@@ -12,23 +12,17 @@ attributes:
 - hard links re-anchored on the first name in sorted order (an extractor needs the target before the link);
 - Docker whiteouts (`.wh.NAME`, `.wh..wh..opq`) kept as the empty files they are;
 - sparse / contiguous / old-style regular files written as plain regular files.
-
-An optional hook lets a caller drop entries, truncate them or replace their contents (`layer.py` uses it
-for build litter, /etc/shadow dates and .pyc headers) and observe every written entry (the per-layer listing used to explain mismatches).
+A fix hook (`Fix`, below) may drop or rewrite entries on the way: layer.py's fixes.
 """
 from __future__ import annotations
 
 import hashlib
 import io
-import os
 import tarfile
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
 from ..errors import BAD_ARCHIVE, UserError
-from ..fsutil import atomic_path
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_WHITEOUT = ".wh..wh..opq"
@@ -141,10 +135,8 @@ def _open_members(src: tarfile.TarFile, where: str) -> dict[str, tarfile.TarInfo
 
 def normalise_tar(src: tarfile.TarFile, out: BinaryIO, epoch: int, *, where: str = "archive",
                   fix: Fix | None = None, extra: Iterable[tuple[tarfile.TarInfo, bytes]] = ()) -> NormaliseResult:
-    """Write the normalised form of `src` (a random-access TarFile) to `out`; see the module docstring.
-
-    `extra` entries (TarInfo with a clean name, bytes) are merged in as if they were part of `src`.
-    """
+    """Write the normalised form of `src` (a random-access TarFile) to `out`; see the module docstring. `extra` entries
+    (TarInfo with a clean name, bytes) are merged in as if they were part of `src`."""
     members = _open_members(src, where)
     extras: dict[str, tuple[tarfile.TarInfo, bytes]] = {}
     for ti, data in extra:
@@ -295,24 +287,3 @@ def _write_stream(dst: tarfile.TarFile, ti: tarfile.TarInfo, f, entries: list[En
     reader = _HashingReader(f)
     dst.addfile(ti, io.BufferedReader(reader, buffer_size=1 << 20))
     entries.append(_entry(ti, reader.h.hexdigest()))
-
-
-def _owned_by_root(ti: tarfile.TarInfo) -> tarfile.TarInfo:
-    ti.uid = ti.gid = 0
-    ti.uname = ti.gname = ""
-    return ti
-
-
-def tar_tree(root: str | os.PathLike, dest: str | os.PathLike, epoch: int) -> NormaliseResult:
-    """A directory (e.g. a UCX prefix) as a normal-form tar of its contents, owned by 0:0 (who built it must not
-    matter), written to `dest` whole or not at all. Two trees give the same bytes exactly when their paths, types,
-    permission bits, contents and link targets agree (mtimes are clamped to `epoch`)."""
-    root = Path(root)
-    if not root.is_dir():
-        raise UserError(f"{root}: not a directory", BAD_ARCHIVE)
-    with tempfile.TemporaryFile() as raw, atomic_path(dest) as tmp:
-        with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as t:
-            t.add(root, arcname=".", filter=_owned_by_root)
-        raw.seek(0)
-        with tarfile.open(fileobj=raw, mode="r") as src, open(tmp, "wb") as out:
-            return normalise_tar(src, out, epoch, where=str(root))

@@ -2,10 +2,6 @@
 
 Every consumer (UCX build, recipes, image, environment.yml, SBOM, doctor) goes through `load()`, which validates the
 whole file at once: a typo fails here, with one line naming the key, and nothing else reads the TOML tables.
-
-The [stack], [sources], [ucx] and [cuda] tables are fields of `Stack` itself (what the UCX build reads: `st.ucx` is
-the UCX source archive); every other table is one frozen section: `st.ucxx`, `st.debian`, `st.image`, `st.sbom`,
-`st.python`, `st.conda`, `st.test_tools`.
 """
 from __future__ import annotations
 

@@ -3,16 +3,12 @@
 dask-cuda 26.10 gives each worker its rotated CUDA_VISIBLE_DEVICES and pins it to NVML's CPU affinity (to every CPU,
 with a warning, where NVML answers Not Supported -- as in a Firecracker VM); it sets no NIC and one UCX config for
 all. `TopologyCUDACluster` keeps dask-cuda's worker (device/host spilling, RMM and pre-import plugins, the
-`dask_cuda.initialize` preload) and replaces, per worker, what the plan measured:
-
-- the CPUAffinity plugin: the plan's cores (NVML, or sysfs local_cpulist), limited to what this process may use;
-- `env` (the Nanny applies it in the worker process before UCX starts): UCX_TLS, CUDA_VISIBLE_DEVICES,
-  CUDA_DEVICE_ORDER=PCI_BUS_ID, and UCX_NET_DEVICES (nearest NIC) only when asked for (`net_devices=True`);
-  distributed-ucxx lets the environment win over dask config;
-- `interface`: the nearest NIC's IP interface, when it has an IPv4 address.
-
-The scheduler listens on the first worker's interface, and the client/scheduler UCX config comes from dask-cuda's
-flags (tcp, nvlink when cuda_ipc is used, infiniband when rc is). From Python: `topology_cluster(gpus="auto")`.
+`dask_cuda.initialize` preload) and replaces, per worker, what the plan measured: the CPUAffinity plugin (the plan's
+cores, limited to what this process may use); `env`, which the Nanny applies before UCX starts and distributed-ucxx
+lets win over dask config (UCX_TLS, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER=PCI_BUS_ID, and UCX_NET_DEVICES only
+with `net_devices=True`); `interface`, the nearest NIC's IP interface when it has an IPv4 address. The scheduler
+listens on the first worker's interface; the client/scheduler UCX config comes from dask-cuda's flags (tcp, nvlink
+when cuda_ipc is used, infiniband when rc is).
 
 dask-cuda loads CUDA libraries and UCX when it is imported, so the class is made on first use (`cluster_class`):
 `ucx-dask-gpu topology` and `cluster --dry-run` run where dask-cuda is not installed.
@@ -113,10 +109,8 @@ def _root_cause(e: BaseException) -> BaseException:
 def serve(plan: Plan, settings: list[WorkerSettings], *, scheduler_file: str | None = None,
           dashboard: str | None = None, **kwargs) -> int:
     """Start the cluster, print its scheduler address (and write `scheduler_file`), run until SIGINT/SIGTERM, stop.
-
-    UserError(TOPOLOGY_CLUSTER_FAILED) with one line when it cannot start (the root cause named), when a signal
-    arrives while it starts, or when it stops on its own.
-    """
+    UserError(TOPOLOGY_CLUSTER_FAILED) with one line when it cannot start (the root cause named), when a signal arrives
+    while it starts, or when it stops on its own."""
     try:
         cls = cluster_class()
     except ImportError as e:

@@ -55,11 +55,9 @@ def _read_optional(path: Path) -> str | None:
 
 
 def pci_location(root: Path, link: Path) -> PciLocation | None:
-    """Resolve a sysfs device link (…/device, /sys/bus/pci/devices/X) to its PCI chain.
-
-    Walks up from the resolved directory to the nearest PCI function (a virtio NIC resolves to …/0000:00:03.0/virtio2),
-    then lists the bridges between it and the host bridge. None when the device is not on PCI (virtio-mmio, platform).
-    """
+    """Resolve a sysfs device link (…/device, /sys/bus/pci/devices/X) to its PCI chain. Walks up from the resolved
+    directory to the nearest PCI function (a virtio NIC resolves to …/0000:00:03.0/virtio2), then lists the bridges
+    between it and the host bridge. None when the device is not on PCI (virtio-mmio, platform)."""
     devices = (root / "sys" / "devices").resolve()
     try:
         parts = Path(os.path.realpath(link, strict=True)).resolve().relative_to(devices).parts
@@ -73,12 +71,10 @@ def pci_location(root: Path, link: Path) -> PciLocation | None:
 
 def pci_level(a: PciLocation | None, b: PciLocation | None, numa_a: int | None, numa_b: int | None,
               single_numa: bool) -> str | None:
-    """nvidia-smi's PCIe connection level between two devices from their PCI chains.
-
-    PIX: at most one switch between them (common bridge, at most one bridge below it on each side);
-    PXB: several bridges below the deepest common one; PHB: same host bridge, no common bridge;
-    NODE: different host bridges in one NUMA node; SYS: across NUMA nodes. None when either is not on PCI.
-    """
+    """nvidia-smi's PCIe connection level between two devices from their PCI chains (None when either is not on PCI):
+    PIX at most one switch between them (common bridge, at most one bridge below it on each side); PXB several bridges
+    below the deepest common one; PHB same host bridge, no common bridge; NODE different host bridges in one NUMA node;
+    SYS across NUMA nodes."""
     if a is None or b is None:
         return None
     if a.root != b.root:
@@ -248,11 +244,9 @@ SYSFS_FILES = ("numa_node", "local_cpulist", "class", "vendor", "device", "type"
 
 
 def record_sysfs(root: str | os.PathLike = "/") -> str:
-    """The part of sysfs that `from_machine` reads, as a text record (symlinks kept as they are).
-
-    `materialize_sysfs()` turns a record back into a tree that `discover_nics` / `pci_location` read like the real
-    thing, so a record taken on a GPU host is a fixture for tests anywhere.
-    """
+    """The part of sysfs that `from_machine` reads, as a text record (symlinks kept as they are). `materialize_sysfs()`
+    turns a record back into a tree that `discover_nics` / `pci_location` read like the real thing, so a record taken on
+    a GPU host is a fixture for tests anywhere."""
     rec = _SysfsRecord(Path(root))
     for cls in ("net", "infiniband"):
         rec.add_class(rec.root / "sys" / "class" / cls)

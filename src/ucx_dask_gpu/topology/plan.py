@@ -65,10 +65,8 @@ class Plan:
 
 
 def largest_nvlink_subset(topo: Topology) -> list[int]:
-    """Largest set of GPUs in which every pair has NVLink; ties: most links, fewest NUMA nodes, lowest indices.
-
-    Empty when no pair has NVLink. Exhaustive search: fine for the <= 16 GPUs of one host.
-    """
+    """Largest set of GPUs in which every pair has NVLink; ties: most links, fewest NUMA nodes, lowest indices. Empty
+    when no pair has NVLink. Exhaustive search: fine for the <= 16 GPUs of one host."""
     idx = sorted(g.index for g in topo.gpus)
     if len(idx) > 20:
         raise UserError(f"{len(idx)} GPUs: too many for the exhaustive NVLink subset search", USAGE)
@@ -180,9 +178,7 @@ class WorkerSettings:
 
 def worker_settings(plan: Plan, allowed_cpus: set[int] | None = None, ipv4=None, pin: bool = True) -> list[WorkerSettings]:
     """Per worker: env, cores (the plan's cores this process may use) and interface (only if it has an IPv4 address).
-
-    `allowed_cpus` defaults to this process's affinity; `ipv4(ifname) -> str | None` to a psutil lookup.
-    """
+    `allowed_cpus` defaults to this process's affinity; `ipv4(ifname) -> str | None` to a psutil lookup."""
     if allowed_cpus is None:
         allowed_cpus = set(os.sched_getaffinity(0))
     if ipv4 is None:

@@ -43,13 +43,11 @@ def _split_row(line: str, ndev: int) -> tuple[str, list[str], list[str]]:
 
 
 def parse_topo_text(text: str, source: str = "nvidia-smi topo -m") -> Topology:
-    """Parse `nvidia-smi topo -m` output (tab-separated as printed, or space-aligned as pasted).
-
-    Handles the GPU x GPU matrix (X, NV#, PIX, PXB, PHB, NODE, SYS; SOC from old drivers), NIC columns and rows
-    (mlx5_N / ibN / NICn with the "NIC Legend" block), the CPU Affinity / NUMA Affinity / GPU NUMA ID columns, a
-    separate "CPU Affinity" block (as some listings print it), and ANSI escapes in the header.
-    Raises UserError(BAD_TOPOLOGY) naming the line for anything it cannot read, UserError(NO_GPU) when no GPU row.
-    """
+    """Parse `nvidia-smi topo -m` output (tab-separated as printed, or space-aligned as pasted). Handles the GPU x GPU
+    matrix (X, NV#, PIX, PXB, PHB, NODE, SYS; SOC from old drivers), NIC columns and rows (mlx5_N / ibN / NICn with the
+    "NIC Legend" block), the CPU Affinity / NUMA Affinity / GPU NUMA ID columns, a separate "CPU Affinity" block (as
+    some listings print it), and ANSI escapes in the header. Raises UserError(BAD_TOPOLOGY) naming the line for anything
+    it cannot read, UserError(NO_GPU) when no GPU row."""
     def bad(msg: str):
         return UserError(f"{source}: {msg}", BAD_TOPOLOGY)
 

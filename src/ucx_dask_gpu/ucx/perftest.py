@@ -313,11 +313,9 @@ def _kill(p: subprocess.Popen) -> None:
 def run_pair(perftest: str | os.PathLike, args: list[str], server_env: dict[str, str], client_env: dict[str, str],
              workdir: Path, port: int | None = None, timeout: float = 300.0, start_timeout: float = 60.0,
              poll: Callable[[int, int], None] | None = None, poll_interval: float = 0.2) -> PairOutput:
-    """Start `perftest args -p PORT` as server, wait until it listens, run the client against 127.0.0.1.
-
-    Output goes to files in `workdir` (no pipes to fill up). `poll(server_pid, client_pid)` is called every
-    `poll_interval` seconds while both run (verify-nvlink samples NVML's process lists there).
-    """
+    """Start `perftest args -p PORT` as server, wait until it listens, run the client against 127.0.0.1. Output goes to
+    files in `workdir` (no pipes to fill up). `poll(server_pid, client_pid)` is called every `poll_interval` seconds
+    while both run (verify-nvlink samples NVML's process lists there)."""
     port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     full = [*map(str, args), "-p", str(port)]

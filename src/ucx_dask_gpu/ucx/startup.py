@@ -5,13 +5,10 @@ applies our settings distributed has no config key for (gate/tuning.py: BatchedS
 and says in one line how UCXX waits (a warning when the process would keep a core busy while idle).
 
 The shipped dask config loads it on every role (`distributed.{scheduler,worker,nanny,client}.preload`), next to the
-guard:
-- worker: `dask_setup` runs after the worker's listener started (UCX is loaded by then, so the line names the UCX the
-  worker really maps), and adds its boot id, namespaces and whether it would use cuda_ipc to what it registers with;
-- scheduler: compares each new worker with the others (SameHostCuda);
-- nanny: makes its worker process load this module even when the launcher passed its own preload list;
-- client: its preloads run once it is connected (a client of your own: this module in
-  `distributed.client.preload`, as the shipped config has it).
+guard. A worker's `dask_setup` runs after its listener started (UCX is loaded by then, so the line names the UCX the
+worker really maps) and adds its boot id, namespaces and whether it would use cuda_ipc to what it registers with, for
+the scheduler's SameHostCuda; a nanny makes its worker process load this module even when the launcher passed its
+own preload list.
 """
 from __future__ import annotations
 

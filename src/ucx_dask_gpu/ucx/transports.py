@@ -1,15 +1,11 @@
-"""Which UCX transports a Dask process will really use here, why not others, and settings that contradict each other.
-
-Three inputs, each read where it lives:
-- the transport settings, resolved with distributed-ucxx's own precedence (distributed_ucxx.ucxx._prepare_ucx_config
-  and init_once): `UCX_TLS` in the process environment wins over the dask config flags
-  `distributed-ucxx.{tcp,nvlink,infiniband,rdmacm,cuda-copy}` (legacy spelling `distributed.comm.ucx.*`), which win
-  over `distributed-ucxx.environment.tls`; with none of them UCX selects among all its transports itself (what the
-  image ships, as dask-cuda advises);
-- the transports this UCX offers on this machine (`ucx_info -d`);
-- the host as this process sees it: its boot id and IPC/PID namespaces (UCX's cuda_ipc treats every process with the
-  same boot id as reachable, whatever its namespaces: between containers that do not share them it then fails or
-  falls back), InfiniBand devices in /sys versus those mapped in /dev/infiniband, and the memlock limit RDMA needs.
+"""Which UCX transports a Dask process will really use here, why not others, and settings that contradict each other
+(what `doctor` and each worker's start-up line say: docs/environment-gate.md). Three inputs, each read where it lives:
+the transport settings, resolved with distributed-ucxx's own precedence (distributed_ucxx.ucxx._prepare_ucx_config
+and init_once: `UCX_TLS` in the environment, then the `distributed-ucxx.*` flags, legacy `distributed.comm.ucx.*`,
+then `distributed-ucxx.environment.tls`; none: UCX selects itself, what the image ships); the transports this UCX
+offers here (`ucx_info -d`); the host as this process sees it (its boot id and IPC/PID namespaces: UCX's cuda_ipc
+treats every process with the same boot id as reachable, whatever its namespaces; InfiniBand devices in /sys versus
+/dev/infiniband; the memlock limit RDMA needs).
 
 Pure functions over those inputs (tested on recorded `ucx_info -d` output and fake /sys, /dev and /proc trees);
 `doctor` and the workers' start-up line (ucx/startup.py) read the real ones.

@@ -1,9 +1,7 @@
-"""Build UCX from the first verified source into a relocatable prefix with share/ucx-dask-gpu/build-info.json.
-
-Nothing is built when --prefix already holds a build of the same inputs (its input key). UCX is always configured
-for stack.toml [image].ucx_prefix and installed into --prefix as a relocated copy, so where it ran does not reach the
-bytes (repro.py). Only the shipped components are built (SUBDIRS): UCX's test/apps do not build with CUDA 13 headers
-against the 535 link libraries, and nothing we ship needs them.
+"""Build UCX from the first verified source into a relocatable prefix with share/ucx-dask-gpu/build-info.json
+(ucx-src-build/README.md); nothing is built when --prefix already holds a build of the same inputs. Only the shipped
+components are built (SUBDIRS): UCX's test/apps do not build with CUDA 13 headers against the 535 link libraries, and
+nothing we ship needs them.
 """
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Find CUDA headers and link libraries for the UCX build.
-
-`--cuda auto`: $CUDA_HOME, then /usr/local/cuda, when it is a complete toolkit (cuda.h, cuda_runtime.h, nvml.h and
-link libraries libcuda.so / libnvidia-ml.so, normally in lib64/stubs). Otherwise the pinned PyPI wheels
-([[cuda.header_wheels]]: headers + libcudart) and Debian non-free .debs ([[cuda.link_debs]]: the 535 driver's
-libcuda.so / libnvidia-ml.so, used only to link; at run time the host driver's copies are loaded).
-`--cuda DIR`: that toolkit or conda prefix; missing link libraries come from --cuda-link-dir or the pinned .debs.
-`--cuda none`: build without CUDA.
-
-Wheels are unzipped and .debs unpacked (ar + tar, no dpkg needed) into the work directory, never installed.
+"""Find CUDA headers and link libraries for the UCX build (`--cuda auto|DIR|none`; ucx-src-build/README.md, "CUDA",
+says which it takes): a complete toolkit, else the pinned PyPI header wheels and the Debian driver .debs, whose
+libcuda.so / libnvidia-ml.so only satisfy the linker (at run time the host driver's copies are loaded). Wheels are
+unzipped and .debs unpacked (ar + tar, no dpkg needed) into the work directory, never installed.
 """
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""Fetch pinned inputs (source archives of release tags, CUDA header wheels, link .debs) and verify them.
-
-Order of locations for every file: its upstream URLs (unless offline), then source-mirror directories (--sources DIR,
-$UCX_DASK_GPU_SOURCE_MIRROR, stack.toml [sources].mirror_dirs), then the download cache (which only ever holds
-verified files). The first verified copy wins. Unreachable or absent: try the next location. A copy that fails
-verification is fatal: it means a tampered mirror or a wrong pin, and silently trying the next location would hide
-either.
-
-A source archive is verified by its sha256 (the pinned archive file) or, failing that, by the git tree id of its
-content (gittree.py): GitHub's own tag archive and a mirror's `git archive` of the tag hold the same files, whatever
-their compression. Wheels and .debs are verified by sha256.
+"""Fetch pinned inputs (source archives of release tags, CUDA header wheels, link .debs) and verify them, where and
+how ucx-src-build/README.md ("Where the sources come from") says: upstream URLs (unless offline), source mirrors,
+then the download cache (which only ever holds verified files); the first verified copy wins. A copy that fails
+verification is fatal: silently trying the next location would hide a tampered mirror or a wrong pin.
 """
 from __future__ import annotations
 
@@ -48,9 +41,6 @@ warn = Progress("ucx-src-build: WARNING: ")
 class Location:
     kind: str  # "cache" | "url" | "dir"
     where: str  # URL or file path
-
-    def __str__(self) -> str:
-        return self.where
 
 
 @dataclass
@@ -98,8 +88,7 @@ class Unreachable(Exception):
 # --- directories ---------------------------------------------------------------------------------------------------
 
 def default_cache_dir(stack: Stack) -> Path:
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else stack.root / ".cache" / "sources"
+    return Path(os.environ.get(CACHE_ENV) or stack.root / ".cache" / "sources")
 
 
 def local_dirs(stack: Stack, extra: list[Path] | None = None) -> list[Path]:

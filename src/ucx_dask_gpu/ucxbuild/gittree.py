@@ -1,12 +1,7 @@
-"""The git tree id of a source archive's content: how a tag archive is verified whatever its compression.
-
-A GitHub tag archive (`archive/refs/tags/<tag>.tar.gz`) and a mirror's `git archive` of the same tag hold the same
-files but need not be byte-identical (gzip level, tar headers). Their content hashes the same way git hashes a tree:
-every regular file is a blob (mode 100644, or 100755 when executable), every symlink a blob of its target (mode
-120000), directories are trees, empty directories do not exist. The result equals `git add -A -f && git write-tree`
-on the unpacked archive. It equals the upstream tag's own tree id unless the repository has submodules (an archive
-holds an empty directory where git has a gitlink) or `export-subst` files (their archived text differs from the
-committed one); stack.toml pins the id of the archived content, so both cases verify the same way.
+"""The git tree id of a source archive's content: how a tag archive is verified whatever its compression (GitHub's
+tag archive and a mirror's `git archive` of the tag hold the same files in other bytes). The result equals `git add
+-A -f && git write-tree` on the unpacked archive; ucx-src-build/README.md says when that differs from the upstream
+tag's tree id (submodules, `export-subst`), which is why stack.toml pins the archived content's id.
 
 Standard library only: the UCX build runs it in the image's builder stage and in conda build environments.
 """

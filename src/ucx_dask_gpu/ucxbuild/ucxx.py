@@ -1,12 +1,8 @@
-"""Build the UCXX wheels (libucxx, ucxx, distributed-ucxx) from the pinned tag against a UCX prefix of ours, offline.
-
-A finished build is kept by the hash of every input and reused. Each wheel is built with `pip wheel
---no-build-isolation --no-index` from a hash-pinned build venv, inside a network namespace with only loopback (a
-download attempt fails and names its URL). Where it ran does not reach the bytes (repro.py): the work directory, the
-UCX prefix and this checkout are mapped to stand-ins, and every wheel is searched for them afterwards.
-
-What the binding needs at run time from outside its wheels: our UCX's lib/ on the loader path (libucxx.so's RUNPATH
-is $ORIGIN only): ld.so.conf in the image, `install-ucxx` (below) in a venv.
+"""Build the UCXX wheels (libucxx, ucxx, distributed-ucxx) from the pinned tag against a UCX prefix of ours, offline
+(ucx-src-build/README.md, "UCXX wheels", gives each step). A finished build is kept by the hash of every input and
+reused; each step runs in a network namespace with only loopback, so a download attempt fails and names its URL;
+where it ran does not reach the bytes (repro.py). At run time libucxx.so (RUNPATH $ORIGIN only) needs our UCX's lib/
+on the loader path: ld.so.conf in the image, `install-ucxx` (below) in a venv.
 
 Standard library only, like the rest of ucxbuild: it runs before any venv of ours exists.
 """
@@ -33,7 +29,6 @@ from ..ucx.install import (BUILD_INFO, INSTALLED_UCXX_BUILD_INFO, PRELOAD_PTH, U
 from . import repro
 from .build import _fmt_s, _print_tail, apply_patches, build_work_dir, fresh_logs, patches_for, run_logged, unpack_tree
 from .fetch import default_cache_dir, fetch_sources, say
-
 
 
 @dataclass
@@ -454,7 +449,6 @@ def _build_wheel(pkg, src: Path, work: Path, dist: Path, logs: Path, env: dict[s
 
 
 # --- a venv on our UCX --------------------------------------------------------------------------------------------
-
 
 def install_ucxx(python: Path, wheels_dir: Path, ucx_prefix: Path) -> Path:
     """Put a venv on our stack: our UCXX wheels --no-deps (their requirements come from the lock), their build info
