@@ -51,6 +51,7 @@ import json, sys, time
 from pathlib import Path
 import dask, dask.array as da
 from distributed import Client, get_task_stream, wait
+from ucx_dask_gpu.proof.transpose import transpose_sum
 sched_file, workdir, size, chunks, runs, profile_s, cpu = sys.argv[1:8]
 size, chunks, runs, profile_s, cpu = int(size), int(chunks), int(runs), float(profile_s), cpu == "1"
 work = Path(workdir)
@@ -59,7 +60,7 @@ with Client(scheduler_file=sched_file, timeout=60) as c:
     rs = da.random.RandomState(0) if cpu else da.random.RandomState(0, RandomState=__import__("cupy").random.RandomState)
     x = rs.random_sample((size, size), chunks=chunks).persist()
     wait(x)
-    expr = (x + x.T).sum()
+    expr = transpose_sum(x)  # as `ucx-dask-gpu workload transpose` sums
     for _ in range(5):
         expr.compute()
     walls = []

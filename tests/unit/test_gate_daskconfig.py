@@ -75,16 +75,6 @@ def _default(key):
     return dask.config.get(key, None, config=_defaults())
 
 
-def _read_by_dask_without_default(key: str) -> bool:
-    """split_every: dask.array's reductions read it with a default of their own (none in dask.yaml)."""
-    from pathlib import Path
-
-    import dask.array
-
-    src = Path(dask.array.__file__).parent / "_reductions_generic.py"
-    return key == "split_every" and f'config.get("{key}"' in src.read_text()
-
-
 def _ours(key: str) -> bool:
     """Keys our start-up preload applies (gate/tuning.py), or LocalCUDACluster arguments (`ucx-dask-gpu bench`)."""
     import inspect
@@ -107,9 +97,17 @@ def test_every_key_is_known_to_dask_or_distributed_ucxx_or_ours(tmp_path):
         # Free-form mappings (UCX environment, a worker's environment) have no defaults to compare against.
         if key.startswith(("distributed-ucxx.environment.", "distributed.nanny.pre-spawn-environ.")):
             continue
-        assert key in known or _read_by_dask_without_default(key) or _ours(key), \
+        assert key in known or _ours(key), \
             f"{key} is not a dask/distributed-ucxx setting, nor ours (typo?)"
     assert _ours("ucx-dask-gpu.cluster.rmm-pool-size") and not _ours("ucx-dask-gpu.cluster.rmm-pool")
+
+
+def test_no_setting_reaches_every_reduction(tmp_path):
+    """split_every is read by every dask.array reduction of every client that has the config, tensordot-like ones
+    whose partial results are whole blocks too: the transpose workload carries its measured one itself
+    (tests/unit/test_proof.py)."""
+    daskconfig.install(tmp_path, "gpu")
+    assert "split_every" not in load_installed(tmp_path) and "split_every" not in daskconfig.shipped_settings()
 
 
 def test_any_one_tuned_setting_drops_with_its_line():

@@ -24,6 +24,22 @@ def test_transpose_expected_is_the_numpy_answer(size, chunk):
     assert transpose.transpose_expected(size, chunk, 5) == pytest.approx(float((x + x.T).sum()), rel=1e-12)
 
 
+def test_the_transpose_sums_split_every_is_the_workloads_not_the_clients_config():
+    """The shipped config sets no split_every (dask applies it to every reduction): the workload's sum carries the
+    measured one itself, so a client left at dask's default 4 still builds the graph that was measured."""
+    import dask
+    import dask.array as da
+
+    x = da.ones((40, 40), chunks=4)  # 10x10 blocks: one aggregate task at 100, more levels at 4
+    with dask.config.set(split_every=4):
+        ours, configs = transpose.transpose_sum(x), (x + x.T).sum()
+    with dask.config.set(split_every=transpose.SPLIT_EVERY):
+        measured = (x + x.T).sum()
+    assert dict(ours.__dask_graph__()).keys() == dict(measured.__dask_graph__()).keys()
+    assert len(dict(ours.__dask_graph__())) < len(dict(configs.__dask_graph__()))
+    assert float(ours.compute(scheduler="sync")) == 2 * 40 * 40
+
+
 def test_compare_versions_reports_each_differing_package():
     same = {"packages": {"python": "3.11.7", "dask": "2026.7.1", "numpy": "2.4.6"}}
     other = {"packages": {"python": "3.11.7", "dask": "2026.7.1", "numpy": "2.3.0"}}

@@ -37,11 +37,9 @@ def _summary(r: dict) -> str:
 
 
 def _reserve_stdout_for_results():
-    """Send everything else written to fd 1 to stderr; return a file on the real stdout for the result.
-
-    UCX logs to stdout from C (e.g. its UCX_MEMTYPE_CACHE warning), in this process and in LocalCluster workers
-    started from it; without this, `--json > result.json` would not be JSON over UCX.
-    """
+    """Send everything else written to fd 1 to stderr; return a file on the real stdout for the result. UCX logs to
+    stdout from C (e.g. its UCX_MEMTYPE_CACHE warning), in this process and in LocalCluster workers started from it;
+    without this, `--json > result.json` would not be JSON over UCX."""
     sys.stdout.flush()
     results = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)

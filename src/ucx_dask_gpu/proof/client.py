@@ -194,10 +194,8 @@ def wait_for_workers(client, wanted: int, timeout: float) -> int:
 
 
 def warm_up(client, modules: tuple[str, ...], watch: "Watch | None" = None) -> None:
-    """Import the workload's libraries on every worker first, so wall time measures the work, not imports.
-
-    As tasks (worker threads), not `client.run` (the event loop), so heartbeats keep flowing during slow imports.
-    """
+    """Import the workload's libraries on every worker first, so wall time measures the work, not imports. As tasks
+    (worker threads), not `client.run` (the event loop), so heartbeats keep flowing during slow imports."""
     watch = watch or Watch(client, "warm-up", LOST_AFTER_S)
     addresses = list(watch.call(client.scheduler_info, n_workers=-1)["workers"])
     # allow_other_workers: a worker killed during warm-up must not leave its pinned task waiting forever.
@@ -240,13 +238,11 @@ def scheme(address: str) -> str:
 
 
 class Watch:
-    """Every wait of a workload on the cluster, bounded, and saying every REPORT_EVERY_S that it still waits.
-
-    - the scheduler lost (its connection closed: stopped, killed, unreachable): SCHEDULER_LOST at once;
-    - no worker left (all died mid-run) and none joined within `timeout` seconds: ALL_WORKERS_LOST;
-    - a task that raised: WORKLOAD_FAILED.
-    A computation that still has workers may take as long as it takes: it is not a hang, and it says so.
-    """
+    """Every wait of a workload on the cluster, bounded, and saying every REPORT_EVERY_S that it still waits: the
+    scheduler lost (its connection closed: stopped, killed, unreachable) is SCHEDULER_LOST at once; no worker left
+    (all died mid-run) and none joined within `timeout` seconds, ALL_WORKERS_LOST; a task that raised,
+    WORKLOAD_FAILED. A computation that still has workers may take as long as it takes: it is not a hang, and it says
+    so."""
 
     def __init__(self, client, what: str, timeout: float):
         self.client, self.what, self.timeout = client, what, timeout
