@@ -1,5 +1,6 @@
-"""proof/launchers.py: a process started in a session of its own, its output in its log; a scheduler's address read
-from its scheduler file; a stop that ends what ignores SIGTERM, and what it spawned, after the bound."""
+"""proof/launchers.py: a process started in a session of its own, its output in its log, or attached (in this
+process's group, no log); a scheduler's address read from its scheduler file; a stop that ends what ignores SIGTERM,
+and what it spawned, after the bound."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from ucx_dask_gpu.proof.launchers import DaskProcess
+from ucx_dask_gpu.proof.launchers import DaskProcess, stop_processes
 
 # Writes a scheduler file a moment after it starts, as `dask scheduler --scheduler-file` does.
 WRITES_ADDRESS = "import json, sys, time; time.sleep(0.5); json.dump({'address': 'tcp://127.0.0.1:1'}, " \
@@ -17,6 +18,9 @@ WRITES_ADDRESS = "import json, sys, time; time.sleep(0.5); json.dump({'address':
 STUBBORN = "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print(c.pid, flush=True); " \
            "time.sleep(60)"
+# Ignores SIGTERM, then says so by creating the file it is given.
+IGNORES_TERM = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open(sys.argv[1], 'w'); " \
+               "time.sleep(60)"
 
 
 def alive(pid: int) -> bool:
@@ -60,3 +64,15 @@ def test_stop_ends_a_process_that_ignores_sigterm_and_what_it_spawned_after_the_
     while alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(grandchild)
+
+
+def test_an_attached_process_is_in_this_group_and_stopped_alone(tmp_path):
+    """Attached: a signal to this process's group would reach it; stopped, the signals go to it alone (its group is
+    this test's), SIGKILL once it outlived the bound."""
+    ready = tmp_path / "ready"
+    proc = DaskProcess([sys.executable, "-c", IGNORES_TERM, str(ready)], os.environ, tmp_path / "p.log", attached=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.getpgid(proc.popen.pid) == os.getpgrp() and proc.log is None and not (tmp_path / "p.log").exists()
+    assert stop_processes([proc.popen], 1, groups=False) == [proc.popen] and proc.popen.returncode == -9
