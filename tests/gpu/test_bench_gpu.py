@@ -1,7 +1,8 @@
 """On a GPU host: CuPy chunks move GPU-to-GPU over UCX with the shipped tuned config, and a
 small `bench transpose` runs end to end. Skips, with the reason printed, without 2 NVLinked GPUs and the stack.
 
-Runtime on 2xH200: test_cupy_chunk_moves_device_to_device ~30 s, test_bench_smoke ~90 s.
+Runtime on 2xH200: test_cupy_chunk_moves_device_to_device ~30 s, test_bench_smoke ~90 s, test_bench_peer_on_one_gpu
+~90 s (not yet measured).
 """
 from __future__ import annotations
 
@@ -171,3 +172,28 @@ def test_bench_smoke(tmp_path):
     parity, peer = p["references"]
     assert parity["status"] == "ok" and parity["array_type"] == "cupy" and parity["against"] == "ucx/thread"
     assert peer["status"] == "ok" and peer["against"] == "its own LocalCUDACluster"
+    # each in one chunk between our rounds 2 and 3; local_cupy keeps the parity cluster's memory setup (its dask-cuda
+    # workers carry RMMSetup) and applies its own RMM arguments on the LocalCUDACluster it starts for the peer
+    assert all([c["rounds_before"] for c in r["chunks"]] == [2] and len(r["wall_s"]) == 3 for r in (parity, peer))
+    assert parity["cluster_rmm_kept"] and not peer["cluster_rmm_kept"]
+
+
+def test_bench_peer_on_one_gpu(tmp_path):
+    """On one GPU shared by two workers local_cupy's peer runs on a cluster started for it alone (dask's and
+    dask-cuda's defaults), dask-cuda's RMMSetup removed from its workers so that local_cupy applies its own RMM
+    arguments, in two chunks between our rounds."""
+    gpu, _ = PAIR
+    proc = subprocess.run(
+        [sys.executable, "-m", "ucx_dask_gpu", "bench", "transpose", "--shared-gpu", str(gpu), "--size", "16384",
+         "--chunks", "4096", "--runs", "6", "--allow-few", "--variant", "ucx@defaults:none", "--peer", "--out",
+         str(tmp_path), "--budget", "400"], capture_output=True, text=True, timeout=480)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    p = json.loads((tmp_path / "transpose.json").read_text())
+    (peer,) = p["references"]
+    own = next(c for c in p["clusters"] if c["id"] == peer["cluster"])
+    assert peer["status"] == "ok" and peer["array_type"] == "cupy" and own["variants"] == ["ucx/local_cupy-peer"]
+    assert peer["config"].endswith("local_cupy's RMM arguments (dask-cuda's RMMSetup removed from 2 workers)")
+    assert not any(c["cluster_rmm_kept"] for c in peer["chunks"])
+    assert [c["rounds_before"] for c in peer["chunks"]] == [2, 5] and len(peer["wall_s"]) == 6
+    assert sorted(peer["worker_addresses"].values()) == sorted(own["workers"])
+    assert all(c["shutdown"]["clean"] for c in p["clusters"])

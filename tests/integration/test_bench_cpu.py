@@ -1,14 +1,21 @@
-"""`ucx-dask-gpu bench transpose` and `svd` end to end in CPU mode: real LocalClusters (UCX over TCP through
-distributed-ucxx, and TCP), variants interleaved on live clusters (two of them sharing one), dask-cuda's local_cupy
-as the parity run on a live cluster; every number in the report comes from those runs. No timing is asserted."""
+"""`ucx-dask-gpu bench transpose` and `svd` end to end in CPU mode: real clusters started with the launchers users run
+(`dask scheduler`, `dask worker`; UCX over TCP through distributed-ucxx, and TCP), the measuring client alone in its
+process, variants interleaved on live clusters (two of them sharing one), dask-cuda's local_cupy as the parity run on
+a live cluster; every number in the report comes from those runs. No timing is asserted."""
 import json
 import re
 import subprocess
 import sys
+import time
+
+import psutil
 
 import numpy as np
 import pytest
 
+from ucx_dask_gpu.bench import options, transpose as transpose_study
+from ucx_dask_gpu.bench.hosts import Host
+from ucx_dask_gpu.cliutil import Progress
 from ucx_dask_gpu.fsutil import MANIFEST
 
 pytestmark = pytest.mark.integration
@@ -80,7 +87,7 @@ def test_settings_reached_the_workers_and_provenance(transpose):
     for facts in tcp["worker_facts"].values():
         assert facts["nthreads"] == 2 and facts["distributed.scheduler.bandwidth"] == "1GB"
     libucp = p["provenance"]["libucp"]["c0"]
-    assert libucp["client"] and set(libucp["workers"].values()) == {libucp["client"]}
+    assert libucp["client"] and set(libucp["workers"].values()) == {libucp["client"]} == {libucp["scheduler"]}
     assert p["provenance"]["git"]["commit"] and p["provenance"]["command"].startswith("ucx-dask-gpu bench")
     assert all(c["shutdown"]["clean"] and c["tracebacks"] == 0 for c in p["clusters"]), p["clusters"]
 
@@ -116,3 +123,47 @@ def test_svd(tmp_path):
     x = np.concatenate([np.random.RandomState(1 * 100_003 + i).random_sample((1000, 20)) for i in range(4)])
     s = np.linalg.svd(x, compute_uv=False)
     assert run["check"]["ok"] and run["check"]["value"] == pytest.approx(float((s ** 2).sum()), rel=1e-9)
+
+
+def running(pids) -> list[int]:
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+    return [p for p in pids if alive(p)]
+
+
+def test_the_cluster_process_holds_only_the_client(tmp_path):
+    """A cluster process (hosts.Host, as the driver starts it) runs the scheduler and each worker in processes of their
+    own, started by `dask scheduler` and `dask worker` (a scheduler in the client's process made submit -> result
+    optimistic); closed, it leaves none of them running."""
+    argv = ["--cpu", "--size", "400", "--chunks", "100", "--variant",
+            "ucx@t:none:ucx-dask-gpu.cluster.threads-per-worker=2"]
+    opts = options.options(transpose_study.STUDY, options.build_parser(transpose_study.STUDY).parse_args(argv))
+    host = Host(0, opts.variants, opts, tmp_path, Progress(quiet=True))
+    try:
+        host.ready(180)
+        assert host.error is None, list(host.child.stderr)[-40:]
+        facts, pid = host.facts, host.child.proc.pid
+        started = {p.pid: " ".join(p.cmdline()) for p in psutil.Process(pid).children(recursive=True)}
+        scheduler, workers = facts["scheduler_facts"]["pid"], {f["pid"] for f in facts["worker_facts"].values()}
+        assert facts["client_facts"]["pid"] == pid and scheduler != pid and pid not in workers and len(workers) == 2
+        assert "dask scheduler" in started[scheduler] and workers <= set(started)
+        assert len([c for c in started.values() if " dask worker " in c]) == 2, started
+        assert facts["cluster_class"] == "launchers: dask scheduler + 2 dask worker"
+        assert facts["scheduler"].startswith("ucx://")
+        assert all(f["nthreads"] == 2 for f in facts["worker_facts"].values())
+        host.begin_close()
+        host.finish_close(time.monotonic() + 90)
+        assert host.shutdown["clean"] and host.rc == 0, host.shutdown
+        # the scheduler forgets the workers before their launchers close them: one closing while registered could
+        # have the scheduler write to its closed stream
+        assert host.shutdown["steps"][1:] == ["2 workers removed from the scheduler", "worker launchers exited",
+                                              "client closed", "scheduler exited"]
+        deadline = time.monotonic() + 20
+        while running(started) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not running(started), [started[p] for p in running(started)]
+    finally:
+        host.child.kill()

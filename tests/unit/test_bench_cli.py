@@ -70,17 +70,30 @@ def test_gpu_mode_without_gpu(capsys, tmp_path):
 
 def test_plan_groups_variants_by_the_cluster_they_need(capsys):
     rc, out, err = run(capsys, "transpose", "--cpu", "--plan", "--variant", "ucx@defaults:none",
-                       "--variant", "ucx,tcp@shipped:shipped", "--variant", "ucx@split:shipped:split_every=4",
+                       "--variant", "ucx,tcp@shipped:shipped:split_every=100",
+                       "--variant", "ucx@split:shipped:split_every=4",
                        "--variant", "ucx@pool:shipped:ucx-dask-gpu.cluster.rmm-pool-size=8GiB")
     assert rc == 0, err
     clusters = [ln for ln in out.splitlines() if ln.startswith("cluster")]
     members = [ln.split(":")[0].strip() for ln in out.splitlines() if ln.startswith("  ")]
     assert len(clusters) == 4  # defaults, shipped (+ split_every), tcp, pool
     assert members == ["ucx/defaults", "ucx/shipped", "ucx/split", "tcp/shipped", "ucx/pool"]
-    # the shipped config's own client-side keys (tuned-gpu.yaml) and the variant's, for dask.config.set in the client
+    # client-side keys go to dask.config.set in the client, per variant
     assert "client-side {'split_every': 100}" in out
     assert "client-side {'split_every': 4}" in out
     assert "baseline ucx/defaults" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("study, shipped_settings", [("transpose", {"split_every": 100}), ("transfer", {})])
+def test_the_default_shipped_variant_runs_the_study_as_the_product_does(capsys, study, shipped_settings):
+    """The shipped config sets no split_every (dask applies it to every reduction); the transpose's default `shipped`
+    variant adds the one `ucx-dask-gpu workload transpose` sums with, so it measures what users run."""
+    rc, out, err = run(capsys, study, "--cpu", "--plan")
+    assert rc == 0, err
+    members = {ln.split(":")[0].strip(): ln for ln in out.splitlines() if ln.startswith("  ")}
+    assert sorted(members) == ["tcp/shipped", "ucx/defaults", "ucx/shipped"]
+    for name in ("ucx/shipped", "tcp/shipped"):
+        assert members[name].endswith(f"shipped {shipped_settings} client-side {shipped_settings}"), members[name]
 
 
 def test_each_study_runs_alone_with_the_standard_library_for_its_help():

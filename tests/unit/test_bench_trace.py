@@ -1,5 +1,5 @@
 """`bench transfer --trace`: one transfer's phases reconstructed from the tracer's events (recorded shape, synthetic
-times), and the cluster that puts two dask-cuda workers on one GPU."""
+times)."""
 import pytest
 
 from ucx_dask_gpu.bench import trace
@@ -67,33 +67,3 @@ def test_wrapped_functions_record_begin_and_end():
     assert f(2) == 3 and getattr(f, "__traced__", False)
     assert [(e[1], e[2], e[4]) for e in trace.EVENTS] == [("plus", "b", 2), ("plus", "e", -1)]
     assert trace.pop_events()["events"] and not trace.EVENTS
-
-
-@pytest.mark.filterwarnings("ignore:Cannot get CPU affinity")
-def test_shared_gpu_cluster_puts_every_worker_on_the_first_gpu(monkeypatch):
-    """dask-cuda's own spec for that GPU, under worker names 0, 1, ... (LocalCUDACluster refuses a second worker on
-    one GPU). Built without starting anything: no GPU here."""
-    import dask_cuda
-
-    from ucx_dask_gpu.bench import cluster
-
-    made = {}
-
-    def fake_init(self, **kwargs):
-        self.cuda_visible_devices = [3]
-        self.worker_spec = {}
-        self.new_spec = {"cls": object, "options": {"nthreads": 1}}
-        for attr in ("rmm_pool_size", "rmm_maximum_pool_size", "rmm_release_threshold", "rmm_log_directory",
-                     "rmm_allocator_external_lib_list", "pre_import", "cudf_spill_stats"):
-            setattr(self, attr, None)
-        self.rmm_managed_memory = self.rmm_async = self.rmm_track_allocations = self.enable_cudf_spill = False
-        made["cluster"] = self
-
-    monkeypatch.setattr(dask_cuda.LocalCUDACluster, "__init__", fake_init)
-    c = cluster.shared_gpu_cluster()
-    for _ in range(2):
-        c.worker_spec.update(c.new_worker_spec())
-    assert sorted(c.worker_spec) == [0, 1]
-    for spec in c.worker_spec.values():
-        assert spec["options"]["env"] == {"CUDA_VISIBLE_DEVICES": "3"}
-        assert spec["options"]["plugins"]

@@ -11,7 +11,10 @@
 # Every variant that needs a cluster of its own adds two workers on GPU 0: keep it to about four clusters per study
 # (nine at once exhausted the GPU's memory in the transpose and doubled every transfer's time).
 # Default variants, in both studies: ucx@defaults:none (the baseline: dask's and dask-cuda's defaults),
-# ucx@shipped:shipped and tcp@shipped:shipped (what `ucx-dask-gpu config install` gives every role).
+# ucx,tcp@shipped:shipped:split_every=100 (what `ucx-dask-gpu config install` gives every role, the transpose summed
+# as `ucx-dask-gpu workload transpose` sums it: SPLIT_EVERY in src/ucx_dask_gpu/proof/transpose.py; client-side, no
+# cluster of its own, nothing in the transfer study). A variant on `shipped` carries split_every=100 too, so that it
+# changes one thing against it.
 #
 # usage: bench_session.sh [--budget S] [--variant V]... [--transfer-variant V]... [--transpose-variant V]...
 #                         [--no-default-variants] [--parity V | --no-references] [--transfer-runs N]
@@ -21,9 +24,10 @@
 #   --budget S             seconds of work in all, the venv included (default 510); each study stops starting rounds
 #                          in time and still writes its report
 #   --variant V            one more variant in both studies, e.g.
-#                          'ucx@pool:shipped:ucx-dask-gpu.cluster.rmm-pool-size=8GiB' or 'ucx@split:shipped:split_every=100'
+#                          'ucx@pool:shipped:ucx-dask-gpu.cluster.rmm-pool-size=8GiB;split_every=100'
 #                          ([PROTOCOLS@]LABEL:CONFIG[:KEY=VALUE;...]: `python -m ucx_dask_gpu.bench.transpose --help`)
-#   --transfer-variant V / --transpose-variant V   one more variant in one study
+#   --transfer-variant V / --transpose-variant V   one more variant in one study, e.g.
+#                          --transpose-variant 'ucx@split-4:shipped:split_every=4' (dask's default)
 #   --no-default-variants  only the variants given (the first is the baseline)
 #   --parity V / --no-references   local_cupy's parity run with variant V's config (default ucx/shipped, with --peer
 #                          beside it), or neither
@@ -62,7 +66,7 @@ left() { echo $(( start + budget - $(date +%s) )); }
 echo "== $(date -u +%FT%TZ) bench session on $(hostname), budget ${budget} s"
 
 base=()
-[ "$defaults" = 1 ] && base=(--variant 'ucx@defaults:none' --variant 'ucx,tcp@shipped:shipped')
+[ "$defaults" = 1 ] && base=(--variant 'ucx@defaults:none' --variant 'ucx,tcp@shipped:shipped:split_every=100')
 if [ "$cpu" = 1 ]; then
   where=(--cpu) transfer_sizes=8,1MiB,32MiB transpose_size=(--size 2000 --chunks 500)
 else

@@ -15,7 +15,7 @@ STUDIES = (transpose.STUDY, svd.STUDY, transfer.STUDY)
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks: transpose, svd, one transfer; variants interleaved, bootstrap "
                                      "ratios, dask-cuda's local_cupy beside them",
-                       description="Dask over UCX vs TCP on a dask-cuda cluster (LocalCluster with --cpu): each "
+                       description="Dask over UCX vs TCP on dask-cuda workers (dask workers with --cpu): each "
                                    "study's variants take turns within one run; see docs/benchmarks.md.")
     s = p.add_subparsers(dest="bench_study", metavar="STUDY", required=True)
     for study in STUDIES:

@@ -1,8 +1,9 @@
 """The cluster side of a benchmark: one process per cluster (`python -m ucx_dask_gpu.bench.<study> --serve SPEC.json`,
-started by hosts.py with the cluster's dask config and environment), holding the scheduler and the client of ONE
-LocalCUDACluster (or LocalCluster on CPU) and answering the driver one JSON line each way: a repetition, a check,
-close. A process per cluster because UCX and UCXX read their settings once per process: a variant's config and
-environment must be in force before its scheduler, client and workers start.
+started by hosts.py with the cluster's dask config and environment). It starts the cluster with the launchers users
+run (`dask scheduler`; `dask worker`, or `dask cuda worker`), each a process of its own, and holds the client: the
+measuring client is in no process of the cluster's, as a user's is not. It answers the driver one JSON line each way: a
+repetition, a check, close. A process per cluster because UCX and UCXX read their settings once per process: a
+variant's config and environment must be in force before its scheduler, client and workers start.
 
 Also here: what runs on the workers, the input pinned to workers by a fixed map, and the timed persist. dask,
 distributed and the GPU libraries are imported inside the functions that use them.
@@ -17,10 +18,12 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 from ..cliutil import Progress
 from ..gate.identity import compare_versions
-from ..proof.client import close_workers, ucx_loaded, warm_up
+from ..proof.client import ucx_loaded, warm_up
+from ..proof.launchers import launch_cluster, stop_processes
 from . import config
 
 PROGRESS, ANSWER = "@@ ", "@@= "
@@ -108,6 +111,21 @@ async def quiesce(dask_worker=None, timeout: float = 5.0) -> int:
     return len(comms)
 
 
+async def forget_workers(dask_scheduler=None, timeout: float = 5.0) -> int:
+    """Remove every worker from the scheduler, not closing it (its launcher does next), as LocalCluster's scale(0)
+    retires workers before their nannies close them. Workers that close while registered race the scheduler: each
+    removal sends every other worker "remove-worker", and one closing at the same moment has its stream closed under
+    that write (a CommClosedError traceback on the scheduler). Removed, a worker is sent nothing more; returns once
+    the messages already queued to them are on their way."""
+    sends, addrs = list(dask_scheduler.stream_comms.values()), list(dask_scheduler.workers)
+    for addr in addrs:
+        await dask_scheduler.remove_worker(addr, close=False, expected=True, stimulus_id=f"bench-close-{time.time()}")
+    deadline = time.monotonic() + timeout
+    while any(s.buffer for s in sends) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return len(addrs)
+
+
 def array_module(gpu: bool):
     """numpy, or CuPy on a GPU worker (whose work is queued: sync_device before it counts as done)."""
     return importlib.import_module("cupy" if gpu else "numpy")
@@ -123,66 +141,36 @@ def make_block(seed: int, shape: tuple, gpu: bool):
 
 # --- the cluster ----------------------------------------------------------------------------------------------------
 
-def shared_gpu_cluster(**kwargs):
-    """dask-cuda's LocalCUDACluster with every worker on the first visible GPU: LocalCUDACluster names its workers
-    after GPUs; here each new worker gets the spec dask-cuda makes for that GPU under the next free number, so two
-    worker processes share one GPU and talk over cuda_ipc."""
-    from dask_cuda import LocalCUDACluster
+def worker_flags(c: dict, spec: dict) -> list[str]:
+    """The cluster settings `c` as the worker launchers' own flags (`dask worker --help`, `dask cuda worker --help`),
+    the workers on 127.0.0.1 without a dashboard as a LocalCluster starts them; a limit of None is their 0 (none)."""
+    from distributed.worker_memory import parse_memory_limit
 
-    class SharedGPUCluster(LocalCUDACluster):
-        def new_worker_spec(self):
-            taken, self.worker_spec = self.worker_spec, {}
-            try:
-                ((_, spec),) = super().new_worker_spec().items()
-            finally:
-                self.worker_spec = taken
-            return {max(taken, default=-1) + 1: spec}
-
-    return SharedGPUCluster(**kwargs)
-
-
-def start_cluster(spec: dict):
-    """The cluster this process serves; its settings come from this process's dask config."""
-    import dask
-
-    c, _ = config.cluster_settings(dask.config.config, spec["mode"] == "cpu")
-    common = dict(protocol=spec["protocol"], threads_per_worker=c["threads-per-worker"], dashboard_address=None,
-                  silence_logs=logging.WARNING, local_directory=spec["local_directory"], memory_limit=c["memory-limit"])
-    if spec["mode"] == "cpu":
-        from distributed import LocalCluster
-
-        return LocalCluster(n_workers=spec["workers"], processes=True, host="127.0.0.1", **common)
-    gpu = dict(rmm_pool_size=c["rmm-pool-size"], rmm_maximum_pool_size=c["rmm-maximum-pool-size"],
-               rmm_async=c["rmm-async"], rmm_allocator_external_lib_list=c["rmm-allocator-external-lib-list"],
-               device_memory_limit=c["device-memory-limit"], **common)
-    if spec["mode"] == "shared":
-        return shared_gpu_cluster(CUDA_VISIBLE_DEVICES=str(spec["gpus"][0]), n_workers=spec["workers"], **gpu)
-    from dask_cuda import LocalCUDACluster
-
-    return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(map(str, spec["gpus"])), n_workers=len(spec["gpus"]), **gpu)
+    gpu, memory = spec["mode"] != "cpu", c["memory-limit"]
+    if gpu and memory == "auto":  # the host's memory split among all the workers, as LocalCUDACluster splits it;
+        # a `dask cuda worker` splits it among its own GPUs (two sharing one GPU would each take all of it)
+        memory = parse_memory_limit("auto", 1, spec["workers"], logger=logging.getLogger(__name__))
+    flags = ["--protocol", spec["protocol"], "--host", "127.0.0.1", "--no-dashboard", "--memory-limit",
+             str(memory or 0)]
+    if gpu:
+        flags += ["--device-memory-limit", str(c["device-memory-limit"] or 0)]
+        flags += [f for k in ("rmm-pool-size", "rmm-maximum-pool-size") if c[k] is not None
+                  for f in (f"--{k}", str(c[k]))]
+        flags += ["--rmm-async"] if c["rmm-async"] else []
+        libs = c["rmm-allocator-external-lib-list"]
+        if libs:
+            flags += ["--set-rmm-allocator-for-libs",
+                      ",".join(x.strip() for x in (libs.split(",") if isinstance(libs, str) else libs))]
+    return flags
 
 
-def shutdown(client, cluster, timeout: float = 60.0) -> dict:
-    """Quiesce the workers, close them through their nannies while the scheduler still serves them
-    (proof.client.close_workers says why), then the client, then the scheduler; each step bounded."""
-    start, steps = time.perf_counter(), []
-
-    def step(what, fn, limit):
-        try:
-            steps.append(fn(max(1.0, min(limit, timeout - (time.perf_counter() - start)))) or what)
-        except Exception as e:
-            steps.append(f"{what} failed: {one_line(e)}")
-
-    if client is not None:
-        step("workers quiesced", lambda t: f"workers quiesced, {sum(client.run(quiesce, timeout=t).values())} "
-                                           "worker-worker connections closed", 15)
-        if cluster is not None:
-            step("closing the workers", lambda t: close_workers(client, cluster, t), 30)
-        step("client closed", lambda t: client.close(timeout=t), 15)
-    if cluster is not None:
-        step("cluster closed", lambda t: cluster.close(timeout=t), 45)
-    return {"seconds": round(time.perf_counter() - start, 3), "steps": steps,
-            "clean": bool(steps) and not any("failed" in s for s in steps)}
+def launchers_stopped(procs: list, limit: float, what: str) -> str:
+    """SIGTERM to each launcher, SIGKILL to those not gone after `limit` s; RuntimeError unless each exited with 0."""
+    killed = stop_processes([p.popen for p in procs], limit, groups=False)
+    codes = [p.popen.returncode for p in procs]
+    if any(codes):
+        raise RuntimeError(f"{what} exit codes {codes}, {len(killed)} SIGKILLed after {limit:.0f} s")
+    return f"{what} exited"
 
 
 def _held(keys: list | None, dask_scheduler=None) -> bool:
@@ -233,22 +221,81 @@ def timed_persist(client, outputs: list, gpu: bool) -> tuple[float, list, list[d
 
 # --- serving the driver ---------------------------------------------------------------------------------------------
 
-def open_cluster(spec: dict, study):
-    from distributed import Client
+class Served:
+    """The cluster this process serves, launched attached to it (the driver's signal to its group stops them too; their
+    output is its own: the driver counts their tracebacks and reads UCX_PROTO_INFO), and its Client of it. cpu: `dask
+    worker`s; shared: `dask cuda worker`s each given the one GPU; gpu: one `dask cuda worker` given every GPU, as users
+    run it on a node: a worker per GPU, each seeing every GPU with its own first, as LocalCUDACluster's did."""
 
-    t = time.perf_counter()
-    cluster = start_cluster(spec)
-    client = Client(cluster, timeout="60s")
-    client.wait_for_workers(spec["workers"], timeout=spec.get("start_timeout", 180))
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
-    warm_up(client, ("numpy", "dask.array") + (("cupy",) if spec["mode"] != "cpu" else ()))
-    same = compare_versions(client.get_versions(check=False))
-    facts = {"op": "ready", "workers": workers, "start_s": round(time.perf_counter() - t, 3),
-             "worker_facts": client.run(process_facts, spec["probe_keys"]),
-             "client_facts": process_facts(spec["probe_keys"]), "versions_identical": same["identical"],
-             "version_differences": same["differences"], "scheduler": cluster.scheduler_address,
-             "cluster_class": type(cluster).__name__}
-    return cluster, client, study.prepare(client, spec["params"], workers, spec["mode"] != "cpu"), facts
+    def __init__(self, spec: dict):
+        import dask
+
+        self.spec, self.client, self.started, mode, n = spec, None, time.perf_counter(), spec["mode"], spec["workers"]
+        c, _ = config.cluster_settings(dask.config.config, mode == "cpu")
+        visible = [None] * n if mode == "cpu" else [str(spec["gpus"][0])] * n if mode == "shared" \
+            else [",".join(map(str, spec["gpus"]))]
+        envs = [os.environ if v is None else {**os.environ, "CUDA_VISIBLE_DEVICES": v} for v in visible]
+        self.procs = launch_cluster(sys.executable, os.environ, envs, Path(spec["local_directory"]),
+                                    protocol=spec["protocol"], cuda=mode != "cpu", nthreads=c["threads-per-worker"],
+                                    worker_flags=worker_flags(c, spec), scheduler_flags=["--no-dashboard"],
+                                    attached=True)
+        self.launchers = f"launchers: dask scheduler + {len(envs)} dask {'cuda ' * (mode != 'cpu')}worker" \
+            + (f" (CUDA_VISIBLE_DEVICES={visible[0]})" if visible[0] else "")
+
+    def wait_for_workers(self, timeout: float) -> None:
+        """Until every worker has joined; ChildProcessError as soon as a launcher exits (its output went above)."""
+        deadline, wanted = time.monotonic() + timeout, self.spec["workers"]
+        while (have := len(self.client.scheduler_info(n_workers=-1)["workers"])) < wanted:
+            exited = [f"{n} ({p.popen.returncode})" for n, p in self.procs.items() if p.popen.poll() is not None]
+            if exited:
+                raise ChildProcessError(f"{', '.join(exited)} exited before every worker joined")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{have} of {wanted} workers joined within {timeout:.0f} s")
+            time.sleep(0.2)
+
+    def open(self, study) -> tuple:
+        """(the study's context, the facts the driver is told): once the cluster is up, checked and warmed up."""
+        from distributed import Client
+
+        spec, keys = self.spec, self.spec["probe_keys"]
+        address = self.procs["scheduler"].address(spec.get("start_timeout", 180))
+        self.client = client = Client(address, timeout="60s")
+        self.wait_for_workers(spec.get("start_timeout", 180))
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        warm_up(client, ("numpy", "dask.array") + (("cupy",) if spec["mode"] != "cpu" else ()))
+        same = compare_versions(client.get_versions(check=False))
+        facts = {"op": "ready", "workers": workers, "start_s": round(time.perf_counter() - self.started, 3),
+                 "worker_facts": client.run(process_facts, keys), "client_facts": process_facts(keys),
+                 # a lambda: run_on_scheduler would hand process_facts the Scheduler as its dask_worker
+                 "scheduler_facts": client.run_on_scheduler(lambda: process_facts(keys)), "scheduler": address,
+                 "versions_identical": same["identical"], "version_differences": same["differences"],
+                 "cluster_class": self.launchers}
+        return study.prepare(client, spec["params"], workers, spec["mode"] != "cpu"), facts
+
+    def shutdown(self, timeout: float = 60.0) -> dict:
+        """Quiesce the workers; the scheduler forgets them (forget_workers); their nannies close them while the
+        scheduler still runs (SIGTERM to their launchers, which exit before it stops; proof.client.close_workers says
+        why not the scheduler first); the client; the scheduler; each step bounded."""
+        start, steps, client = time.perf_counter(), [], self.client
+        workers = [p for n, p in self.procs.items() if n != "scheduler"]
+
+        def step(what, fn, limit):
+            try:
+                steps.append(fn(max(1.0, min(limit, timeout - (time.perf_counter() - start)))) or what)
+            except Exception as e:
+                steps.append(f"{what} failed: {one_line(e)}")
+
+        if client is not None:
+            step("workers quiesced", lambda t: f"workers quiesced, {sum(client.run(quiesce, timeout=t).values())} "
+                                               "worker-worker connections closed", 15)
+            step("workers removed", lambda t: f"{client.run_on_scheduler(forget_workers, timeout=t)} workers removed "
+                                              "from the scheduler", 10)
+        step("closing the workers", lambda t: launchers_stopped(workers, t, "worker launchers"), 30)
+        if client is not None:
+            step("client closed", lambda t: client.close(timeout=t), 15)
+        step("closing the scheduler", lambda t: launchers_stopped([self.procs["scheduler"]], t, "scheduler"), 20)
+        return {"seconds": round(time.perf_counter() - start, 3), "steps": steps,
+                "clean": not any("failed" in s for s in steps)}
 
 
 def handle(study, client, ctx, request: dict) -> dict:
@@ -268,20 +315,21 @@ def serve(study, spec_path: str) -> int:
     """Start the cluster, answer requests until `close` (or the end of stdin), then shut it down."""
     with open(spec_path) as f:
         spec = json.load(f)
-    cluster = client = None
+    served = None
     try:
         say(f"starting {spec['protocol']} cluster, {spec['workers']} workers ({spec['mode']})")
-        cluster, client, ctx, facts = open_cluster(spec, study)
+        served = Served(spec)
+        ctx, facts = served.open(study)
         say(f"cluster up in {facts['start_s']:.1f} s")
         answer(facts)
         for line in sys.stdin:
             request = json.loads(line)
             if request["op"] == "close":
                 break
-            answer(handle(study, client, ctx, request))
+            answer(handle(study, served.client, ctx, request))
     except Exception as e:
         answer({"op": "error", "ok": False, "error": one_line(e), "traceback": traceback.format_exc()[-4000:]})
     finally:
         say("shutting down")
-        answer({"op": "closed", "shutdown": shutdown(client, cluster)})
+        answer({"op": "closed", "shutdown": served.shutdown() if served else {"steps": [], "clean": False}})
     return 0

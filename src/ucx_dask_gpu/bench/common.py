@@ -1,8 +1,8 @@
 """The runner every study shares (the model is dask-cuda's benchmarks/common.py): a Study (studies.py) handed to
 `main` or `cli_run`. The command line is checked before anything starts (options.py); one cluster process per group
 of variants that can share one starts, all at once (hosts.py, cluster.py); the variants take turns within --budget
-(rounds.py); each is checked on its cluster and dask-cuda's local_cupy runs beside it (reference.py); the report
-(render.py) carries every sample, bootstrap ratios against the baseline and the provenance (provenance.py).
+(rounds.py), dask-cuda's local_cupy in chunks among their rounds (reference.py); each is checked on its cluster; the
+report (render.py) carries every sample, bootstrap ratios against the baseline and the provenance (provenance.py).
 dask is imported where a run needs it: `ucx-dask-gpu --help` and bad arguments need none of it.
 """
 from __future__ import annotations
@@ -36,9 +36,11 @@ def execute(opts: Options, command: str) -> dict:
         tmp = Path(tmpname)
         try:
             hosts += [Host(i, g, opts, tmp, progress) for i, g in enumerate(group_variants(opts))]
+            peer = reference.peer_host(opts, len(hosts), tmp, progress)
+            hosts += [peer] if peer else []
             progress(f"{opts.study.name}: {len(opts.variants)} variant(s) on {len(hosts)} cluster(s), budget "
                      f"{opts.budget:.0f} s")
-            records, notes, refs = measure(opts, hosts, tmp, budget, progress, prov)
+            records, notes, refs = measure(opts, hosts, peer, tmp, budget, progress, prov)
         finally:  # also when interrupted: a cluster process lives in its own session, nothing else would stop it
             for h in hosts:
                 if h.child.proc.poll() is None:
@@ -49,16 +51,17 @@ def execute(opts: Options, command: str) -> dict:
     return payload
 
 
-def measure(opts: Options, hosts: list[Host], tmp: Path, budget: Budget, progress: Progress, prov: dict):
+def measure(opts: Options, hosts: list[Host], peer: Host | None, tmp: Path, budget: Budget, progress: Progress,
+            prov: dict):
     for h in hosts:
         h.ready(min(opts.run_timeout, budget.left()))
-    records = {v.name: Record(v, h, v.split(opts.client_keys)[1]) for h in hosts for v in h.variants}
-    notes = run_rounds(records, opts, budget, progress)
+    records = {v.name: Record(v, h, v.split(opts.client_keys)[1]) for h in hosts if h is not peer for v in h.variants}
+    beside = reference.beside(opts, records, peer, tmp)
+    notes = run_rounds(records, opts, budget, progress, beside)
     for rec in records.values():
         if rec.active:
             ans = rec.host.request({"op": "check", "overlay": rec.overlay, "seed": 1}, opts.run_timeout)
             rec.check = {k: v for k, v in ans.items() if k not in ("op", "traceback")}
-    refs = reference.references(opts, records, tmp, budget, progress, own_cluster=False)
     if opts.mode != "cpu":
         prov["clocks_after"] = provenance.gpu_facts(opts.gpus).get("gpus")
     for h in hosts:
@@ -66,8 +69,7 @@ def measure(opts: Options, hosts: list[Host], tmp: Path, budget: Budget, progres
     deadline = time.monotonic() + max(20.0, min(90.0, budget.left()))
     for h in hosts:
         h.finish_close(deadline)
-    refs += reference.references(opts, records, tmp, budget, progress, own_cluster=True)
-    return records, notes, refs
+    return records, notes, [b.report() for b in beside]
 
 
 def failures(payload: dict) -> tuple[int, str] | None:

@@ -9,7 +9,7 @@ A variant is written `[PROTOCOLS@]LABEL:CONFIG[:SETTINGS]`:
   SETTINGS   `KEY=VALUE[;KEY=VALUE...]` merged on top, each one of
              - a dask config key, dotted as in YAML (`distributed.scheduler.worker-saturation=inf`, `split_every=8`);
                values are read as dask reads DASK_* variables (true, 0.5, none, 20GB);
-             - an `ucx-dask-gpu.cluster.*` key: a LocalCUDACluster argument dask config has no key for
+             - an `ucx-dask-gpu.cluster.*` key: a worker launcher's flag dask config has no key for
                (threads-per-worker, rmm-pool-size, rmm-maximum-pool-size, rmm-async, rmm-allocator-external-lib-list,
                device-memory-limit, memory-limit); other `ucx-dask-gpu.*` keys pass through unchecked;
              - an environment variable (UPPER_CASE): set in every process of the cluster (and written into
@@ -17,9 +17,8 @@ A variant is written `[PROTOCOLS@]LABEL:CONFIG[:SETTINGS]`:
 e.g. `ucx@pool:shipped:ucx-dask-gpu.cluster.rmm-pool-size=8GiB`, `ucx,tcp@defaults:none`.
 
 Dask config keys are checked against dask's, distributed's and distributed-ucxx's defaults (a typo fails at once).
-Client-side keys (those read only where a graph is built: array.*, dataframe.*, optimization.*, tokenize.*,
-split_every, and any prefix given with --client-key) are applied per repetition in the client; variants that differ
-only in them share one running cluster. Everything else (protocol, environment, every other key) makes its own cluster.
+Client-side keys (CLIENT_SIDE: read only where a graph is built; and any --client-key prefix) are applied per
+repetition in the client, so variants that differ only in them share one running cluster (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -38,7 +37,7 @@ from ..gate import daskconfig
 PROTOCOLS = ("ucx", "tcp")
 NAMESPACE = "ucx-dask-gpu"
 CLUSTER = "ucx-dask-gpu.cluster"
-# LocalCUDACluster / LocalCluster arguments with dask-cuda's defaults.
+# The worker launchers' settings (cluster.worker_flags), with dask-cuda's defaults.
 CLUSTER_DEFAULTS = {"threads-per-worker": 1, "rmm-pool-size": None, "rmm-maximum-pool-size": None, "rmm-async": False,
                     "rmm-allocator-external-lib-list": None, "device-memory-limit": "default", "memory-limit": "auto"}
 GPU_ONLY = ("rmm-pool-size", "rmm-maximum-pool-size", "rmm-async", "rmm-allocator-external-lib-list",

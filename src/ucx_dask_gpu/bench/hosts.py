@@ -14,7 +14,7 @@ from collections import deque
 from pathlib import Path
 
 from ..cliutil import Progress
-from ..proof.launchers import stop_sessions
+from ..proof.launchers import stop_processes
 from . import cluster, config
 from .options import Options
 
@@ -69,7 +69,7 @@ class Child:
             raise TimeoutError(f"no answer within {timeout:.0f} s") from None
 
     def kill(self, grace: float = 10.0) -> None:
-        stop_sessions([self.proc], grace)
+        stop_processes([self.proc], grace)
 
     def wait(self, timeout: float) -> int | None:
         try:

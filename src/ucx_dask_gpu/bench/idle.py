@@ -3,10 +3,6 @@ the cluster started with the launchers users run — `dask scheduler`, `dask cud
 it is given; `--shared-gpu I` puts them all on GPU I) or `dask worker` (`--cpu`: UCX over TCP), and a client process
 holding a connected Client — one cluster per variant (bench/config.py variants: protocol, dask config, environment),
 nothing submitted.
-
-A Dask process whose UCX requests are polled runs at ~100 % of a core; one that waits on UCX's events, at a few
-percent (heartbeats, the event loop's tick). Measured after the clusters settle: `--windows` windows of `--window`
-seconds, the clusters taking turns (all alive, all idle); per process the median share of one core over its windows.
 """
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ from pathlib import Path
 
 from ..cliutil import Parser, Progress, add_output, run_parsed
 from ..errors import BENCH_FAILED, USAGE, UserError
-from ..proof.launchers import DaskProcess, stop_sessions
+from ..proof.launchers import DaskProcess, launch_cluster, stop_processes
 from ..report import command_line, write_report
 from . import config, provenance, render, stats
 
@@ -112,12 +108,10 @@ class Launched:
         self.variant, self.workers, self.python = variant, workers, python
         self.dir = tmp / variant.name.replace("/", "-")
         self.env = config.variant_env(self.dir / "dask-config", variant.tree, variant.env, variant.unset)
-        self.procs = {"scheduler": DaskProcess.scheduler(python, self.env, self.dir, protocol=variant.protocol)}
+        envs = [{**self.env, "CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else self.env
+                for i in range(workers)]
+        self.procs = launch_cluster(python, self.env, envs, self.dir, protocol=variant.protocol, cuda=bool(gpus))
         self.sched_file = self.procs["scheduler"].scheduler_file
-        for i in range(workers):
-            env = {**self.env, "CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else self.env
-            self.procs[f"w{i}-nanny"] = DaskProcess.worker(python, env, self.dir, f"w{i}", self.sched_file,
-                                                           cuda=bool(gpus))
 
     def connect_client(self, timeout: float) -> None:
         """Once the scheduler is up, the idle client; returns when it sees every worker."""
@@ -156,8 +150,8 @@ class Launched:
 
     def stop(self) -> None:
         """Clients and workers first, then the scheduler: SIGTERM to each process group, SIGKILL after 30 s."""
-        order = [n for n in self.procs if n != "scheduler"] + ["scheduler"]
-        stop_sessions([self.procs[n].popen for n in order], 30)
+        stop_processes([p.popen for n, p in self.procs.items() if n != "scheduler"], 30)
+        stop_processes([self.procs["scheduler"].popen], 30)
 
 
 # --- the study ------------------------------------------------------------------------------------------------------

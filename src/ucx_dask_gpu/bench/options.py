@@ -49,8 +49,9 @@ def add_arguments(p: argparse.ArgumentParser, study: Study) -> None:
     study.add_arguments(p)
     g = p.add_argument_group("variants (the syntax below; docs/benchmarks.md)")
     g.add_argument("--variant", action="append", default=[], metavar="[PROTOCOLS@]LABEL:CONFIG[:KEY=VALUE;...]",
-                   help="a variant (repeatable); CONFIG none|shipped|tuned|PATH; default: ucx@defaults:none and "
-                        "ucx,tcp@shipped:shipped, e.g. 'ucx@pool:shipped:ucx-dask-gpu.cluster.rmm-pool-size=8GiB'")
+                   help="a variant (repeatable); CONFIG none|shipped|tuned|PATH; default: "
+                        f"{' and '.join(study.default_variants)}, e.g. "
+                        "'ucx@pool:shipped:ucx-dask-gpu.cluster.rmm-pool-size=8GiB'")
     g.add_argument("--protocols", default="ucx", help="protocols of a variant that names none (default ucx)")
     g.add_argument("--baseline", help="the variant ratios are taken against, PROTOCOL/LABEL or LABEL (default: first)")
     g.add_argument("--client-key", action="append", default=[], metavar="PREFIX",
@@ -58,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser, study: Study) -> None:
                         "repetition, so variants differing only in it share a cluster (array.*, dataframe.*, "
                         "optimization.*, tokenize.*, split_every always are)")
     w = p.add_argument_group("where")
-    w.add_argument("--cpu", action="store_true", help="numpy on a LocalCluster, ucx = UCX over TCP (no GPU needed)")
+    w.add_argument("--cpu", action="store_true", help="numpy on dask workers, ucx = UCX over TCP (no GPU needed)")
     w.add_argument("--gpus", help="GPU indices, one worker each (default: every GPU)")
     w.add_argument("--shared-gpu", type=number_type(int, 0, "a GPU index"), metavar="INDEX",
                    help="--workers dask-cuda workers sharing this one GPU (cuda_ipc between them)")
@@ -108,7 +109,7 @@ def options(study: Study, args) -> Options:
     if mode != "gpu" and study.workers and args.workers != study.workers:
         raise UserError(f"{study.name} runs on {study.workers} workers", USAGE)
     protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
-    texts = args.variant or ["ucx@defaults:none", "ucx,tcp@shipped:shipped"]
+    texts = args.variant or list(study.default_variants)
     variants = config.parse_variants(texts, protocols, mode == "cpu")
     baseline = config.find_variant(variants, args.baseline, "--baseline") if args.baseline else variants[0]
     parity = config.find_variant(variants, args.parity, "--parity").name if args.parity else None

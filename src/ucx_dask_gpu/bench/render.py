@@ -63,7 +63,7 @@ def cluster_entry(h) -> dict:
             "config": h.tree, "environment": dict(h.variants[0].env), "status": "error" if h.error else "ok",
             "error": h.error, "start_s": f.get("start_s"), "class": f.get("cluster_class"),
             "scheduler": f.get("scheduler"), "workers": f.get("workers"), "worker_facts": f.get("worker_facts"),
-            "client_facts": f.get("client_facts"), "versions_identical": f.get("versions_identical"),
+            "scheduler_facts": f.get("scheduler_facts"), "client_facts": f.get("client_facts"), "versions_identical": f.get("versions_identical"),
             "version_differences": f.get("version_differences"), "shutdown": h.shutdown,
             "rc": getattr(h, "rc", None), "tracebacks": h.child.tracebacks, "ucx_proto_info": h.child.proto_info,
             **({"log_tail": list(h.child.stderr)[-60:]} if h.error or h.child.tracebacks else {})}
@@ -78,7 +78,7 @@ def reference_ratios(refs: list[dict], records: dict, baseline: str, opts) -> No
         if ours is not None:
             r["compared_with"] = ours.variant.name
             r["ratio_to_ours"] = stats.bootstrap_ratio(r["wall_s"], ours.metric("wall_s"), opts.resamples, opts.seed)
-        walls = len(r["wall_s"]) + max(1, opts.warmup)
+        walls = len(r["wall_s"]) + r.get("warmup_runs", max(1, opts.warmup))
         r["bytes_moved_from_1MiB_per_repetition"] = int(sum(p["bytes"] for p in r.get("pairs", [])) / walls)
 
 
@@ -92,10 +92,13 @@ def assemble(opts, records: dict, hosts: list, refs: list[dict], notes: list[str
     notes += [f"{r['name']}: {r['status']}: " + (r["error"] or f"{len(r['wall_s'])} of {opts.runs} timed repetitions")
               for r in runs if r["status"] != "ok"]
     notes += [f"{r['kind']} local_cupy {r['status']}: {r.get('error')}" for r in refs if r.get("status") != "ok"]
+    notes += [f"{r['kind']} local_cupy chunk {c['index']}: {c['error']}" for r in refs if r.get("status") == "ok"
+              for c in r.get("chunks", []) if c["status"] != "ok"]
     if opts.mode == "cpu":
         ignored = {v.name: config.cluster_settings(v.tree, True)[1] for v in opts.variants}
         notes += [f"{name}: ignored without GPUs: {', '.join(keys)}" for name, keys in ignored.items() if keys]
     prov["libucp"] = {h.id: {"client": (h.facts or {}).get("client_facts", {}).get("libucp"),
+                             "scheduler": ((h.facts or {}).get("scheduler_facts") or {}).get("libucp"),
                              "workers": {a: f.get("libucp") for a, f in ((h.facts or {}).get("worker_facts")
                                                                          or {}).items()}} for h in hosts}
     return {
@@ -203,8 +206,9 @@ def markdown(payload: dict) -> str:
     if payload["references"]:
         md += ["## dask-cuda's local_cupy beside it", "", markdown_table(*reference_rows(payload)), "",
                "parity: local_cupy with the variant's config on that variant's running cluster (`x ours` should be "
-               "1.00 +- 0.05); peer: local_cupy with its own defaults, against the baseline. local_cupy places "
-               "its input where the scheduler puts it; MB/rep counts its transfers >= 1 MiB.", ""]
+               "1.00 +- 0.05); peer: local_cupy with its own defaults on a cluster of its own, against the baseline. "
+               "local_cupy places its input where the scheduler puts it; MB/rep counts its transfers >= 1 MiB.", "",
+               *[f"- {r['kind']}: {interleaving_text(r)}" for r in payload["references"]], ""]
     md += phase_lines(payload)
     md += ["## Clusters", "", markdown_table(
         ["cluster", "protocol", "variants", "start s", "workers", "clean stop", "tracebacks"],
@@ -212,6 +216,13 @@ def markdown(payload: dict) -> str:
           (c["shutdown"] or {}).get("clean"), c["tracebacks"]] for c in payload["clusters"]]), ""]
     md += [f"- note: {n}" for n in payload["notes"]]
     return "\n".join(md) + "\n"
+
+
+def interleaving_text(r: dict) -> str:
+    """Where a reference ran and after which of our rounds each of its chunks did (older reports: after them all)."""
+    ran = ", ".join(f"{c['runs']} (+{c['warmup_runs']} warm-up) after round {c['rounds_before']}"
+                    for c in r.get("chunks", []) if c["status"] == "ok")
+    return f"against {r.get('against', '-')}, config {r.get('config', '-')}; timed runs {ran or 'after our rounds'}"
 
 
 def phase_lines(payload: dict) -> list[str]:

@@ -1,10 +1,11 @@
 """The timed part of a run: the variants take turns, round after round (stats.round_order: forwards on even rounds,
 backwards on odd), one repetition each per round with the same input seed, `--warmup` untimed rounds first, then timed
-rounds while `--budget` holds what every round, local_cupy's runs and closing the clusters need.
+rounds while `--budget` holds what every round, local_cupy's chunks among them and closing the clusters need.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..cliutil import Progress
@@ -65,26 +66,17 @@ def one_round(records: dict[str, Record], index: int, warm: bool, opts: Options,
     return time.monotonic() - start
 
 
-def reference_seconds(opts: Options, records: dict[str, Record], name: str | None) -> float:
-    """What one local_cupy run is expected to take: its start plus as many repetitions as our variant `name` (the one
-    it runs against; else the baseline) has, at the pace ours took (each of ours includes making the input too)."""
-    rec = records.get(name) or records.get(opts.baseline)
-    if rec is None:
-        return 0.0
-    pace = stats.median([r["total_s"] for r in rec.reps + rec.warmup]) or 1.0
-    return 20.0 + 1.2 * (max(len(rec.reps), 1) + max(1, opts.warmup)) * pace
-
-
-def run_rounds(records: dict[str, Record], opts: Options, budget: Budget, progress: Progress) -> list[str]:
-    """Warm-up rounds, then timed rounds while the budget lasts. The first MIN_RUNS rounds keep time only for
-    closing the clusters; later ones also for local_cupy's runs (which are skipped, said so, when they do not fit)."""
-    notes, longest = [], 0.0
+def run_rounds(records: dict[str, Record], opts: Options, budget: Budget, progress: Progress,
+               beside: Sequence = ()) -> list[str]:
+    """Warm-up rounds, then timed rounds while the budget lasts, local_cupy's chunks among them (reference.Beside).
+    The first MIN_RUNS rounds keep time only for closing the clusters (a chunk among them runs where it leaves them
+    theirs); a later one also for the local_cupy runs it would owe (a chunk that does not fit is skipped, said so)."""
+    notes, longest, done = [], 0.0, 0
     for i in range(opts.warmup):
         longest = max(longest, one_round(records, i, True, opts, budget, progress))
-    later = ([opts.parity] if opts.parity else []) + ([None] if opts.peer else [])  # None: the peer, at our pace
     for i in range(opts.runs):
-        need = longest + CLOSE_RESERVE_S + (sum(reference_seconds(opts, records, n) for n in later)
-                                            if i >= MIN_RUNS else 0.0)
+        need = longest + CLOSE_RESERVE_S + (sum(b.owed_seconds(records, i + 1) for b in beside) if i >= MIN_RUNS
+                                            else 0.0)
         if budget.left() < need:
             notes.append(f"budget: stopped after {i} of {opts.runs} timed rounds ({budget.left():.0f} s left, the "
                          f"next round and what follows it need ~{need:.0f} s)")
@@ -93,4 +85,9 @@ def run_rounds(records: dict[str, Record], opts: Options, budget: Budget, progre
         if not any(r.active for r in records.values()):
             break
         longest = max(longest, one_round(records, i, False, opts, budget, progress))
+        done = i + 1
+        for b in beside:
+            b.after_round(done, records, budget, progress, longest * max(0, min(MIN_RUNS, opts.runs) - done))
+    for b in beside:  # chunks whose turn did not come
+        b.after_round(done, records, budget, progress, final=True)
     return notes

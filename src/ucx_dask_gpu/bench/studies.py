@@ -23,6 +23,7 @@ class Study:
     help: str
     reference_operation: str | None = None   # local_cupy's -o, where it has one
     workers: int | None = None   # a fixed number of workers (the transfer study: 2)
+    default_variants = ("ucx@defaults:none", "ucx,tcp@shipped:shipped")
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None: ...
 

@@ -3,11 +3,9 @@ the two worker processes, in untimed rounds after the timed ones (a wrapper cost
 
 `install` (run on each worker) wraps, in that process only, each step of the transfer path: the worker's side
 (gather_dep, get_data, execute, stimuli, connect), the comms' read / write and framing, and UCXX's sends, receives,
-buffer allocations and device syncs. Each appends (time.perf_counter(), name, edge, ident, nbytes) to a per-process
-buffer; perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process of a host and the client.
-`phase_table` turns each traced transfer's events into milestones along its causal chain (SEGMENTS): the median of
-each segment, and how many UCX operations and buffer allocations one transfer needed. distributed is imported where a
-worker installs the tracer: the CLI imports this module without it.
+buffer allocations and device syncs, each timed by perf_counter: CLOCK_MONOTONIC on Linux, one clock for every
+process of a host and the client. `phase_table` turns each traced transfer's events into milestones along its causal
+chain (SEGMENTS). distributed is imported where a worker installs the tracer: the CLI imports this module without it.
 """
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ from .stats import median, quantile, to_ms
 
 EVENTS: deque = deque(maxlen=200_000)
 EP_OWNER: dict[int, int] = {}  # UCXX endpoint id -> the comm that uses it
-_PATCHED: set[str] = set()
 _clock = time.perf_counter
 
 SEGMENTS = (
