@@ -6,8 +6,6 @@ cannot leak in) and DASK_CONFIG at the config under test (usually the shipped on
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import os
 import subprocess
@@ -17,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tools.repro_check.check import holding_lock
 from ucx_dask_gpu.gate import daskconfig
 from ucx_dask_gpu.proof.launchers import DaskProcess
 
@@ -83,21 +82,11 @@ def docker_lock(tmp_path_factory) -> Path:
     return (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "docker.lock"
 
 
-@contextlib.contextmanager
-def one_worker_at_a_time(lock: Path):
-    """Holds `lock` (an flock): the other worker waits, then finds the engine started, the image built."""
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 @pytest.fixture(scope="session")
 def docker_exclusive(docker_lock):
-    """`with docker_exclusive():` holds the run's docker lock (one_worker_at_a_time)."""
-    return functools.partial(one_worker_at_a_time, docker_lock)
+    """`with docker_exclusive():` holds the run's docker lock: the other worker waits, then finds the engine started,
+    the image built."""
+    return functools.partial(holding_lock, docker_lock)
 
 
 @pytest.fixture(scope="session")

@@ -183,8 +183,9 @@ def build_prefix_and_wheels(b: Build, logs: Path, sources: list[Path], find_link
 
 
 @contextlib.contextmanager
-def _locked(path: Path | None):
-    """Hold an exclusive flock on `path` (a Docker engine shared with other builders), if one is given."""
+def holding_lock(path: Path | None):
+    """Hold an exclusive flock on `path` (a Docker engine shared with other builders), if one is given; the test
+    suite's workers share their engine with it too (tests/integration/conftest.py)."""
     if path is None:
         yield
         return
@@ -232,7 +233,7 @@ def build_image(st: Stack, b: Build, logs: Path, fresh_bases: bool, lock: Path |
     tag = f"{st.image.name}:repro-{b.label}-{logs.parent.name.rsplit('-', 1)[-1]}"
     cache = seed_image_cache(st, b, inputs_from)
     out = logs / f"{b.label}-image.json"
-    with _locked(lock):
+    with holding_lock(lock):
         if fresh_bases:
             clean_bases(st)
         # Bases bootstrapped again have new ids: no layer of an earlier build can match, and the full build may
@@ -255,7 +256,7 @@ def remove_images(st: Stack, b: Build, lock: Path | None) -> None:
     if not b.image.get("cache"):
         return
     own = {b.image["tag"], stage_ref(st, b.image["tag"])}
-    with _locked(lock):
+    with holding_lock(lock):
         for rec in sorted((Path(b.image["cache"]) / "image").glob(f"*/{leftovers.RECORD}")):
             data = leftovers.read_record(rec.parent)
             for tag in own & set(data.get("tags", [])):
@@ -453,7 +454,7 @@ def run_check(st: Stack, *, against_checkout: bool = False, first_image: str | N
         for b in builds:
             record_outputs(st, b, work)
         if image and against_checkout:
-            with _locked(lock):
+            with holding_lock(lock):
                 res = normalise.finish_build(st, builds[0].image["tag"], default_cache())
             builds[0].image.update(image_id=res.image_id, out_dir=res.out_dir)
         report = compare_builds(builds[0], builds[1], work, limit)
