@@ -6,8 +6,9 @@
 #              (transfer_incoming_log stop - start) and submit -> result, per size; then 5 traced, untimed rounds
 #              (where one transfer's time goes)
 #   transpose  (x + x.T).sum(), 20000^2 float64 in 4096^2 chunks, plus dask-cuda's local_cupy: parity (our
-#              ucx/shipped config on that variant's cluster) and peer (its own defaults, on the ucx/defaults cluster:
-#              local_cupy cannot start two workers on one GPU itself)
+#              ucx/shipped config on that variant's cluster) and peer (its own defaults and RMM arguments, on a
+#              cluster of its own: local_cupy cannot start two workers on one GPU itself), both in chunks of at most
+#              five runs interleaved among our rounds
 # Every variant that needs a cluster of its own adds two workers on GPU 0: keep it to about four clusters per study
 # (nine at once exhausted the GPU's memory in the transpose and doubled every transfer's time).
 # Default variants, in both studies: ucx@defaults:none (the baseline: dask's and dask-cuda's defaults),
