@@ -13,7 +13,8 @@ Two views of the same cluster:
   loop, task execution).
 
 usage: python benchmarks/pertask.py (--cpu | --shared-gpu I) [--size N --chunks C] [--runs N] [--profile-s S] --out DIR
-Writes DIR/pertask.json and DIR/pertask.md. Needs py-spy on PATH and ptrace rights over the cluster's processes.
+Writes DIR/pertask.json and DIR/pertask.md. Needs py-spy on PATH (the version stack.toml [gpu_host].profiler pins;
+tools/gpu-host/fetch_wheels.sh fetches it for a GPU host) and ptrace rights over the cluster's processes.
 """
 from __future__ import annotations
 

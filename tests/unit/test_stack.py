@@ -153,7 +153,8 @@ def test_lock_path_stays_in_repo(raw, lock):
 
 
 @pytest.mark.parametrize("key, value, why", [("parts_dir", "tmp/parts", "absolute"),
-                                             ("root", "/tmp/../root", "absolute")])
+                                             ("root", "/tmp/../root", "absolute"),
+                                             ("profiler", "py-spy>=0.4", "NAME==VERSION")])
 def test_gpu_host_values_are_checked(raw, key, value, why):
     msg = bad(raw, lambda d: d["gpu_host"].__setitem__(key, value))
     assert f"gpu_host.{key}" in msg and why in msg

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Download the cp312 manylinux wheels that a bare GPU host lacks (no registry reachable there), at the versions
-# of OUR lock, into .whl/ (git-ignored) so the run on the GPU host uses the same stack as the image. UCXX is not
-# among them: our own wheels (build/ucxx-wheels, `make ucxx`) travel as they are.
+# of OUR lock (and the profiler stack.toml [gpu_host] pins), into .whl/ (git-ignored) so the run on the GPU host uses
+# the same stack as the image. UCXX is not among them: our own wheels (build/ucxx-wheels, `make ucxx`) travel as they
+# are.
 # usage: fetch_wheels.sh [DEST]   (default .whl)
 #   REHEARSAL=1 (default DEST build/whl-rehearsal): for THIS machine's python3 instead of the GPU host's 3.12, plus the
 #   packages the GPU host already has, so a GPU-host run can be rehearsed on a CPU machine, e.g.
@@ -33,6 +34,8 @@ for name in sys.argv[1:]:
     print(f"{name}=={pin.version}")
 PY
 )
+# The per-task benchmark's profiler (benchmarks/pertask.py), pinned in stack.toml [gpu_host].
+specs="$specs $(PYTHONPATH=src python3 -m ucx_dask_gpu stack get gpu_host.profiler)"
 rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
 python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \

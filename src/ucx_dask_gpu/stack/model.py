@@ -116,10 +116,12 @@ class ImageSpec:
 
 @dataclass(frozen=True)
 class GpuHostSpec:
-    """[gpu_host]: where tools/rootfs_runner keeps the image's parts and unpacks them on a host without Docker."""
+    """[gpu_host]: where tools/rootfs_runner keeps the image's parts and unpacks them on a host without Docker; the
+    sampling profiler the per-task benchmark runs there."""
 
     parts_dir: str
     root: str
+    profiler: str
 
 
 @dataclass(frozen=True)
@@ -412,9 +414,11 @@ def _python(t: dict, where: str) -> PythonSpec:
                       requirements=_str_list(t, "requirements", where))
 
 
+PINNED = r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][0-9A-Za-z.+-]*"
+
+
 def _test_tools(t: dict, where: str) -> TestToolsSpec:
-    reqs = _all_matching(t, "requirements", where, r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][0-9A-Za-z.+-]*",
-                         "NAME==VERSION (pinned)")
+    reqs = _all_matching(t, "requirements", where, PINNED, "NAME==VERSION (pinned)")
     return TestToolsSpec(lock=_relative_file(_get(t, "lock", where, str), f"{where}.lock"), requirements=reqs)
 
 
@@ -567,7 +571,8 @@ def _parse(data: dict[str, Any], path: Path) -> Stack:
                              for i, t in enumerate(_table_list(cuda, "link_debs", f"{w}.cuda"))),
         debian=_debian(_get(data, "debian", w, dict), f"{w}.debian"),
         image=_image(_get(data, "image", w, dict), f"{w}.image"),
-        gpu_host=GpuHostSpec(**{k: _absolute_dir(gpu_host, k, f"{w}.gpu_host") for k in ("parts_dir", "root")}),
+        gpu_host=GpuHostSpec(**{k: _absolute_dir(gpu_host, k, f"{w}.gpu_host") for k in ("parts_dir", "root")},
+                             profiler=_matching(gpu_host, "profiler", f"{w}.gpu_host", PINNED, "NAME==VERSION (pinned)")),
         sbom=_sbom(_get(data, "sbom", w, dict), f"{w}.sbom"),
         python=_python(_get(data, "python", w, dict), f"{w}.python"),
         conda=_conda(_get(data, "conda", w, dict), f"{w}.conda"),
