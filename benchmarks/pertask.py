@@ -4,8 +4,8 @@ two `dask worker` with --cpu; the shipped dask config), the client its own proce
 
 Two views of the same cluster:
 - Dask's task stream over --runs timed repeats: per repeat, submit -> first task start (client -> scheduler ->
-  worker), the tasks on the workers (compute vs. the gaps between them), last task stop -> result at the client
-  (worker -> scheduler -> client); per task its compute time, and the dependency latency of the two tasks that wait
+  worker; split by the scheduler's update-graph metrics: GRAPH_PARTS), the tasks on the workers (compute vs. the gaps
+  between them), last task stop -> result at the client (worker -> scheduler -> client); per task its compute time, and the dependency latency of the two tasks that wait
   for others (the aggregate for every block, finalize for the aggregate): the scheduler's round trip between tasks.
 - py-spy (PyPI) sampling the scheduler, both worker processes and the client while the repeats run for --profile-s
   seconds: per process the share of the wall it was busy, and that busy time by the code it was in (innermost frame
@@ -78,7 +78,10 @@ with Client(scheduler_file=sched_file, timeout=60) as c:
         n += 1
     stream = [{"key": str(t["key"]), "worker": t["worker"],
                "startstops": [dict(s) for s in t["startstops"]]} for t in ts.data]
-    json.dump({"walls": walls, "stream": stream, "profile_runs": n,
+    # The scheduler's own account of each graph it received (its "update-graph" event on this client's topic).
+    graphs = [e["metrics"] for _, e in c.get_events(c.id)
+              if isinstance(e, dict) and e.get("action") == "update-graph" and "metrics" in e]
+    json.dump({"walls": walls, "stream": stream, "graphs": graphs, "profile_runs": n,
                "workers": sorted(c.scheduler_info()["workers"])}, open(work / "client.json", "w"))
 """
 
@@ -108,6 +111,29 @@ def summarise_profile(raw: Path, seconds: float, rate: int) -> dict:
             "top_leaves": [[k, round(v / total, 4)] for k, v in by_leaf.most_common(12)] if total else []}
 
 
+GRAPH_PARTS = {  # the parts of submit -> first task start, from the scheduler's update-graph metrics
+    "to_update_graph_ms": "client: the graph built, optimised, packed and sent; the scheduler starts on it",
+    "materialise_ms": "scheduler: the graph deserialised and materialised (in its offload thread)",
+    "order_ms": "scheduler: dask.order (in its offload thread)",
+    "task_states_ms": "scheduler: task states made, first transitions",
+    "dispatch_ms": "scheduler -> worker: compute-task sent, received, handed to the executor thread, started",
+}
+
+
+def _graph_parts(graphs: list[dict], t0: float, first: float) -> dict:
+    """The update-graph metrics of the graph the repeat submitted at `t0` (scheduler clock = client clock: one host)
+    split into GRAPH_PARTS; {} where none started between `t0` and the repeat's first task. distributed 2026.7 reports
+    the ordering and state durations as negative differences: their size is what counts."""
+    m = next((g for g in graphs if t0 <= g.get("start_timestamp_seconds", 0) <= first), None)
+    if m is None:
+        return {}
+    start, done = m["start_timestamp_seconds"], m["start_timestamp_seconds"] + m["duration_seconds"]
+    return {"to_update_graph_ms": (start - t0) * 1e3, "materialise_ms": m["materialization_duration_seconds"] * 1e3,
+            "order_ms": abs(m["ordering_duration_seconds"]) * 1e3,
+            "task_states_ms": abs(m["state_initialization_duration_seconds"]) * 1e3,
+            "dispatch_ms": (first - done) * 1e3}
+
+
 def breakdown(data: dict) -> dict:
     """Per repeat and per task, from the task stream (times are the workers' and the client's clocks: one host)."""
     # Every repeat computes the same keys, and a record's startstops accumulate over the repeats of its key on that
@@ -132,14 +158,16 @@ def breakdown(data: dict) -> dict:
         fin = [v for k, v in mine.items() if k.startswith("finalize")]
         latency = ([agg[0]["start"] - max(b["stop"] for b in blocks)] if agg and blocks else []) + \
                   ([fin[0]["start"] - agg[0]["stop"]] if fin and agg else [])
-        per_run.append({"wall_ms": (t1 - t0) * 1e3, "tasks": len(mine), "submit_to_first_task_ms": (first - t0) * 1e3,
+        per_run.append({**_graph_parts(data.get("graphs", []), t0, first),
+                        "wall_ms": (t1 - t0) * 1e3, "tasks": len(mine), "submit_to_first_task_ms": (first - t0) * 1e3,
                         "on_workers_ms": (last - first) * 1e3, "compute_sum_ms": compute * 1e3,
                         "last_task_to_result_ms": (t1 - last) * 1e3,
                         "task_compute_ms": [(v["stop"] - v["start"]) * 1e3 for v in mine.values()],
                         "dependency_latency_ms": [x * 1e3 for x in latency]})
     med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
     flat = lambda k: [x for r in per_run for x in r[k]]  # noqa: E731
-    return {"repeats": len(per_run), "tasks_per_repeat": med([r["tasks"] for r in per_run]),
+    return {**{k: med([r[k] for r in per_run if k in r]) for k in GRAPH_PARTS},
+            "repeats": len(per_run), "tasks_per_repeat": med([r["tasks"] for r in per_run]),
             "wall_ms": med([r["wall_ms"] for r in per_run]),
             "submit_to_first_task_ms": med([r["submit_to_first_task_ms"] for r in per_run]),
             "on_workers_ms": med([r["on_workers_ms"] for r in per_run]),
@@ -161,6 +189,7 @@ def markdown(p: dict) -> str:
           "| part | ms |", "|---|---|",
           f"| wall, submit -> result at the client | {b['wall_ms']} |",
           f"| submit -> first task starts (client -> scheduler -> worker) | {b['submit_to_first_task_ms']} |",
+          *[f"| - {what} | {b.get(k)} |" for k, what in GRAPH_PARTS.items()],
           f"| first task start -> last task stop (on the workers) | {b['on_workers_ms']} |",
           f"| of which compute, summed over both workers | {b['compute_sum_ms']} |",
           f"| last task stop -> result at the client (worker -> scheduler -> client) | {b['last_task_to_result_ms']} |",
