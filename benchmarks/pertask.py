@@ -5,8 +5,9 @@ two `dask worker` with --cpu; the shipped dask config), the client its own proce
 Two views of the same cluster:
 - Dask's task stream over --runs timed repeats: per repeat, submit -> first task start (client -> scheduler ->
   worker; split by the scheduler's update-graph metrics: GRAPH_PARTS), the tasks on the workers (compute vs. the gaps
-  between them), last task stop -> result at the client (worker -> scheduler -> client); per task its compute time, and the dependency latency of the two tasks that wait
-  for others (the aggregate for every block, finalize for the aggregate): the scheduler's round trip between tasks.
+  between them), last task stop -> result at the client (worker -> scheduler -> client); per task its compute time,
+  and the dependency latency of the two tasks that wait for others (the aggregate for every block, finalize for the
+  aggregate): the scheduler's round trip between tasks.
 - py-spy (PyPI) sampling the scheduler, both worker processes and the client while the repeats run for --profile-s
   seconds: per process the share of the wall it was busy, and that busy time by the code it was in (innermost frame
   that names a part: scheduler transitions, the worker's state machine, UCXX, comm and (de)serialisation, the event
