@@ -8,11 +8,11 @@ import subprocess
 import sys
 import time
 
-import psutil
-
 import numpy as np
+import psutil
 import pytest
 
+from test_signals import alive
 from ucx_dask_gpu.bench import options, transpose as transpose_study
 from ucx_dask_gpu.bench.hosts import Host
 from ucx_dask_gpu.cliutil import Progress
@@ -125,15 +125,6 @@ def test_svd(tmp_path):
     assert run["check"]["ok"] and run["check"]["value"] == pytest.approx(float((s ** 2).sum()), rel=1e-9)
 
 
-def running(pids) -> list[int]:
-    def alive(pid: int) -> bool:
-        try:
-            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-    return [p for p in pids if alive(p)]
-
-
 def test_the_cluster_process_holds_only_the_client(tmp_path):
     """A cluster process (hosts.Host, as the driver starts it) runs the scheduler and each worker in processes of their
     own, started by `dask scheduler` and `dask worker` (a scheduler in the client's process made submit -> result
@@ -162,8 +153,8 @@ def test_the_cluster_process_holds_only_the_client(tmp_path):
         assert host.shutdown["steps"][1:] == ["2 workers removed from the scheduler", "worker launchers exited",
                                               "client closed", "scheduler exited"]
         deadline = time.monotonic() + 20
-        while running(started) and time.monotonic() < deadline:
+        while alive(set(started)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not running(started), [started[p] for p in running(started)]
+        assert not alive(set(started)), [started[p] for p in alive(set(started))]
     finally:
         host.child.kill()
