@@ -67,7 +67,8 @@ def test_local_cupy_ran_in_chunks_between_our_rounds(run):
         for index, after in ((1, 2), (2, 5)):
             (start,) = where(rf"\[{r['kind']} local_cupy {index}/2\] -m {reference.TOOL}")
             assert max(where(rf"\] round {after}:")) < start < min(where(rf"\] round {after + 1}:"))
-        assert f"- {r['kind']}: against {r['against']}" in md and "runs 3 (+1 warm-up) after round 2, 3 (+0 warm-up) after round 5" in md
+        assert f"- {r['kind']}: against {r['against']}" in md
+        assert "runs 3 (+1 warm-up) after round 2, 3 (+0 warm-up) after round 5" in md
 
 
 def test_the_rmm_handover_removes_only_dask_cudas_rmmsetup():

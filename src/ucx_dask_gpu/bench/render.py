@@ -63,7 +63,8 @@ def cluster_entry(h) -> dict:
             "config": h.tree, "environment": dict(h.variants[0].env), "status": "error" if h.error else "ok",
             "error": h.error, "start_s": f.get("start_s"), "class": f.get("cluster_class"),
             "scheduler": f.get("scheduler"), "workers": f.get("workers"), "worker_facts": f.get("worker_facts"),
-            "scheduler_facts": f.get("scheduler_facts"), "client_facts": f.get("client_facts"), "versions_identical": f.get("versions_identical"),
+            "scheduler_facts": f.get("scheduler_facts"), "client_facts": f.get("client_facts"),
+            "versions_identical": f.get("versions_identical"),
             "version_differences": f.get("version_differences"), "shutdown": h.shutdown,
             "rc": getattr(h, "rc", None), "tracebacks": h.child.tracebacks, "ucx_proto_info": h.child.proto_info,
             **({"log_tail": list(h.child.stderr)[-60:]} if h.error or h.child.tracebacks else {})}

@@ -414,11 +414,11 @@ def _python(t: dict, where: str) -> PythonSpec:
                       requirements=_str_list(t, "requirements", where))
 
 
-PINNED = r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][0-9A-Za-z.+-]*"
+PINNED, PINNED_TEXT = r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][0-9A-Za-z.+-]*", "NAME==VERSION (pinned)"
 
 
 def _test_tools(t: dict, where: str) -> TestToolsSpec:
-    reqs = _all_matching(t, "requirements", where, PINNED, "NAME==VERSION (pinned)")
+    reqs = _all_matching(t, "requirements", where, PINNED, PINNED_TEXT)
     return TestToolsSpec(lock=_relative_file(_get(t, "lock", where, str), f"{where}.lock"), requirements=reqs)
 
 
@@ -572,7 +572,7 @@ def _parse(data: dict[str, Any], path: Path) -> Stack:
         debian=_debian(_get(data, "debian", w, dict), f"{w}.debian"),
         image=_image(_get(data, "image", w, dict), f"{w}.image"),
         gpu_host=GpuHostSpec(**{k: _absolute_dir(gpu_host, k, f"{w}.gpu_host") for k in ("parts_dir", "root")},
-                             profiler=_matching(gpu_host, "profiler", f"{w}.gpu_host", PINNED, "NAME==VERSION (pinned)")),
+                             profiler=_matching(gpu_host, "profiler", f"{w}.gpu_host", PINNED, PINNED_TEXT)),
         sbom=_sbom(_get(data, "sbom", w, dict), f"{w}.sbom"),
         python=_python(_get(data, "python", w, dict), f"{w}.python"),
         conda=_conda(_get(data, "conda", w, dict), f"{w}.conda"),
