@@ -14,6 +14,7 @@ Two views of the same cluster:
   loop, task execution).
 
 usage: python benchmarks/pertask.py (--cpu | --shared-gpu I) [--size N --chunks C] [--runs N] [--profile-s S] --out DIR
+       python benchmarks/pertask.py --render DIR   (the breakdown and pertask.md again from a recorded run)
 Writes DIR/pertask.json and DIR/pertask.md. Needs py-spy on PATH (the version stack.toml [gpu_host].profiler pins;
 tools/gpu-host/fetch_wheels.sh fetches it for a GPU host) and ptrace rights over the cluster's processes.
 """
@@ -159,12 +160,22 @@ def breakdown(data: dict) -> dict:
         fin = [v for k, v in mine.items() if k.startswith("finalize")]
         latency = ([agg[0]["start"] - max(b["stop"] for b in blocks)] if agg and blocks else []) + \
                   ([fin[0]["start"] - agg[0]["stop"]] if fin and agg else [])
+        # Placement: a worker runs its blocks one after another (one thread each), so the worker with the most
+        # blocks sets how long the blocks take, whatever the other one does.
+        by_worker = collections.defaultdict(list)
+        for b in blocks:
+            by_worker[b["worker"]].append(b)
+        busiest = max(by_worker.values(), key=len, default=[])
         per_run.append({**_graph_parts(data.get("graphs", []), t0, first),
                         "wall_ms": (t1 - t0) * 1e3, "tasks": len(mine), "submit_to_first_task_ms": (first - t0) * 1e3,
                         "on_workers_ms": (last - first) * 1e3, "compute_sum_ms": compute * 1e3,
                         "last_task_to_result_ms": (t1 - last) * 1e3,
                         "task_compute_ms": [(v["stop"] - v["start"]) * 1e3 for v in mine.values()],
-                        "dependency_latency_ms": [x * 1e3 for x in latency]})
+                        "dependency_latency_ms": [x * 1e3 for x in latency],
+                        "blocks_per_worker": sorted((len(v) for v in by_worker.values()), reverse=True)
+                        + [0] * (len(data.get("workers", ())) - len(by_worker)),
+                        "busiest_worker_blocks_ms": (max(b["stop"] for b in busiest) - min(b["start"] for b in busiest))
+                        * 1e3 if busiest else None})
     med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
     flat = lambda k: [x for r in per_run for x in r[k]]  # noqa: E731
     return {**{k: med([r[k] for r in per_run if k in r]) for k in GRAPH_PARTS},
@@ -177,7 +188,10 @@ def breakdown(data: dict) -> dict:
             "task_compute_ms": med(flat("task_compute_ms")),
             "dependency_latency_ms": med(flat("dependency_latency_ms")),
             "dependency_latency_q75_ms": round(statistics.quantiles(flat("dependency_latency_ms"), n=4)[2], 3)
-            if len(flat("dependency_latency_ms")) > 3 else None}
+            if len(flat("dependency_latency_ms")) > 3 else None,
+            "blocks_per_worker": [med(list(c)) for c in zip(*(r["blocks_per_worker"] for r in per_run))],
+            "busiest_worker_blocks_ms": med([r["busiest_worker_blocks_ms"] for r in per_run
+                                             if r["busiest_worker_blocks_ms"] is not None])}
 
 
 def markdown(p: dict) -> str:
@@ -193,6 +207,8 @@ def markdown(p: dict) -> str:
           *[f"| - {what} | {b.get(k)} |" for k, what in GRAPH_PARTS.items()],
           f"| first task start -> last task stop (on the workers) | {b['on_workers_ms']} |",
           f"| of which compute, summed over both workers | {b['compute_sum_ms']} |",
+          f"| blocks per worker, busiest first | {' / '.join(str(n) for n in b.get('blocks_per_worker', []))} |",
+          f"| the busiest worker's blocks, its first start -> last stop | {b.get('busiest_worker_blocks_ms')} |",
           f"| last task stop -> result at the client (worker -> scheduler -> client) | {b['last_task_to_result_ms']} |",
           f"| tasks per repeat | {b['tasks_per_repeat']} |",
           f"| one task's compute | {b['task_compute_ms']} |",
@@ -210,18 +226,36 @@ def markdown(p: dict) -> str:
     return "\n".join(md) + "\n"
 
 
+def render_again(out: Path) -> int:
+    try:
+        payload = json.loads((out / "pertask.json").read_text())
+        payload["task_stream"] = breakdown(json.loads((out / "pertask-stream.json").read_text()))
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"pertask: cannot render {out}: {e}")
+    (out / "pertask.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (out / "pertask.md").write_text(markdown(payload))
+    print(f"pertask: wrote {out / 'pertask.json'}, {out / 'pertask.md'}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--cpu", action="store_true")
     where.add_argument("--shared-gpu")
+    where.add_argument("--render", metavar="DIR", help="the task-stream breakdown and pertask.md again from DIR's "
+                       "pertask-stream.json and pertask.json (profiles and provenance as recorded)")
     ap.add_argument("--size", type=int, default=20000)
     ap.add_argument("--chunks", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--profile-s", type=float, default=10.0)
     ap.add_argument("--rate", type=int, default=500)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="required unless --render")
     args = ap.parse_args()
+    if args.render:
+        return render_again(Path(args.render))
+    if not args.out:
+        ap.error("--out DIR is required")
     pyspy = shutil.which("py-spy")
     if pyspy is None:
         sys.exit("pertask: py-spy not on PATH (pip install py-spy)")

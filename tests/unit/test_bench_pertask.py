@@ -45,3 +45,31 @@ def test_a_run_without_the_schedulers_graph_metrics_leaves_the_parts_unknown(per
     b = pertask.breakdown({**RECORDED, "graphs": []})
     assert b["repeats"] == 3 and all(b[k] is None for k in pertask.GRAPH_PARTS)
     assert pertask.breakdown({k: v for k, v in RECORDED.items() if k != "graphs"})["order_ms"] is None
+
+
+def test_the_breakdown_says_how_the_blocks_were_placed(pertask):
+    # 16 blocks (2000^2 in 500^2 chunks) + aggregate + finalize; a worker with none counts as 0, the busiest first
+    b = pertask.breakdown(RECORDED)
+    assert len(b["blocks_per_worker"]) == len(RECORDED["workers"]) == 2
+    assert sum(b["blocks_per_worker"]) == b["tasks_per_repeat"] - 2
+    assert b["blocks_per_worker"] == sorted(b["blocks_per_worker"], reverse=True)
+    assert 0 < b["busiest_worker_blocks_ms"] <= b["on_workers_ms"]
+    one_worker = {**RECORDED, "stream": [{**t, "worker": RECORDED["workers"][0]} for t in RECORDED["stream"]]}
+    assert pertask.breakdown(one_worker)["blocks_per_worker"] == [16, 0]
+
+
+def test_render_writes_the_breakdown_again_from_a_recorded_run(pertask, tmp_path):
+    recorded = ROOT / "benchmarks/results/h200-2026-12-04/pertask/pertask.json"
+    (tmp_path / "pertask.json").write_text(recorded.read_text())
+    (tmp_path / "pertask-stream.json").write_text(json.dumps(RECORDED))
+    assert pertask.render_again(tmp_path) == 0
+    payload = json.loads((tmp_path / "pertask.json").read_text())
+    assert payload["task_stream"] == pertask.breakdown(RECORDED)
+    assert payload["profiles"] == json.loads(recorded.read_text())["profiles"]  # as recorded
+    assert "| blocks per worker, busiest first |" in (tmp_path / "pertask.md").read_text()
+
+
+def test_render_of_a_folder_without_a_recorded_run_says_so_and_writes_nothing(pertask, tmp_path):
+    with pytest.raises(SystemExit, match="^pertask: cannot render .*pertask.json"):
+        pertask.render_again(tmp_path)
+    assert list(tmp_path.iterdir()) == []
