@@ -13,7 +13,8 @@ Two views of the same cluster:
   that names a part: scheduler transitions, the worker's state machine, UCXX, comm and (de)serialisation, the event
   loop, task execution).
 
-usage: python benchmarks/pertask.py (--cpu | --shared-gpu I) [--size N --chunks C] [--runs N] [--profile-s S] --out DIR
+usage: python benchmarks/pertask.py (--cpu | --shared-gpu I) [--size N --chunks C] [--runs N] [--profile-s S]
+                                   [--variant V] --out DIR
        python benchmarks/pertask.py --render DIR   (the breakdown and pertask.md again from a recorded run)
 Writes DIR/pertask.json and DIR/pertask.md. Needs py-spy on PATH (the version stack.toml [gpu_host].profiler pins;
 tools/gpu-host/fetch_wheels.sh fetches it for a GPU host) and ptrace rights over the cluster's processes.
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 from ucx_dask_gpu.bench import config, idle, provenance, render
+from ucx_dask_gpu.errors import UserError
 
 # A sample whose innermost frame waits (the event loop's selector, a lock, an idle executor thread) is not busy,
 # whatever py-spy's idle heuristic said of the thread.
@@ -198,8 +200,8 @@ def markdown(p: dict) -> str:
     b = p["task_stream"]
     md = [*render.header(p, f"Per-task breakdown: steady-state (x + x.T).sum(), {p['size']}^2 in {p['chunks']}^2 "
                             f"chunks, {p['mode']}"),
-          f"Launchers: dask scheduler + 2 {'dask worker' if p['mode'] == 'cpu' else 'dask cuda worker'} (shipped "
-          "config), client its own process.", "",
+          f"Launchers: dask scheduler + 2 {'dask worker' if p['mode'] == 'cpu' else 'dask cuda worker'} "
+          f"({p.get('variant', 'ucx@shipped:shipped')}), client its own process.", "",
           f"## Task stream ({b['repeats']} repeats, medians)", "",
           "| part | ms |", "|---|---|",
           f"| wall, submit -> result at the client | {b['wall_ms']} |",
@@ -251,15 +253,23 @@ def main() -> int:
     ap.add_argument("--profile-s", type=float, default=10.0)
     ap.add_argument("--rate", type=int, default=500)
     ap.add_argument("--out", help="required unless --render")
+    ap.add_argument("--variant", default="ucx@shipped:shipped",
+                    help="the cluster's variant, as `ucx-dask-gpu bench` writes one (default ucx@shipped:shipped)")
     args = ap.parse_args()
     if args.render:
         return render_again(Path(args.render))
     if not args.out:
         ap.error("--out DIR is required")
+    try:
+        variants = config.parse_variants([args.variant], ["ucx"], args.cpu)
+    except UserError as e:
+        ap.error(str(e))
+    if len(variants) != 1:
+        ap.error("--variant: one protocol, one variant")
+    (variant,) = variants
     pyspy = shutil.which("py-spy")
     if pyspy is None:
         sys.exit("pertask: py-spy not on PATH (pip install py-spy)")
-    (variant,) = config.parse_variants(["ucx@shipped:shipped"], ["ucx"], args.cpu)
     command = "python benchmarks/pertask.py " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="pertask-") as tmp:
         tmp = Path(tmp)
@@ -292,7 +302,8 @@ def main() -> int:
             raw = tmp / f"{n.replace('/', '-')}.txt"
             profiles[n] = summarise_profile(raw, int(args.profile_s), args.rate) if raw.exists() and raw.stat().st_size \
                 else {"error": errors[n].strip().splitlines()[-1] if errors[n].strip() else "no samples"}
-    payload = {"schema_version": 1, "study": "pertask", "mode": "cpu" if args.cpu else "gpu", "size": args.size,
+    payload = {"schema_version": 1, "study": "pertask", "mode": "cpu" if args.cpu else "gpu", "variant": args.variant,
+               "size": args.size,
                "chunks": args.chunks, "rate": args.rate, "profile_s": args.profile_s,
                "profile_runs": data["profile_runs"], "task_stream": breakdown(data), "profiles": profiles,
                "provenance": provenance.collect(command, None if args.cpu else [int(args.shared_gpu)])}
