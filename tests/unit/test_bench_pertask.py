@@ -73,3 +73,13 @@ def test_render_of_a_folder_without_a_recorded_run_says_so_and_writes_nothing(pe
     with pytest.raises(SystemExit, match="^pertask: cannot render .*pertask.json"):
         pertask.render_again(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("host, split", [("host-a", [22, 3]), ("host-b", [13, 12])])
+def test_the_breakdown_tells_an_uneven_placement_from_an_even_one(pertask, host, split):
+    # Two recorded GPU runs of the same steady-state transpose: one with 22 of 25 blocks on one worker, one even
+    stream = ROOT / f"benchmarks/results/h200-2026-12-05/{host}/pertask/pertask-stream.json"
+    b = pertask.breakdown(json.loads(stream.read_text()))
+    assert b["blocks_per_worker"] == split
+    busiest_per_block = b["busiest_worker_blocks_ms"] / split[0]
+    assert b["busiest_worker_blocks_ms"] < b["on_workers_ms"] and busiest_per_block > b["task_compute_ms"]
