@@ -63,6 +63,18 @@ def test_with_polled_requests_the_measurement_sees_the_spin():
         lines
 
 
+def test_a_cluster_on_uvloop_works_and_every_role_says_it_polls():
+    """`distributed.admin.event-loop: uvloop` (dask's own key): uvloop has no selector to wait on UCX's events, so
+    UCXX polls there; the workers must still start (with the futures the worker makes resolved as it polls, not
+    awaited forever: UCXX patch 0001), and each role says at start-up that it keeps a core busy. uvloop comes with the
+    suite's [test_tools] (stack.toml)."""
+    (run,) = bench_idle("--variant", "ucx@uvloop:shipped:distributed.admin.event-loop=uvloop", "--workers", "1")["runs"]
+    assert {"scheduler", "client", "w0-nanny/worker-process"} <= set(run["processes"]), sorted(run["processes"])
+    lines = [ln for ln in run["progress_lines"] if "UCXX progress blocking polls: this process keeps a core busy" in ln]
+    assert len(lines) == 3 and all("event loop uvloop" in ln for ln in lines), run["progress_lines"]
+    assert run["processes"]["scheduler"]["median"] >= SPINNING_AT_LEAST, run["processes"]
+
+
 @pytest.mark.docker
 def test_the_images_idle_roles_sleep(image):
     """The image's scheduler and two workers (nanny + worker process each) over UCX, nothing submitted: measured
