@@ -60,11 +60,9 @@ while [ $# -gt 0 ]; do
     *) out=$1; shift ;;
   esac
 done
-[ -n "$out" ] || { echo "bench_session.sh: no OUTDIR and no \$OUT (see --help)" >&2; exit 2; }
-mkdir -p "$out"
-exec > >(tee -a "$out/session.txt") 2>&1
-left() { echo $(( start + budget - $(date +%s) )); }
-echo "== $(date -u +%FT%TZ) bench session on $(hostname), budget ${budget} s"
+# shellcheck source=session_open.sh
+source tools/gpu-host/session_open.sh
+session_open bench_session.sh bench
 
 base=()
 [ "$defaults" = 1 ] && base=(--variant 'ucx@defaults:none' --variant 'ucx,tcp@shipped:shipped:split_every=100')

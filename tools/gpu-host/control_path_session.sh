@@ -28,11 +28,9 @@ while [ $# -gt 0 ]; do
     *) out=$1; shift ;;
   esac
 done
-[ -n "$out" ] || { echo "control_path_session.sh: no OUTDIR and no \$OUT (see --help)" >&2; exit 2; }
-mkdir -p "$out"
-exec > >(tee -a "$out/session.txt") 2>&1
-left() { echo $(( start + budget - $(date +%s) )); }
-echo "== $(date -u +%FT%TZ) control-path session on $(hostname), budget ${budget} s"
+# shellcheck source=session_open.sh
+source tools/gpu-host/session_open.sh
+session_open control_path_session.sh control-path
 
 if [ "$cpu" = 1 ]; then
   where=(--cpu) size=(--size 2000 --chunks 500)
