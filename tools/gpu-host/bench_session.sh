@@ -64,8 +64,6 @@ done
 source tools/gpu-host/session_open.sh
 session_open bench_session.sh bench
 
-base=()
-[ "$defaults" = 1 ] && base=(--variant 'ucx@defaults:none' --variant 'ucx,tcp@shipped:shipped:split_every=100')
 if [ "$cpu" = 1 ]; then
   where=(--cpu) transfer_sizes=8,1MiB,32MiB transpose_size=(--size 2000 --chunks 500)
 else
@@ -76,6 +74,11 @@ fi
 source tools/gpu-host/stack_venv.sh || { echo "== could not make the venv on our stack"; exit 1; }
 python3 -m ucx_dask_gpu doctor 2>&1 | grep -E "UCX loaded|UCXX|CUDA|GPUs"
 echo "== $(date -u +%T) venv ready, $(left) s left"
+# The study's own defaults, restated because a variant given here replaces them: the workload's split_every read
+# from the one place it is written.
+split=$(python3 -c 'from ucx_dask_gpu.proof.transpose import SPLIT_EVERY; print(SPLIT_EVERY)') || exit 1
+base=()
+[ "$defaults" = 1 ] && base=(--variant 'ucx@defaults:none' --variant "ucx,tcp@shipped:shipped:split_every=$split")
 
 # The transfer study takes a third of what is left (it needs little), the transpose study the rest. `timeout` is a
 # backstop only: each study's --budget ends it earlier, report written.
