@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import re
 import sys
 import tomllib
@@ -103,7 +104,8 @@ def _file_link(path: Path, root: Path) -> str:
 
 
 def _source_link(module: str, root: Path) -> str:
-    return _file_link(Path(sys.modules[module].__file__), root)
+    # Found, not imported: a console script's module is not among those the parser imports.
+    return _file_link(Path(importlib.util.find_spec(module).origin), root)
 
 
 # Foundation modules every command uses: naming them would say nothing about where a command's work is done.

@@ -239,6 +239,22 @@ def _put_back(previous: dict) -> None:
             signal.signal(s, handler)
 
 
+def _hold(held: list[int]) -> dict:
+    """SIGINT and SIGTERM appended to `held` instead of acting; returns the handlers they had."""
+    return {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+_held_before_run: list[int] = []
+
+
+def hold_signals_until_run() -> None:
+    """An entry point's first step, before it imports the commands (a few tenths of a second, more on a busy host): a
+    Ctrl-C or SIGTERM arriving then is kept, and run_parsed delivers it, so it too ends in one line and 130/143
+    instead of a traceback (SIGINT) or a silent end (SIGTERM)."""
+    if threading.current_thread() is threading.main_thread():
+        _hold(_held_before_run)
+
+
 @contextlib.contextmanager
 def signals_deferred():
     """Cleanup that must run to its end (stopping containers, removing a network): SIGINT/SIGTERM arriving meanwhile
@@ -247,7 +263,7 @@ def signals_deferred():
         yield
         return
     held: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = _hold(held)
     try:
         yield
     finally:
@@ -262,6 +278,8 @@ def run_parsed(args: argparse.Namespace, label: str) -> int:
     exit code; SIGINT/SIGTERM one line and 130/143, after what the command started has stopped."""
     previous = _on_signals()
     try:
+        if _held_before_run:
+            signal.raise_signal(_held_before_run.pop(0))
         check_outputs(args)
         return int(args.func(args) or 0)
     except UserError as e:

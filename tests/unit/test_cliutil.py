@@ -119,6 +119,26 @@ def test_a_signal_unwinds_the_command_and_is_one_line_with_128_plus_its_number(c
     assert signal.getsignal(signal.SIGTERM) is before, "the caller's handlers are put back"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: signal.Signals(s).name)
+def test_a_signal_while_the_commands_are_imported_is_held_and_ends_the_command_in_one_line(capsys, sig):
+    """`ucx-dask-gpu` holds signals from its first line: importing every command takes a few tenths of a second (more
+    on a busy host), and a Ctrl-C then printed a traceback, a SIGTERM ended it without a line."""
+    ran = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        cliutil.hold_signals_until_run()
+        os.kill(os.getpid(), sig)  # the entry point is still importing
+        time.sleep(0.05)
+        assert ran == []
+        rc = cliutil.run_parsed(argparse.Namespace(func=lambda args: ran.append(True)), "ucx-dask-gpu x")
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert rc == 128 + sig and ran == [], "the command never starts"
+    assert capsys.readouterr().err.splitlines() == [
+        f"ucx-dask-gpu x: interrupted by {signal.Signals(sig).name}; what it started has stopped"]
+
+
 def test_a_signal_during_cleanup_waits_for_it_and_a_second_one_cannot_cut_it_short(capsys):
     steps = []
 
