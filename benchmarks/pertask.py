@@ -16,7 +16,8 @@ Two views of the same cluster:
 usage: python benchmarks/pertask.py (--cpu | --shared-gpu I) [--size N --chunks C] [--runs N] [--profile-s S]
                                    [--variant V] --out DIR
        python benchmarks/pertask.py --render DIR   (the breakdown and pertask.md again from a recorded run)
-Writes DIR/pertask.json and DIR/pertask.md. Needs py-spy on PATH (the version stack.toml [gpu_host].profiler pins;
+Writes DIR/pertask.json, DIR/pertask.md and DIR/pertask-stream.json, all or none; a file of those names there that
+it did not write is refused before the cluster starts (exit 9). Needs py-spy on PATH (the version stack.toml [gpu_host].profiler pins;
 tools/gpu-host/fetch_wheels.sh fetches it for a GPU host) and ptrace rights over the cluster's processes.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ucx_dask_gpu import fsutil
 from ucx_dask_gpu.bench import config, idle, provenance, render
 from ucx_dask_gpu.errors import UserError
 
@@ -228,16 +230,29 @@ def markdown(p: dict) -> str:
     return "\n".join(md) + "\n"
 
 
+# What a run writes into --out: the breakdown, as a table, and the raw task stream it was computed from.
+OUTPUTS = ("pertask.json", "pertask.md", "pertask-stream.json")
+
+
 def render_again(out: Path) -> int:
     try:
         payload = json.loads((out / "pertask.json").read_text())
         payload["task_stream"] = breakdown(json.loads((out / "pertask-stream.json").read_text()))
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"pertask: cannot render {out}: {e}")
-    (out / "pertask.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (out / "pertask.md").write_text(markdown(payload))
+    # The two files it was asked to draw again from: replacing them is what --render DIR means.
+    write(out, {"pertask.json": json.dumps(payload, indent=2) + "\n", "pertask.md": markdown(payload)}, True)
     print(f"pertask: wrote {out / 'pertask.json'}, {out / 'pertask.md'}")
     return 0
+
+
+def write(out: Path, files: dict[str, str], overwrite: bool = False) -> None:
+    """All of them or none (a failed write keeps them and says where, exit 18)."""
+    try:
+        fsutil.write_output_dir(out, files, what="the breakdown", overwrite=overwrite)
+    except UserError as e:
+        print(f"pertask: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 def main() -> int:
@@ -260,6 +275,11 @@ def main() -> int:
         return render_again(Path(args.render))
     if not args.out:
         ap.error("--out DIR is required")
+    try:  # before the cluster starts: a run whose breakdown could not be written is lost time
+        fsutil.check_output_dir(args.out)
+        fsutil.check_names_free(args.out, OUTPUTS, "--out")
+    except UserError as e:
+        ap.exit(e.exit_code, f"pertask: error: {e}\n")
     try:
         variants = config.parse_variants([args.variant], ["ucx"], args.cpu)
     except UserError as e:
@@ -292,9 +312,8 @@ def main() -> int:
             errors = {n: s.communicate(timeout=args.profile_s + 60)[1].decode(errors="replace")[-300:]
                       for n, s in spies.items()}
             client.wait(args.profile_s + 120)
-            data = json.loads((tmp / "client.json").read_text())
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            shutil.copy(tmp / "client.json", Path(args.out) / "pertask-stream.json")  # the raw task stream
+            stream = (tmp / "client.json").read_text()
+            data = json.loads(stream)
         finally:
             cluster.stop()
         profiles = {}
@@ -307,10 +326,7 @@ def main() -> int:
                "chunks": args.chunks, "rate": args.rate, "profile_s": args.profile_s,
                "profile_runs": data["profile_runs"], "task_stream": breakdown(data), "profiles": profiles,
                "provenance": provenance.collect(command, None if args.cpu else [int(args.shared_gpu)])}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "pertask.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (out / "pertask.md").write_text(markdown(payload))
+    write(Path(args.out), dict(zip(OUTPUTS, (json.dumps(payload, indent=2) + "\n", markdown(payload), stream))))
     print(markdown(payload))
     return 0
 

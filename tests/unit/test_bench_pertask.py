@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from ucx_dask_gpu.errors import OUTPUT_REFUSED, RESULT_KEPT
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = json.loads((ROOT / "tests/fixtures/bench/pertask-stream-cpu.json").read_text())
@@ -73,6 +78,29 @@ def test_render_of_a_folder_without_a_recorded_run_says_so_and_writes_nothing(pe
     with pytest.raises(SystemExit, match="^pertask: cannot render .*pertask.json"):
         pertask.render_again(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_render_that_cannot_write_keeps_the_breakdown_and_says_where(pertask, tmp_path, capsys):
+    recorded = ROOT / "benchmarks/results/h200-2026-12-04/pertask/pertask.json"
+    (tmp_path / "pertask.json").write_text(recorded.read_text())
+    (tmp_path / "pertask-stream.json").write_text(json.dumps(RECORDED))
+    (tmp_path / "pertask.md").mkdir()  # where the table goes, a directory: not replaced
+    with pytest.raises(SystemExit) as e:
+        pertask.render_again(tmp_path)
+    assert e.value.code == RESULT_KEPT
+    (line,) = capsys.readouterr().err.splitlines()
+    kept = Path(re.search(r"is kept in (\S+)$", line)[1])
+    assert json.loads((kept / "pertask.json").read_text())["task_stream"] == pertask.breakdown(RECORDED)
+    assert (tmp_path / "pertask.json").read_text() == recorded.read_text(), "all or none: the old one stays"
+
+
+def test_an_out_holding_a_file_of_its_names_it_did_not_write_is_refused_before_any_cluster(tmp_path):
+    (tmp_path / "pertask.md").write_text("a user's notes")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/pertask.py"), "--cpu", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == OUTPUT_REFUSED, proc.stderr
+    assert proc.stderr.splitlines() == [proc.stderr.strip()] and "pertask.md is there" in proc.stderr
+    assert (tmp_path / "pertask.md").read_text() == "a user's notes" and len(list(tmp_path.iterdir())) == 1
 
 
 @pytest.mark.parametrize("host, split", [("host-a", [22, 3]), ("host-b", [13, 12])])
