@@ -13,21 +13,6 @@ cd "$(dirname "$0")/../.."
 out=${1:-${OUT:?usage: fastpath_session.sh OUTDIR}}
 mkdir -p "$out"
 exec > >(tee -a "$out/session.txt") 2>&1
-f=tools/gpu-host/fastpath-variants.txt
-pick() {
-  local a=() v
-  for l in "$@"; do
-    v=$(grep -v '^#' "$f" | grep -F "@$l:") || { echo "== no variant $l in $f" >&2; exit 2; }
-    a+=(--variant "$v")
-  done
-  printf '%s\0' "${a[@]}"
-}
-# The shipped config plus the transpose workload's split_every, as fastpath-variants.txt says (client-side; the
-# transfer study has no reduction).
-base=(--variant 'ucx@shipped:shipped:split_every=100')
-mapfile -d '' tv < <(pick defaults bs-distributed event+concurrent)
-mapfile -d '' pv < <(pick defaults bs-distributed event+concurrent split-4)
-mapfile -d '' bv < <(pick pending-reverted multi-buffer+event)
 if [ "${FASTPATH_CPU:-0}" = 1 ]; then
   py=.venv/bin/python where=(--cpu --allow-few) sizes=8,1MiB transfer_runs=5 size=(--size 2000 --chunks 500) runs=5
 else
@@ -36,6 +21,25 @@ else
   source tools/gpu-host/stack_venv.sh || { echo "== could not make the venv on our stack"; exit 1; }
   py=python3 where=(--shared-gpu 0) sizes=8,1MiB,128MiB transfer_runs=30 size=(--size 20000 --chunks 4096) runs=20
 fi
+f=tools/gpu-host/fastpath-variants.txt
+# pick ARRAY LABEL...: the variants of those labels appended to ARRAY (in this shell: an unknown label ends the run).
+pick() {
+  local -n into=$1
+  local l v
+  shift
+  for l in "$@"; do
+    v=$(grep -v '^#' "$f" | grep -F "@$l:") || { echo "== no variant $l in $f" >&2; exit 2; }
+    into+=(--variant "${v//\$SPLIT_EVERY/$split}")
+  done
+}
+# The shipped config plus the transpose workload's split_every, read from the one place it is written, as
+# fastpath-variants.txt says (client-side; the transfer study has no reduction).
+split=$($py -c 'from ucx_dask_gpu.proof.transpose import SPLIT_EVERY; print(SPLIT_EVERY)') || exit 1
+base=(--variant "ucx@shipped:shipped:split_every=$split")
+tv=() pv=() bv=()
+pick tv defaults bs-distributed event+concurrent
+pick pv defaults bs-distributed event+concurrent split-4
+pick bv pending-reverted multi-buffer+event
 common=("${where[@]}" --run-timeout 60 --out "$out")
 keep() { cat "$out/command.txt" >> "$out/commands.tmp"; }
 $py -m ucx_dask_gpu.bench.transfer "${common[@]}" --sizes $sizes --runs $transfer_runs --warmup 3 --trace 3 \
@@ -43,7 +47,7 @@ $py -m ucx_dask_gpu.bench.transfer "${common[@]}" --sizes $sizes --runs $transfe
 $py -m ucx_dask_gpu.bench.transpose "${common[@]}" "${size[@]}" --runs $runs --warmup 2 \
   --parity ucx/shipped --peer --budget 150 "${base[@]}" "${pv[@]}"; keep
 $py -m ucx_dask_gpu.bench.transpose "${common[@]}" "${size[@]}" --runs $runs --warmup 2 \
-  --name transpose-b --budget 120 "${base[@]}" "${bv[@]}" --variant 'tcp@shipped:shipped:split_every=100'; keep
+  --name transpose-b --budget 120 "${base[@]}" "${bv[@]}" --variant "tcp@shipped:shipped:split_every=$split"; keep
 mv "$out/commands.tmp" "$out/command.txt"
 rm -f "$out"/*.png
 ls -l "$out"
