@@ -32,9 +32,9 @@ RANK = {unit: row for row, units in enumerate(LAYERS) for unit in units}
 # The package's __init__ reads the stack model for __version__ when the package is not installed.
 INIT_MAY_IMPORT = {"stack"}
 
-# Where our own modules may be imported inside functions: nowhere (the stand-in channel, which needed it, moved to
-# tools/conda_standin, outside the package).
-LAZY_OWN_IMPORTS: set[str] = set()
+# Where our own modules may be imported inside functions: only in the console script's main, which holds SIGINT and
+# SIGTERM before it imports the commands and must not hold them at import (spawned worker processes import it).
+LAZY_OWN_IMPORTS: set[str] = {"__main__.py"}
 
 
 def modules() -> dict[str, Path]:

@@ -6,6 +6,7 @@ import gc
 import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -137,6 +138,15 @@ def test_a_signal_while_the_commands_are_imported_is_held_and_ends_the_command_i
     assert rc == 128 + sig and ran == [], "the command never starts"
     assert capsys.readouterr().err.splitlines() == [
         f"ucx-dask-gpu x: interrupted by {signal.Signals(sig).name}; what it started has stopped"]
+
+
+def test_importing_the_console_scripts_module_leaves_the_signals_alone():
+    """multiprocessing's spawn imports the console script (`from ucx_dask_gpu.__main__ import main`) again in every
+    worker process of a local cluster: a hold there would leave each worker catching SIGTERM, which then never ends it."""
+    code = ("import signal; import ucx_dask_gpu.__main__; "
+            "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["True", "True"], proc.stderr
 
 
 def test_a_signal_during_cleanup_waits_for_it_and_a_second_one_cannot_cut_it_short(capsys):
