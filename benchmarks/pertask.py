@@ -17,8 +17,9 @@ usage: python benchmarks/pertask.py (--cpu | --shared-gpu I) [--size N --chunks 
                                    [--variant V] --out DIR
        python benchmarks/pertask.py --render DIR   (the breakdown and pertask.md again from a recorded run)
 Writes DIR/pertask.json, DIR/pertask.md and DIR/pertask-stream.json, all or none; a file of those names there that
-it did not write is refused before the cluster starts (exit 9). Needs py-spy on PATH (the version stack.toml [gpu_host].profiler pins;
-tools/gpu-host/fetch_wheels.sh fetches it for a GPU host) and ptrace rights over the cluster's processes.
+it did not write is refused before the cluster starts (exit 9). Needs py-spy on PATH (the version stack.toml
+[gpu_host].profiler pins; tools/gpu-host/fetch_wheels.sh fetches it for a GPU host) and ptrace rights over the
+cluster's processes.
 """
 from __future__ import annotations
 
@@ -251,7 +252,7 @@ def write(out: Path, files: dict[str, str], overwrite: bool = False) -> None:
     try:
         fsutil.write_output_dir(out, files, what="the breakdown", overwrite=overwrite)
     except UserError as e:
-        print(f"pertask: {e}", file=sys.stderr)
+        print(f"pertask: error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
 
 

@@ -142,9 +142,11 @@ def test_a_signal_while_the_commands_are_imported_is_held_and_ends_the_command_i
 
 def test_importing_the_console_scripts_module_leaves_the_signals_alone():
     """multiprocessing's spawn imports the console script (`from ucx_dask_gpu.__main__ import main`) again in every
-    worker process of a local cluster: a hold there would leave each worker catching SIGTERM, which then never ends it."""
+    worker process of a local cluster: a hold there would leave each worker catching SIGTERM, which then never ends
+    it."""
     code = ("import signal; import ucx_dask_gpu.__main__; "
-            "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+            "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "
+            "signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["True", "True"], proc.stderr
 
